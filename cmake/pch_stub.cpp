@@ -1,0 +1,1 @@
+// Compiles the precompiled header once for the project's executables.

@@ -1,0 +1,3 @@
+// Precompiled header: the heavy LibTorch includes shared by every vflow translation unit.
+#pragma once
+#include <torch/torch.h>

@@ -1,0 +1,118 @@
+// A configuration tree that remembers where each value came from.
+//
+// Job specs are parsed from YAML (or built in code) into SpecNode trees; every
+// node carries its source location and dotted key path, so that validation
+// errors name file, line and key. OptionReader reads a map node strictly:
+// typed getters with ranges, and finish() rejects keys nobody asked for.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace vflow {
+
+/// Where a configuration value came from: a file position or a command-line override.
+struct SpecLocation {
+  std::string file;  ///< file name, or a description such as "--set" or "<built-in default job>"
+  int line = 0;      ///< 1-based; 0 when unknown
+  int column = 0;    ///< 1-based; 0 when unknown
+
+  /// "job.yaml:12:5", "job.yaml" or the bare description.
+  std::string str() const;
+};
+
+class SpecNode {
+ public:
+  enum class Kind { Null, Scalar, Map, Sequence };
+
+  SpecNode() = default;
+  static SpecNode scalar(std::string value, SpecLocation where = {}, std::string path = {});
+  static SpecNode map(SpecLocation where = {}, std::string path = {});
+  static SpecNode sequence(SpecLocation where = {}, std::string path = {});
+
+  Kind kind() const { return kind_; }
+  bool is_null() const { return kind_ == Kind::Null; }
+  bool is_map() const { return kind_ == Kind::Map; }
+  bool is_scalar() const { return kind_ == Kind::Scalar; }
+  bool is_sequence() const { return kind_ == Kind::Sequence; }
+
+  const std::string& value() const { return value_; }
+  const SpecLocation& where() const { return where_; }
+  const std::string& path() const { return path_; }
+
+  /// Map entries in source order; the location of each key is the child's key_where().
+  const std::vector<std::pair<std::string, SpecNode>>& entries() const { return entries_; }
+  const std::vector<SpecNode>& items() const { return items_; }
+  const SpecLocation& key_where() const { return key_where_; }
+
+  const SpecNode* find(const std::string& key) const;
+  /// Inserts or replaces a map entry; the child's path becomes "<path>.<key>".
+  SpecNode& set(const std::string& key, SpecNode child, SpecLocation key_where = {});
+  void append(SpecNode item);
+
+  /// Re-roots the paths of this subtree under `path` (used when a tree is grafted).
+  void reroot(const std::string& path);
+
+  /// Gives this subtree one location (used for command-line overrides).
+  void relocate(const SpecLocation& where);
+
+  /// Deterministic YAML-flow rendering, used for digests and --print-spec.
+  std::string to_yaml(int indent = 0) const;
+
+  /// "<location>: <path>" prefix for error messages about this node.
+  std::string describe() const;
+
+ private:
+  Kind kind_ = Kind::Null;
+  std::string value_;
+  std::vector<std::pair<std::string, SpecNode>> entries_;
+  std::vector<SpecNode> items_;
+  SpecLocation where_;
+  SpecLocation key_where_;
+  std::string path_;
+};
+
+/// Applies "a.b.c=value" to a tree; the value is parsed as a YAML scalar or flow collection.
+void apply_override(SpecNode& root, const std::string& assignment);
+
+/// Parses YAML text into a SpecNode tree. Syntax errors become SpecError with file:line.
+SpecNode parse_yaml(const std::string& text, const std::string& source_name);
+/// Reads and parses a YAML file; a missing or unreadable file is a SpecError naming it.
+SpecNode load_yaml_file(const std::string& path);
+
+/// Strict, typed reader over one map node. Every getter marks its key as known;
+/// finish() throws SpecError for keys that no getter asked for, naming the choices.
+class OptionReader {
+ public:
+  /// `node` may be Null (an absent section): every getter then returns its default.
+  explicit OptionReader(const SpecNode& node);
+
+  bool has(const std::string& key) const;
+  int64_t get_int(const std::string& key, int64_t fallback, int64_t min, int64_t max);
+  double get_double(const std::string& key, double fallback, double min, double max);
+  bool get_bool(const std::string& key, bool fallback);
+  std::string get_string(const std::string& key, const std::string& fallback);
+  std::string get_choice(const std::string& key, const std::string& fallback,
+                         const std::vector<std::string>& choices);
+  std::vector<int64_t> get_int_list(const std::string& key, std::vector<int64_t> fallback,
+                                    int64_t min, int64_t max);
+  /// A nested section (a map or absent); marks the key as known.
+  const SpecNode& section(const std::string& key);
+
+  /// Throws SpecError on the first key that no getter asked for.
+  void finish() const;
+
+  /// Error naming this reader's node (for cross-field checks).
+  [[noreturn]] void fail(const std::string& key, const std::string& message) const;
+  const SpecNode& node() const { return node_; }
+
+ private:
+  const SpecNode* lookup(const std::string& key);
+  const SpecNode& node_;
+  std::vector<std::string> known_;
+};
+
+}  // namespace vflow

@@ -1,0 +1,93 @@
+// Data sets: the interface users implement, an in-memory tensor data set, and
+// the registry that builds data sets from a job spec's `semantic.data` section.
+#pragma once
+
+#include <torch/types.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "vflow/core/spec_node.h"
+
+namespace vflow::data {
+
+/// A batch of examples: inputs [n, ...] (float) and integer class targets [n].
+struct Batch {
+  torch::Tensor input;
+  torch::Tensor target;
+};
+
+/// What a model needs to know about the data before it is loaded.
+struct DataInfo {
+  std::vector<int64_t> input_shape;  ///< shape of one example, e.g. {1, 28, 28}
+  int64_t num_classes = 0;
+};
+
+/// A finite, indexable data set. get() must be safe to call from a background
+/// thread while the training thread runs (vflow prefetches the next vnode's batch).
+class Dataset {
+ public:
+  virtual ~Dataset() = default;
+  virtual int64_t size() const = 0;
+  virtual DataInfo info() const = 0;
+  /// The examples at `indices` (a 1-D int64 tensor), in that order.
+  virtual Batch get(const torch::Tensor& indices) const = 0;
+};
+
+/// Examples held as two tensors in memory.
+class TensorDataset final : public Dataset {
+ public:
+  TensorDataset(torch::Tensor inputs, torch::Tensor targets, int64_t num_classes);
+  int64_t size() const override { return inputs_.size(0); }
+  DataInfo info() const override;
+  Batch get(const torch::Tensor& indices) const override;
+  const torch::Tensor& inputs() const { return inputs_; }
+  const torch::Tensor& targets() const { return targets_; }
+
+ private:
+  torch::Tensor inputs_;
+  torch::Tensor targets_;
+  int64_t num_classes_;
+};
+
+/// The training split and the (optional) evaluation split of a job.
+struct DataSplits {
+  std::shared_ptr<Dataset> train;
+  std::shared_ptr<Dataset> test;  ///< may be null: no evaluation
+};
+
+/// A data set kind, prepared from validated options: describes itself without
+/// loading, then loads on demand.
+struct PreparedData {
+  DataInfo info;
+  std::function<DataSplits()> load;
+};
+
+/// Reads and validates a data set's options (throwing SpecError) and returns how
+/// to load it. Must not touch the data files' contents: validation stays cheap.
+using DataFactory = std::function<PreparedData(OptionReader& options)>;
+
+class DataRegistry {
+ public:
+  /// The registry with vflow's data sets: "fashion-mnist" and "synthetic".
+  static DataRegistry& global();
+
+  void add(const std::string& name, const std::string& description, DataFactory factory);
+  /// Validates `options` for data set `name`; unknown names and keys are SpecErrors.
+  PreparedData prepare(const std::string& name, const SpecNode& name_node,
+                       const SpecNode& options) const;
+  std::vector<std::string> names() const;
+
+ private:
+  DataRegistry();
+  struct Entry {
+    std::string name;
+    std::string description;
+    DataFactory factory;
+  };
+  std::vector<Entry> entries_;
+};
+
+}  // namespace vflow::data

@@ -1,0 +1,25 @@
+// Running a whole job from its spec: load the data, build the model, attach
+// the observers the output part asks for, resume if asked, train.
+#pragma once
+
+#include <atomic>
+
+#include "vflow/engine/job_spec.h"
+#include "vflow/engine/trainer.h"
+
+namespace vflow::engine {
+
+struct JobRunOptions {
+  /// When set (e.g. by a signal handler), training stops at the next step boundary
+  /// and, with a checkpoint directory, writes a checkpoint.
+  const std::atomic<bool>* stop_flag = nullptr;
+};
+
+/// Runs a validated job spec. Throws vflow::Error subclasses for user errors.
+TrainResult run_job(const JobSpec& spec, const JobRunOptions& options = {});
+
+/// Builds the trainer of a job spec (data loaded, model built, observers attached,
+/// checkpoint restored) without running it.
+std::unique_ptr<Trainer> make_trainer(const JobSpec& spec);
+
+}  // namespace vflow::engine

@@ -1,0 +1,124 @@
+// The job spec: what to train (semantic part), with what (resources part) and
+// what to write (output part). See docs/job-spec.md for every key and default.
+//
+// The semantic part alone decides the training trajectory (DESIGN.md §1); the
+// resources part decides only speed; the output part decides what is written
+// and when, never the parameters. Every field maps one-to-one onto a YAML key.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "vflow/core/spec_node.h"
+
+namespace vflow::engine {
+
+struct ModelSpec {
+  std::string name = "convnet";  ///< a name in the model registry
+  SpecNode options;              ///< model-specific options, validated by the model's factory
+};
+
+struct DataSpec {
+  std::string name = "fashion-mnist";  ///< a name in the data registry
+  SpecNode options;                    ///< data-set-specific options
+  bool drop_last = false;  ///< drop the epoch's last, shorter batch instead of splitting it over the vnodes
+};
+
+struct OptimizerSpec {
+  std::string name = "sgd";     ///< sgd | adamw
+  double lr = 0.05;             ///< peak learning rate
+  double weight_decay = 5e-4;   ///< L2 (sgd) or decoupled (adamw) weight decay
+  double momentum = 0.9;        ///< sgd only
+  double dampening = 0.0;       ///< sgd only
+  bool nesterov = true;         ///< sgd only; needs momentum > 0 and dampening 0
+  double beta1 = 0.9;           ///< adamw only
+  double beta2 = 0.999;         ///< adamw only
+  double eps = 1e-8;            ///< adamw only
+};
+
+struct ScheduleSpec {
+  std::string name = "cosine";   ///< constant | step | cosine
+  int64_t warmup_steps = 0;      ///< linear warmup from warmup_start * lr to lr over this many steps
+  double warmup_start = 0.1;     ///< warmup starting factor
+  int64_t step_size = 1000;      ///< step: multiply by gamma every step_size steps
+  double gamma = 0.1;            ///< step: decay factor
+  double min_factor = 0.0;       ///< cosine: final lr = min_factor * lr
+};
+
+struct SemanticSpec {
+  ModelSpec model;
+  DataSpec data;
+  int64_t global_batch = 256;  ///< B: examples per optimizer step
+  int64_t virtual_nodes = 8;   ///< N: fixed slices of every global batch; B % N == 0
+  OptimizerSpec optimizer;
+  ScheduleSpec schedule;
+  int64_t steps = 0;           ///< total optimizer steps; 0 = use epochs
+  int64_t epochs = 3;          ///< used when steps is 0
+  uint64_t seed = 1;           ///< seeds initialisation, data order and dropout
+  bool deterministic = false;  ///< bitwise reproducible kernels (slower)
+};
+
+struct ResourcesSpec {
+  int64_t workers = 1;          ///< worker processes; this build trains in one process
+  std::string device = "cpu";   ///< cpu | cuda | cuda:K
+  int64_t threads = 0;          ///< intra-op threads; 0 = all cores
+  bool prefetch = true;         ///< load the next vnode's batch in the background
+};
+
+struct EvaluationSpec {
+  bool enabled = true;       ///< evaluate on the test split
+  int64_t every_epochs = 1;  ///< evaluate after every k-th epoch (0 = never mid-run)
+  int64_t every_steps = 0;   ///< evaluate every k steps (0 = never)
+  int64_t batch = 1000;      ///< evaluation batch size (no effect on results)
+};
+
+struct CheckpointSpec {
+  std::string dir;          ///< directory for checkpoints; empty = no checkpoints
+  int64_t every_steps = 0;  ///< write every k steps (0 = only at the end)
+  int64_t keep = 2;         ///< keep the newest k checkpoints
+  std::string resume;       ///< a checkpoint file, or "latest" (newest in dir); empty = fresh start
+};
+
+struct LoggingSpec {
+  std::string metrics;          ///< JSON-lines metrics file; empty = none
+  std::string progress = "auto";  ///< auto | bar | lines | off
+  int64_t every_steps = 50;     ///< period of progress lines and metrics records
+  std::string level = "info";   ///< trace | debug | info | warn | error
+};
+
+struct OutputSpec {
+  EvaluationSpec evaluation;
+  CheckpointSpec checkpoint;
+  LoggingSpec logging;
+};
+
+struct JobSpec {
+  SemanticSpec semantic;
+  ResourcesSpec resources;
+  OutputSpec output;
+  std::string source = "<code>";  ///< where the spec came from (file name)
+
+  /// Canonical YAML of the semantic part, defaults included: two jobs with the same
+  /// text follow the same trajectory. Stored in checkpoints to refuse a mismatched resume.
+  std::string semantic_yaml() const;
+};
+
+/// The built-in default job: a ConvNet on Fashion-MNIST.
+const std::string& default_job_yaml();
+
+/// Parses and validates a tree (types, ranges, unknown keys, divisibility and, when
+/// `check_components`, the model's and data set's options against their registries).
+/// Throws SpecError naming location and key.
+JobSpec parse_job_spec(const SpecNode& root, bool check_components = true);
+
+/// Loads `path` (or the default job when empty), applies "key=value" overrides,
+/// and validates the result.
+JobSpec load_job_spec(const std::string& path, const std::vector<std::string>& overrides = {});
+
+/// Re-validates a spec built or edited in code (e.g. by a program embedding vflow).
+/// With `check_components` false, model and data names and options are not looked up,
+/// for programs that hand their own module and data set to the Trainer.
+void validate(const JobSpec& spec, bool check_components = true);
+
+}  // namespace vflow::engine

@@ -1,0 +1,79 @@
+// The standard observers: evaluation, progress display, JSON-lines metrics and
+// checkpoints. Each hangs off the trainer's hooks; none changes the trajectory.
+#pragma once
+
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "vflow/engine/trainer.h"
+
+namespace vflow::engine {
+
+/// Evaluates on the test split every k epochs / k steps and once at the end.
+class EvaluationObserver final : public TrainingObserver {
+ public:
+  explicit EvaluationObserver(const EvaluationSpec& spec);
+  void on_step_end(Trainer& trainer, const StepInfo& info) override;
+  void on_epoch_end(Trainer& trainer, int64_t epoch) override;
+  void on_train_end(Trainer& trainer) override;
+
+ private:
+  void evaluate(Trainer& trainer);
+  EvaluationSpec spec_;
+  int64_t last_step_ = -1;
+};
+
+/// A status line on a terminal ("bar") or periodic log lines ("lines").
+class ProgressObserver final : public TrainingObserver {
+ public:
+  /// `mode` is bar, lines or auto (bar when stderr is a terminal).
+  ProgressObserver(const std::string& mode, int64_t every_steps);
+  void on_train_begin(Trainer& trainer) override;
+  void on_step_end(Trainer& trainer, const StepInfo& info) override;
+  void on_evaluation(Trainer& trainer, const EvalResult& result) override;
+  void on_train_end(Trainer& trainer) override;
+
+ private:
+  bool bar_;
+  int64_t every_steps_;
+  int64_t first_step_ = 0;
+  int64_t examples_ = 0;
+  bool line_open_ = false;
+  std::chrono::steady_clock::time_point start_;
+  std::chrono::steady_clock::time_point last_draw_;
+};
+
+/// Appends one JSON object per line: {"event":"step"|"eval"|"end", ...}.
+class MetricsObserver final : public TrainingObserver {
+ public:
+  MetricsObserver(const std::string& path, int64_t every_steps);
+  ~MetricsObserver() override;
+  void on_step_end(Trainer& trainer, const StepInfo& info) override;
+  void on_evaluation(Trainer& trainer, const EvalResult& result) override;
+  void on_train_end(Trainer& trainer) override;
+
+ private:
+  void write(const std::string& line);
+  std::string path_;
+  std::FILE* file_;
+  int64_t every_steps_;
+  int64_t window_examples_ = 0;
+  double window_seconds_ = 0;
+};
+
+/// Writes checkpoints every k steps and at the end (also when stopped early).
+class CheckpointObserver final : public TrainingObserver {
+ public:
+  explicit CheckpointObserver(const CheckpointSpec& spec);
+  void on_step_end(Trainer& trainer, const StepInfo& info) override;
+  void on_train_end(Trainer& trainer) override;
+
+ private:
+  void save(Trainer& trainer);
+  CheckpointSpec spec_;
+  int64_t last_step_ = -1;
+};
+
+}  // namespace vflow::engine

@@ -1,0 +1,119 @@
+// The virtual-node trainer (DESIGN.md §2-3) for one worker holding every vnode.
+//
+// One step: for each vnode in ascending order, take its slice of the global
+// batch (prefetched in the background), seed dropout from (seed, step, vnode),
+// forward, backward with the loss weighted n_v / B into the persistent flat
+// gradient buffer, and record the vnode's stateful-kernel contribution; then
+// apply the stateful kernels canonically and take one optimizer step.
+// Checkpointing, evaluation, metrics and progress hang off TrainingObserver.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "vflow/data/dataset.h"
+#include "vflow/engine/job_spec.h"
+#include "vflow/models/registry.h"
+
+namespace vflow::engine {
+
+/// What one finished step did.
+struct StepInfo {
+  int64_t step = 0;             ///< 0-based index of the finished step
+  int64_t epoch = 0;            ///< 0-based epoch of the step
+  int64_t steps_per_epoch = 0;
+  int64_t total_steps = 0;
+  int64_t examples = 0;         ///< examples in this step's global batch
+  double loss = 0;              ///< mean training loss over those examples
+  double lr = 0;                ///< learning rate used
+  double seconds = 0;           ///< wall time of the step
+};
+
+struct EvalResult {
+  int64_t step = 0;      ///< number of steps trained when evaluated
+  double loss = 0;       ///< mean cross-entropy over the test split
+  double accuracy = 0;   ///< fraction of correct top-1 predictions
+  int64_t examples = 0;
+};
+
+struct TrainResult {
+  int64_t steps = 0;                     ///< steps trained in total (including resumed ones)
+  bool completed = false;                ///< false when stopped early by request_stop()
+  std::string fingerprint;               ///< of the final model state
+  std::optional<EvalResult> evaluation;  ///< the last evaluation, if any
+  double seconds = 0;                    ///< wall time of this run() call
+  double examples_per_second = 0;
+  double final_loss = 0;                 ///< training loss of the last step
+};
+
+class Trainer;
+
+/// Hooks into the training loop. Every method has an empty default.
+class TrainingObserver {
+ public:
+  virtual ~TrainingObserver() = default;
+  virtual void on_train_begin(Trainer& trainer) {}
+  virtual void on_step_end(Trainer& trainer, const StepInfo& info) {}
+  virtual void on_epoch_end(Trainer& trainer, int64_t epoch) {}
+  virtual void on_evaluation(Trainer& trainer, const EvalResult& result) {}
+  virtual void on_train_end(Trainer& trainer) {}
+};
+
+/// Seeds torch's default generator for parameter initialisation from the job's seed.
+/// Build the model right after this call so that initialisation depends on the spec only.
+void seed_initialisation(const SemanticSpec& semantic);
+
+/// Applies the resources part to this process: intra-op threads and, for a
+/// deterministic job, LibTorch's deterministic algorithms.
+void configure_runtime(const JobSpec& spec);
+
+class Trainer {
+ public:
+  /// `data.train` must be set; `data.test` may be null. The model must already be on
+  /// the spec's device or on the CPU (it is moved). Throws SpecError for an invalid spec.
+  Trainer(JobSpec spec, std::shared_ptr<models::Model> model, data::DataSplits data);
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  void add_observer(std::shared_ptr<TrainingObserver> observer);
+
+  /// Trains from the current step to the end (or until request_stop()).
+  TrainResult run();
+  /// Runs exactly one step (the current one) and returns what it did; no observers.
+  StepInfo train_step();
+
+  /// Evaluates on the test split; throws if the job has none.
+  EvalResult evaluate();
+  /// Tells every observer about an evaluation and remembers it as the latest.
+  void publish_evaluation(const EvalResult& result);
+  const std::optional<EvalResult>& last_evaluation() const;
+
+  /// Writes the complete training state atomically (temp file, fsync, rename).
+  void save_checkpoint(const std::string& path) const;
+  /// Restores a checkpoint written by the same semantic spec; throws CheckpointError.
+  void load_checkpoint(const std::string& path);
+
+  /// Asks run() to stop at the next step boundary (safe from another thread).
+  void request_stop();
+  /// A flag that, once set, stops run() at the next step boundary (e.g. from a signal handler).
+  void set_stop_flag(const std::atomic<bool>* flag);
+
+  std::string fingerprint() const;
+  int64_t step() const;  ///< steps completed so far
+  int64_t total_steps() const;
+  int64_t steps_per_epoch() const;
+  const JobSpec& spec() const;
+  models::Model& model();
+  /// Global batch (indices into the training set) of `step`: what the data contract says it is.
+  std::vector<int64_t> batch_indices(int64_t step) const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace vflow::engine

@@ -1,0 +1,59 @@
+// The model zoo's interface and registry: models are built by name from a job
+// spec's `semantic.model` section, and users register their own C++ modules.
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/types.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "vflow/core/spec_node.h"
+
+namespace vflow::models {
+
+/// What the data tells a model before it is built.
+struct ModelContext {
+  std::vector<int64_t> input_shape;  ///< one example, e.g. {1, 28, 28}
+  int64_t num_classes = 0;
+};
+
+/// A classifier: maps a batch of inputs [n, ...] to logits [n, num_classes].
+/// Any module that normalises with running statistics (batch norm) is handled
+/// by vflow's stateful-kernel mechanism; dropout draws from torch's default
+/// generator, which vflow seeds per (seed, step, vnode).
+class Model : public torch::nn::Module {
+ public:
+  virtual torch::Tensor forward(const torch::Tensor& input) = 0;
+};
+
+using ModelBuilder = std::function<std::shared_ptr<Model>()>;
+/// Reads and validates a model's options (throwing SpecError through the reader) and
+/// returns a builder. Building happens later, after all validation has passed.
+using ModelFactory = std::function<ModelBuilder(OptionReader& options, const ModelContext& ctx)>;
+
+class ModelRegistry {
+ public:
+  /// The registry with vflow's models: "mlp" and "convnet".
+  static ModelRegistry& global();
+
+  /// Registers (or replaces) a model kind.
+  void add(const std::string& name, const std::string& description, ModelFactory factory);
+  /// Validates `options` for model `name`; unknown names and keys are SpecErrors.
+  ModelBuilder prepare(const std::string& name, const SpecNode& name_node, const SpecNode& options,
+                       const ModelContext& ctx) const;
+  std::vector<std::string> names() const;
+
+ private:
+  ModelRegistry();
+  struct Entry {
+    std::string name;
+    std::string description;
+    ModelFactory factory;
+  };
+  std::vector<Entry> entries_;
+};
+
+}  // namespace vflow::models

@@ -1,0 +1,22 @@
+// Umbrella header: everything a program embedding vflow needs.
+#pragma once
+
+#include "vflow/core/error.h"
+#include "vflow/core/spec_node.h"
+#include "vflow/data/dataset.h"
+#include "vflow/data/fashion_mnist.h"
+#include "vflow/data/synthetic.h"
+#include "vflow/engine/checkpoint.h"
+#include "vflow/engine/fingerprint.h"
+#include "vflow/engine/job.h"
+#include "vflow/engine/job_spec.h"
+#include "vflow/engine/lr_schedule.h"
+#include "vflow/engine/observers.h"
+#include "vflow/engine/optimizer.h"
+#include "vflow/engine/trainer.h"
+#include "vflow/models/convnet.h"
+#include "vflow/models/mlp.h"
+#include "vflow/models/registry.h"
+#include "vflow/vnode/gradient_buffer.h"
+#include "vflow/vnode/plan.h"
+#include "vflow/vnode/stateful_kernels.h"

@@ -1,0 +1,70 @@
+// The virtual-node plan and the data order (DESIGN.md §2, "Data").
+//
+// Neither depends on workers: the global batch of step s is the slice
+// [s*B, (s+1)*B) of the epoch's permutation, which depends only on
+// (seed, epoch), and vnode v takes a fixed contiguous sub-slice of it.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace vflow::vnode {
+
+/// A contiguous range [offset, offset + size).
+struct Slice {
+  int64_t offset = 0;
+  int64_t size = 0;
+  bool operator==(const Slice& o) const { return offset == o.offset && size == o.size; }
+};
+
+/// N fixed slices of every global batch of B examples.
+class VirtualNodePlan {
+ public:
+  /// Throws SpecError unless 1 <= virtual_nodes <= global_batch and B % N == 0.
+  VirtualNodePlan(int64_t global_batch, int64_t virtual_nodes);
+
+  int64_t global_batch() const { return global_batch_; }
+  int64_t virtual_nodes() const { return virtual_nodes_; }
+  /// b = B / N.
+  int64_t vnode_size() const { return global_batch_ / virtual_nodes_; }
+
+  /// The sub-slice of vnode v inside a batch of `batch_size` examples. For a full batch
+  /// this is [v*b, (v+1)*b). The shorter last batch of an epoch (drop_last: false) of n
+  /// examples is split over P = clamp(n / min(2, b), 1, N) vnodes as
+  /// [floor(v*n/P), floor((v+1)*n/P)); vnodes v >= P are empty.
+  /// A function of (B, N, n, v) only.
+  Slice slice(int64_t v, int64_t batch_size) const;
+
+ private:
+  int64_t global_batch_;
+  int64_t virtual_nodes_;
+};
+
+/// The order in which examples are visited: one permutation per epoch.
+class DataOrder {
+ public:
+  DataOrder(uint64_t seed, int64_t dataset_size, int64_t global_batch, bool drop_last);
+
+  int64_t dataset_size() const { return dataset_size_; }
+  /// Steps per epoch: floor(n / B) with drop_last, otherwise ceil(n / B).
+  int64_t steps_per_epoch() const { return steps_per_epoch_; }
+
+  /// The epoch's permutation of [0, n): a function of (seed, epoch) only, computed with
+  /// vflow's own generator so it is identical on every platform and LibTorch version.
+  std::vector<int64_t> permutation(int64_t epoch) const;
+
+  /// Positions in the epoch's permutation that global batch `step_in_epoch` covers.
+  Slice batch(int64_t step_in_epoch) const;
+
+ private:
+  uint64_t seed_;
+  int64_t dataset_size_;
+  int64_t global_batch_;
+  int64_t steps_per_epoch_;
+};
+
+/// A well-mixed 64-bit value from a seed and two coordinates (splitmix64 finaliser chain).
+/// Used for every derived seed: permutations per (seed, epoch), dropout per (seed, step, vnode).
+uint64_t mix_seed(uint64_t seed, uint64_t a, uint64_t b);
+
+}  // namespace vflow::vnode

@@ -1,0 +1,70 @@
+// Stateful kernels: modules whose training-mode forward pass mutates buffers,
+// such as batch norm's running statistics (DESIGN.md §2, "Stateful kernels").
+//
+// Naive gradient accumulation lets each micro-batch update the running
+// statistics in whatever order a worker happens to run it. vflow instead has
+// every vnode record its *contribution* to a table (one row per vnode), and
+// after the step applies the rows in vnode order 0..N-1 to the state saved at
+// the start of the step. The table is plain numbers, so workers can sum it
+// across processes; the resulting state is the same whichever worker ran
+// which vnode, and equals sequential updates in vnode order.
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/types.h>
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+namespace vflow::vnode {
+
+/// One module's stateful behaviour, seen through the contribution protocol.
+class StatefulKernel {
+ public:
+  virtual ~StatefulKernel() = default;
+  /// Numbers per vnode contribution.
+  virtual int64_t contribution_size() const = 0;
+  /// Saves the state at the start of a step.
+  virtual void begin_step() = 0;
+  /// Prepares the module so that the next forward records only this vnode's effect.
+  /// `ordinal` counts the non-empty vnodes before this one in the step.
+  virtual void begin_vnode(int64_t ordinal) = 0;
+  /// Writes this vnode's contribution (a 1-D slice of contribution_size()).
+  virtual void end_vnode(torch::Tensor out) = 0;
+  /// Restores the saved state and applies the contributions (rows, in vnode order).
+  virtual void apply(const std::vector<torch::Tensor>& rows) = 0;
+};
+
+/// Returns a kernel for modules it recognises, nullptr for the rest.
+using StatefulKernelFactory = std::function<std::unique_ptr<StatefulKernel>(torch::nn::Module&)>;
+
+/// All stateful kernels of a model and the per-step contribution table.
+class StatefulKernelSet {
+ public:
+  StatefulKernelSet(torch::nn::Module& model, int64_t virtual_nodes);
+
+  /// Adds a factory for user-defined stateful modules; tried before the built-in ones
+  /// (batch norm and instance norm with running statistics).
+  static void register_factory(StatefulKernelFactory factory);
+
+  bool empty() const { return kernels_.empty(); }
+  size_t size() const { return kernels_.size(); }
+
+  void begin_step();
+  void begin_vnode(int64_t vnode, int64_t ordinal);
+  void end_vnode(int64_t vnode);
+  /// Applies every present row of the table, in vnode order.
+  void apply();
+
+  /// [virtual_nodes, 1 + sum of contribution sizes]; column 0 marks a present row.
+  /// Rows of vnodes held elsewhere are zero, so a sum across workers completes it.
+  torch::Tensor& table() { return table_; }
+
+ private:
+  std::vector<std::unique_ptr<StatefulKernel>> kernels_;
+  std::vector<int64_t> offsets_;
+  torch::Tensor table_;
+};
+
+}  // namespace vflow::vnode

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# One entry point for a fresh Debian 12 machine:
+#   scripts/dev.sh train [vflow-train args...]  install what is missing, build, train the default job
+#   scripts/dev.sh test  [ctest args...]        install what is missing, build, run every test
+#   scripts/dev.sh deps | build | consumer      the individual stages
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+BUILD="${VFLOW_BUILD_DIR:-$ROOT/build}"
+JOBS="${VFLOW_JOBS:-$(nproc)}"
+
+# Debian packages the build, the tests and the default job need.
+PACKAGES=(
+  build-essential cmake ninja-build ccache pkg-config
+  libtorch-dev libyaml-cpp-dev libfmt-dev libspdlog-dev libcli11-dev catch2 zlib1g-dev
+  dataset-fashion-mnist
+)
+
+log() { printf '\033[1m[dev]\033[0m %s\n' "$*" >&2; }
+
+deps() {
+  local missing=()
+  for p in "${PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  if ((${#missing[@]} == 0)); then
+    log "all packages present"
+    return
+  fi
+  log "installing: ${missing[*]}"
+  local sudo=()
+  [[ $(id -u) -eq 0 ]] || sudo=(sudo)
+  "${sudo[@]}" apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
+}
+
+build() {
+  log "building in $BUILD ($JOBS jobs)"
+  cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_INSTALL_PREFIX="$BUILD/install" >/dev/null
+  cmake --build "$BUILD" -j "$JOBS"
+}
+
+# Installs the library and builds the example consumer against the installed package.
+consumer() {
+  log "installing vflow and building examples/embed against the installed package"
+  cmake --install "$BUILD" >/dev/null
+  cmake -S "$ROOT/examples/embed" -B "$BUILD/embed" -G Ninja -DCMAKE_PREFIX_PATH="$BUILD/install" >/dev/null
+  cmake --build "$BUILD/embed" -j "$JOBS"
+  "$BUILD/embed/embed_example"
+}
+
+cmd="${1:-train}"
+shift || true
+case "$cmd" in
+  deps) deps ;;
+  build) deps; build ;;
+  consumer) deps; build; consumer ;;
+  train) deps; build; exec "$BUILD/vflow-train" "$@" ;;
+  test)
+    deps; build; consumer
+    log "running the tests"
+    cd "$BUILD" && ctest --output-on-failure --timeout 1200 "$@"
+    ;;
+  *) echo "usage: $0 {train|test|deps|build|consumer} [args...]" >&2; exit 2 ;;
+esac

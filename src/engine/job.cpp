@@ -1,0 +1,62 @@
+#include "vflow/engine/job.h"
+
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+
+#include "vflow/data/dataset.h"
+#include "vflow/engine/checkpoint.h"
+#include "vflow/engine/observers.h"
+#include "vflow/models/registry.h"
+
+namespace vflow::engine {
+
+std::unique_ptr<Trainer> make_trainer(const JobSpec& spec) {
+  const auto& sem = spec.semantic;
+  const SpecNode no_name;
+  const auto prepared = data::DataRegistry::global().prepare(sem.data.name, no_name, sem.data.options);
+  const auto builder = models::ModelRegistry::global().prepare(
+      sem.model.name, no_name, sem.model.options,
+      models::ModelContext{prepared.info.input_shape, prepared.info.num_classes});
+  configure_runtime(spec);
+
+  const auto t0 = std::chrono::steady_clock::now();
+  spdlog::info("[data] loading {}", sem.data.name);
+  auto splits = prepared.load();
+  spdlog::info("[data] {} training and {} test examples in {:.1f}s", splits.train->size(),
+               splits.test ? splits.test->size() : 0,
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  if (!spec.output.evaluation.enabled) splits.test = nullptr;
+
+  seed_initialisation(sem);
+  auto model = builder();
+  auto trainer = std::make_unique<Trainer>(spec, model, splits);
+
+  const auto& out = spec.output;
+  if (out.evaluation.enabled && splits.test) {
+    trainer->add_observer(std::make_shared<EvaluationObserver>(out.evaluation));
+  }
+  if (out.logging.progress != "off") {
+    trainer->add_observer(std::make_shared<ProgressObserver>(out.logging.progress, out.logging.every_steps));
+  }
+  if (!out.logging.metrics.empty()) {
+    trainer->add_observer(std::make_shared<MetricsObserver>(out.logging.metrics, out.logging.every_steps));
+  }
+  if (!out.checkpoint.dir.empty()) {
+    trainer->add_observer(std::make_shared<CheckpointObserver>(out.checkpoint));
+  }
+  if (!out.checkpoint.resume.empty()) {
+    const std::string path = out.checkpoint.resume == "latest" ? latest_checkpoint(out.checkpoint.dir)
+                                                               : out.checkpoint.resume;
+    trainer->load_checkpoint(path);
+  }
+  return trainer;
+}
+
+TrainResult run_job(const JobSpec& spec, const JobRunOptions& options) {
+  auto trainer = make_trainer(spec);
+  trainer->set_stop_flag(options.stop_flag);
+  return trainer->run();
+}
+
+}  // namespace vflow::engine

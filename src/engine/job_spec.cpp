@@ -1,0 +1,310 @@
+#include "vflow/engine/job_spec.h"
+
+#include <fmt/format.h>
+
+#include "vflow/core/error.h"
+#include "vflow/data/dataset.h"
+#include "vflow/models/registry.h"
+
+namespace vflow::engine {
+
+const std::string& default_job_yaml() {
+  static const std::string text = R"(# vflow's default job: a ConvNet with batch norm and dropout on Fashion-MNIST.
+semantic:
+  model:
+    name: convnet
+    options: {channels: [32, 64], hidden: 128, dropout: 0.25, batch_norm: true}
+  data:
+    name: fashion-mnist
+    options: {path: /usr/share/datasets/fashion-mnist}
+  global_batch: 256
+  virtual_nodes: 8
+  optimizer: {name: sgd, lr: 0.05, momentum: 0.9, nesterov: true, weight_decay: 0.0005}
+  schedule: {name: cosine, warmup_steps: 50}
+  epochs: 3
+  seed: 1
+resources:
+  workers: 1
+  device: cpu
+output:
+  evaluation: {every_epochs: 1}
+  logging: {progress: auto, every_steps: 50}
+)";
+  return text;
+}
+
+namespace {
+
+SpecNode scalar(const std::string& v) { return SpecNode::scalar(v); }
+SpecNode scalar(bool v) { return SpecNode::scalar(v ? "true" : "false"); }
+SpecNode scalar(int64_t v) { return SpecNode::scalar(std::to_string(v)); }
+SpecNode scalar(uint64_t v) { return SpecNode::scalar(std::to_string(v)); }
+SpecNode scalar(double v) { return SpecNode::scalar(fmt::format("{}", v)); }
+
+SpecNode semantic_tree(const SemanticSpec& s) {
+  SpecNode root = SpecNode::map();
+  SpecNode model = SpecNode::map();
+  model.set("name", scalar(s.model.name));
+  model.set("options", s.model.options.is_null() ? SpecNode::map() : s.model.options);
+  root.set("model", model);
+  SpecNode data = SpecNode::map();
+  data.set("name", scalar(s.data.name));
+  data.set("options", s.data.options.is_null() ? SpecNode::map() : s.data.options);
+  data.set("drop_last", scalar(s.data.drop_last));
+  root.set("data", data);
+  root.set("global_batch", scalar(s.global_batch));
+  root.set("virtual_nodes", scalar(s.virtual_nodes));
+  SpecNode opt = SpecNode::map();
+  opt.set("name", scalar(s.optimizer.name));
+  opt.set("lr", scalar(s.optimizer.lr));
+  opt.set("weight_decay", scalar(s.optimizer.weight_decay));
+  if (s.optimizer.name == "sgd") {
+    opt.set("momentum", scalar(s.optimizer.momentum));
+    opt.set("dampening", scalar(s.optimizer.dampening));
+    opt.set("nesterov", scalar(s.optimizer.nesterov));
+  } else {
+    opt.set("beta1", scalar(s.optimizer.beta1));
+    opt.set("beta2", scalar(s.optimizer.beta2));
+    opt.set("eps", scalar(s.optimizer.eps));
+  }
+  root.set("optimizer", opt);
+  SpecNode sched = SpecNode::map();
+  sched.set("name", scalar(s.schedule.name));
+  sched.set("warmup_steps", scalar(s.schedule.warmup_steps));
+  sched.set("warmup_start", scalar(s.schedule.warmup_start));
+  if (s.schedule.name == "step") {
+    sched.set("step_size", scalar(s.schedule.step_size));
+    sched.set("gamma", scalar(s.schedule.gamma));
+  } else if (s.schedule.name == "cosine") {
+    sched.set("min_factor", scalar(s.schedule.min_factor));
+  }
+  root.set("schedule", sched);
+  if (s.steps > 0) {
+    root.set("steps", scalar(s.steps));
+  } else {
+    root.set("epochs", scalar(s.epochs));
+  }
+  root.set("seed", scalar(s.seed));
+  root.set("deterministic", scalar(s.deterministic));
+  return root;
+}
+
+SpecNode full_tree(const JobSpec& spec) {
+  SpecNode root = SpecNode::map();
+  root.set("semantic", semantic_tree(spec.semantic));
+  SpecNode res = SpecNode::map();
+  res.set("workers", scalar(spec.resources.workers));
+  res.set("device", scalar(spec.resources.device));
+  res.set("threads", scalar(spec.resources.threads));
+  res.set("prefetch", scalar(spec.resources.prefetch));
+  root.set("resources", res);
+  const OutputSpec& o = spec.output;
+  SpecNode out = SpecNode::map();
+  SpecNode eval = SpecNode::map();
+  eval.set("enabled", scalar(o.evaluation.enabled));
+  eval.set("every_epochs", scalar(o.evaluation.every_epochs));
+  eval.set("every_steps", scalar(o.evaluation.every_steps));
+  eval.set("batch", scalar(o.evaluation.batch));
+  out.set("evaluation", eval);
+  SpecNode ckpt = SpecNode::map();
+  ckpt.set("dir", scalar(o.checkpoint.dir));
+  ckpt.set("every_steps", scalar(o.checkpoint.every_steps));
+  ckpt.set("keep", scalar(o.checkpoint.keep));
+  ckpt.set("resume", scalar(o.checkpoint.resume));
+  out.set("checkpoint", ckpt);
+  SpecNode log = SpecNode::map();
+  log.set("metrics", scalar(o.logging.metrics));
+  log.set("progress", scalar(o.logging.progress));
+  log.set("every_steps", scalar(o.logging.every_steps));
+  log.set("level", scalar(o.logging.level));
+  out.set("logging", log);
+  root.set("output", out);
+  root.relocate(SpecLocation{spec.source, 0, 0});
+  return root;
+}
+
+constexpr int64_t kBig = int64_t{1} << 40;
+
+void parse_semantic(const SpecNode& node, SemanticSpec& s, bool check_components) {
+  OptionReader r(node);
+  {
+    const SpecNode& m = r.section("model");
+    OptionReader mr(m);
+    s.model.name = mr.get_string("name", s.model.name);
+    s.model.options = mr.section("options");
+    mr.finish();
+  }
+  const SpecNode* model_name = node.find("model") ? node.find("model")->find("name") : nullptr;
+  const SpecNode& data_node = r.section("data");
+  {
+    OptionReader dr(data_node);
+    s.data.name = dr.get_string("name", s.data.name);
+    s.data.options = dr.section("options");
+    s.data.drop_last = dr.get_bool("drop_last", s.data.drop_last);
+    dr.finish();
+  }
+  s.global_batch = r.get_int("global_batch", s.global_batch, 1, kBig);
+  s.virtual_nodes = r.get_int("virtual_nodes", s.virtual_nodes, 1, kBig);
+  if (s.virtual_nodes > s.global_batch) {
+    r.fail("virtual_nodes", fmt::format("virtual_nodes ({}) cannot exceed global_batch ({})",
+                                        s.virtual_nodes, s.global_batch));
+  }
+  if (s.global_batch % s.virtual_nodes != 0) {
+    r.fail("virtual_nodes", fmt::format("global_batch {} is not divisible by virtual_nodes {} "
+                                        "(every vnode must hold B/N examples)",
+                                        s.global_batch, s.virtual_nodes));
+  }
+  {
+    OptionReader o(r.section("optimizer"));
+    auto& op = s.optimizer;
+    op.name = o.get_choice("name", op.name, {"sgd", "adamw"});
+    op.lr = o.get_double("lr", op.lr, 0.0, 1e6);
+    op.weight_decay = o.get_double("weight_decay", op.name == "adamw" ? 0.01 : op.weight_decay, 0.0, 1e3);
+    const std::vector<std::string> sgd_keys{"momentum", "dampening", "nesterov"};
+    const std::vector<std::string> adamw_keys{"beta1", "beta2", "eps"};
+    for (const auto& key : op.name == "sgd" ? adamw_keys : sgd_keys) {
+      if (o.has(key)) {
+        o.fail(key, fmt::format("{} is an {} option; optimizer {} takes lr, weight_decay, {}", key,
+                                op.name == "sgd" ? "adamw" : "sgd", op.name,
+                                fmt::join(op.name == "sgd" ? sgd_keys : adamw_keys, ", ")));
+      }
+    }
+    if (op.name == "sgd") {
+      op.momentum = o.get_double("momentum", op.momentum, 0.0, 1.0);
+      op.dampening = o.get_double("dampening", op.dampening, 0.0, 1.0);
+      op.nesterov = o.get_bool("nesterov", op.momentum > 0 && op.dampening == 0 && op.nesterov);
+      if (op.nesterov && (op.momentum <= 0 || op.dampening != 0)) {
+        o.fail("nesterov", "nesterov momentum needs momentum > 0 and dampening 0");
+      }
+    } else {
+      op.beta1 = o.get_double("beta1", op.beta1, 0.0, 0.999999);
+      op.beta2 = o.get_double("beta2", op.beta2, 0.0, 0.999999);
+      op.eps = o.get_double("eps", op.eps, 1e-30, 1.0);
+    }
+    o.finish();
+  }
+  {
+    OptionReader o(r.section("schedule"));
+    auto& sc = s.schedule;
+    sc.name = o.get_choice("name", sc.name, {"constant", "step", "cosine"});
+    sc.warmup_steps = o.get_int("warmup_steps", sc.warmup_steps, 0, kBig);
+    sc.warmup_start = o.get_double("warmup_start", sc.warmup_start, 0.0, 1.0);
+    if (sc.name == "step") {
+      sc.step_size = o.get_int("step_size", sc.step_size, 1, kBig);
+      sc.gamma = o.get_double("gamma", sc.gamma, 0.0, 1.0);
+    } else if (sc.name == "cosine") {
+      sc.min_factor = o.get_double("min_factor", sc.min_factor, 0.0, 1.0);
+    }
+    o.finish();
+  }
+  if (r.has("steps") && r.has("epochs")) {
+    r.fail("steps", "give either steps or epochs, not both");
+  }
+  s.steps = r.get_int("steps", s.steps, 0, kBig);
+  s.epochs = r.get_int("epochs", s.steps > 0 ? 0 : s.epochs, 0, kBig);
+  if (s.steps == 0 && s.epochs == 0) r.fail("epochs", "training needs steps > 0 or epochs > 0");
+  s.seed = static_cast<uint64_t>(r.get_int("seed", static_cast<int64_t>(s.seed), 0, INT64_MAX));
+  s.deterministic = r.get_bool("deterministic", s.deterministic);
+  r.finish();
+  if (!check_components) return;
+
+  // Model and data options: validated by their factories, without loading anything.
+  const SpecNode* data_name = data_node.find("name");
+  const SpecNode fallback_name = SpecNode::scalar("", node.where(), node.path());
+  const auto prepared = data::DataRegistry::global().prepare(
+      s.data.name, data_name ? *data_name : fallback_name, s.data.options);
+  models::ModelRegistry::global().prepare(
+      s.model.name, model_name ? *model_name : fallback_name, s.model.options,
+      models::ModelContext{prepared.info.input_shape, prepared.info.num_classes});
+}
+
+void parse_resources(const SpecNode& node, ResourcesSpec& res, const SemanticSpec& s) {
+  OptionReader r(node);
+  res.workers = r.get_int("workers", res.workers, 1, kBig);
+  if (res.workers > s.virtual_nodes) {
+    r.fail("workers", fmt::format("{} workers but only {} virtual nodes: every worker needs at "
+                                  "least one vnode",
+                                  res.workers, s.virtual_nodes));
+  }
+  if (res.workers != 1) {
+    r.fail("workers", "this build trains in one process; multi-worker training needs the "
+                      "communicator (resources.workers must be 1)");
+  }
+  res.device = r.get_string("device", res.device);
+  const bool cuda = res.device == "cuda" || res.device.rfind("cuda:", 0) == 0;
+  if (res.device != "cpu" && !cuda) {
+    r.fail("device", fmt::format("unknown device '{}'; choices: cpu, cuda, cuda:K", res.device));
+  }
+  res.threads = r.get_int("threads", res.threads, 0, 4096);
+  res.prefetch = r.get_bool("prefetch", res.prefetch);
+  r.finish();
+}
+
+void parse_output(const SpecNode& node, OutputSpec& out) {
+  OptionReader r(node);
+  {
+    OptionReader e(r.section("evaluation"));
+    auto& ev = out.evaluation;
+    ev.enabled = e.get_bool("enabled", ev.enabled);
+    ev.every_epochs = e.get_int("every_epochs", ev.every_epochs, 0, kBig);
+    ev.every_steps = e.get_int("every_steps", ev.every_steps, 0, kBig);
+    ev.batch = e.get_int("batch", ev.batch, 1, kBig);
+    e.finish();
+  }
+  {
+    OptionReader c(r.section("checkpoint"));
+    auto& ck = out.checkpoint;
+    ck.dir = c.get_string("dir", ck.dir);
+    ck.every_steps = c.get_int("every_steps", ck.every_steps, 0, kBig);
+    ck.keep = c.get_int("keep", ck.keep, 1, 1000000);
+    ck.resume = c.get_string("resume", ck.resume);
+    if (ck.resume == "latest" && ck.dir.empty()) {
+      c.fail("resume", "resume: latest needs output.checkpoint.dir");
+    }
+    c.finish();
+  }
+  {
+    OptionReader l(r.section("logging"));
+    auto& lg = out.logging;
+    lg.metrics = l.get_string("metrics", lg.metrics);
+    lg.progress = l.get_choice("progress", lg.progress, {"auto", "bar", "lines", "off"});
+    lg.every_steps = l.get_int("every_steps", lg.every_steps, 1, kBig);
+    lg.level = l.get_choice("level", lg.level, {"trace", "debug", "info", "warn", "error"});
+    l.finish();
+  }
+  r.finish();
+}
+
+}  // namespace
+
+std::string JobSpec::semantic_yaml() const { return semantic_tree(semantic).to_yaml(); }
+
+JobSpec parse_job_spec(const SpecNode& root, bool check_components) {
+  OptionReader r(root);
+  JobSpec spec;
+  spec.source = root.where().file.empty() ? "<code>" : root.where().file;
+  const SpecNode& semantic = r.section("semantic");
+  const SpecNode& resources = r.section("resources");
+  const SpecNode& output = r.section("output");
+  r.finish();
+  parse_semantic(semantic, spec.semantic, check_components);
+  parse_resources(resources, spec.resources, spec.semantic);
+  parse_output(output, spec.output);
+  return spec;
+}
+
+JobSpec load_job_spec(const std::string& path, const std::vector<std::string>& overrides) {
+  SpecNode root = path.empty() ? parse_yaml(default_job_yaml(), "<built-in default job>")
+                               : load_yaml_file(path);
+  if (root.is_null()) root = SpecNode::map(SpecLocation{path, 0, 0});
+  for (const auto& o : overrides) apply_override(root, o);
+  JobSpec spec = parse_job_spec(root);
+  spec.source = path.empty() ? "<built-in default job>" : path;
+  return spec;
+}
+
+void validate(const JobSpec& spec, bool check_components) {
+  parse_job_spec(full_tree(spec), check_components);
+}
+
+}  // namespace vflow::engine

@@ -1,0 +1,163 @@
+#include "vflow/engine/observers.h"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "vflow/core/error.h"
+#include "vflow/engine/checkpoint.h"
+
+namespace vflow::engine {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+
+std::string duration_text(double seconds) {
+  const auto s = static_cast<int64_t>(seconds + 0.5);
+  if (s >= 3600) return fmt::format("{}h{:02d}m", s / 3600, (s / 60) % 60);
+  if (s >= 60) return fmt::format("{}m{:02d}s", s / 60, s % 60);
+  return fmt::format("{}s", s);
+}
+}  // namespace
+
+// ---- evaluation -----------------------------------------------------------------
+
+EvaluationObserver::EvaluationObserver(const EvaluationSpec& spec) : spec_(spec) {}
+
+void EvaluationObserver::evaluate(Trainer& trainer) {
+  if (last_step_ == trainer.step()) return;
+  last_step_ = trainer.step();
+  trainer.publish_evaluation(trainer.evaluate());
+}
+
+void EvaluationObserver::on_step_end(Trainer& trainer, const StepInfo& info) {
+  if (spec_.every_steps > 0 && (info.step + 1) % spec_.every_steps == 0) evaluate(trainer);
+}
+
+void EvaluationObserver::on_epoch_end(Trainer& trainer, int64_t epoch) {
+  if (spec_.every_epochs > 0 && (epoch + 1) % spec_.every_epochs == 0) evaluate(trainer);
+}
+
+void EvaluationObserver::on_train_end(Trainer& trainer) { evaluate(trainer); }
+
+// ---- progress --------------------------------------------------------------------
+
+ProgressObserver::ProgressObserver(const std::string& mode, int64_t every_steps)
+    : bar_(mode == "bar" || (mode == "auto" && ::isatty(STDERR_FILENO))),
+      every_steps_(every_steps) {}
+
+void ProgressObserver::on_train_begin(Trainer& trainer) {
+  first_step_ = trainer.step();
+  examples_ = 0;
+  start_ = last_draw_ = Clock::now();
+}
+
+void ProgressObserver::on_step_end(Trainer& trainer, const StepInfo& info) {
+  examples_ += info.examples;
+  const auto now = Clock::now();
+  const double elapsed = std::chrono::duration<double>(now - start_).count();
+  const int64_t done = info.step + 1;
+  const double rate = elapsed > 0 ? static_cast<double>(examples_) / elapsed : 0;
+  const double steps_per_second = elapsed > 0 ? static_cast<double>(done - first_step_) / elapsed : 0;
+  const double eta = steps_per_second > 0 ? static_cast<double>(info.total_steps - done) / steps_per_second : 0;
+  const int64_t epochs = (info.total_steps + info.steps_per_epoch - 1) / info.steps_per_epoch;
+  if (bar_) {
+    const bool last = done == info.total_steps;
+    if (!last && std::chrono::duration<double>(now - last_draw_).count() < 0.1) return;
+    last_draw_ = now;
+    constexpr int kWidth = 24;
+    const int filled = static_cast<int>(kWidth * done / info.total_steps);
+    std::fprintf(stderr, "\r\033[Kepoch %lld/%lld step %lld/%lld [%s%s] loss %.4f lr %.4g %.0f ex/s ETA %s",
+                 static_cast<long long>(info.epoch + 1), static_cast<long long>(epochs),
+                 static_cast<long long>(done), static_cast<long long>(info.total_steps),
+                 std::string(static_cast<size_t>(filled), '#').c_str(),
+                 std::string(static_cast<size_t>(kWidth - filled), '.').c_str(), info.loss, info.lr,
+                 rate, duration_text(eta).c_str());
+    std::fflush(stderr);
+    line_open_ = true;
+  } else if (done % every_steps_ == 0 || done == info.total_steps) {
+    spdlog::info("[train] epoch {}/{} step {}/{} loss {:.4f} lr {:.4g} {:.0f} examples/s ETA {}",
+                 info.epoch + 1, epochs, done, info.total_steps, info.loss, info.lr, rate,
+                 duration_text(eta));
+  }
+}
+
+void ProgressObserver::on_evaluation(Trainer& trainer, const EvalResult& result) {
+  if (line_open_) {
+    std::fputc('\n', stderr);
+    line_open_ = false;
+  }
+  spdlog::info("[eval] step {}: test accuracy {:.2f}% loss {:.4f} ({} examples)", result.step,
+               100.0 * result.accuracy, result.loss, result.examples);
+}
+
+void ProgressObserver::on_train_end(Trainer& trainer) {
+  if (line_open_) {
+    std::fputc('\n', stderr);
+    line_open_ = false;
+  }
+}
+
+// ---- metrics -------------------------------------------------------------------------
+
+MetricsObserver::MetricsObserver(const std::string& path, int64_t every_steps)
+    : path_(path), file_(std::fopen(path.c_str(), "a")), every_steps_(every_steps) {
+  if (!file_) {
+    throw SpecError(fmt::format("output.logging.metrics: cannot open '{}' for writing: {}", path,
+                                std::strerror(errno)));
+  }
+}
+
+MetricsObserver::~MetricsObserver() { std::fclose(file_); }
+
+void MetricsObserver::write(const std::string& line) {
+  std::fputs(line.c_str(), file_);
+  std::fputc('\n', file_);
+  std::fflush(file_);
+}
+
+void MetricsObserver::on_step_end(Trainer& trainer, const StepInfo& info) {
+  window_examples_ += info.examples;
+  window_seconds_ += info.seconds;
+  const int64_t done = info.step + 1;
+  if (done % every_steps_ != 0 && done != info.total_steps) return;
+  write(fmt::format(R"({{"event":"step","step":{},"epoch":{},"loss":{:.6g},"lr":{:.6g},"examples_per_second":{:.1f}}})",
+                    done, info.epoch, info.loss, info.lr,
+                    window_seconds_ > 0 ? static_cast<double>(window_examples_) / window_seconds_ : 0.0));
+  window_examples_ = 0;
+  window_seconds_ = 0;
+}
+
+void MetricsObserver::on_evaluation(Trainer& trainer, const EvalResult& result) {
+  write(fmt::format(R"({{"event":"eval","step":{},"accuracy":{:.6g},"loss":{:.6g},"examples":{}}})",
+                    result.step, result.accuracy, result.loss, result.examples));
+}
+
+void MetricsObserver::on_train_end(Trainer& trainer) {
+  write(fmt::format(R"({{"event":"end","step":{},"fingerprint":"{}"}})", trainer.step(),
+                    trainer.fingerprint()));
+}
+
+// ---- checkpoints -----------------------------------------------------------------------
+
+CheckpointObserver::CheckpointObserver(const CheckpointSpec& spec) : spec_(spec) {}
+
+void CheckpointObserver::save(Trainer& trainer) {
+  if (last_step_ == trainer.step()) return;
+  last_step_ = trainer.step();
+  const std::string path = checkpoint_path(spec_.dir, trainer.step());
+  trainer.save_checkpoint(path);
+  prune_checkpoints(spec_.dir, spec_.keep);
+  spdlog::info("[checkpoint] wrote {}", path);
+}
+
+void CheckpointObserver::on_step_end(Trainer& trainer, const StepInfo& info) {
+  if (spec_.every_steps > 0 && (info.step + 1) % spec_.every_steps == 0) save(trainer);
+}
+
+void CheckpointObserver::on_train_end(Trainer& trainer) { save(trainer); }
+
+}  // namespace vflow::engine

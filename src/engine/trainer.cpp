@@ -1,0 +1,420 @@
+#include "vflow/engine/trainer.h"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <future>
+#include <map>
+#include <mutex>
+#include <sstream>
+#include <thread>
+
+#include "engine/torch_compat.h"
+#include "vflow/core/error.h"
+#include "vflow/engine/checkpoint.h"
+#include "vflow/engine/fingerprint.h"
+#include "vflow/engine/lr_schedule.h"
+#include "vflow/engine/optimizer.h"
+#include "vflow/vnode/gradient_buffer.h"
+#include "vflow/vnode/plan.h"
+#include "vflow/vnode/stateful_kernels.h"
+
+namespace vflow::engine {
+
+namespace {
+
+constexpr int64_t kCheckpointFormat = 1;
+constexpr uint64_t kInitStream = 0x1417;
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+torch::Device parse_device(const std::string& name) {
+  torch::Device device(name == "cuda" ? std::string("cuda:0") : name);
+  if (device.is_cuda() && !torch::cuda::is_available()) {
+    throw SpecError(fmt::format("resources.device: '{}' requested but this LibTorch build or "
+                                "machine has no CUDA device",
+                                name));
+  }
+  return device;
+}
+
+/// The first line where two texts differ, for a readable mismatch message.
+std::string first_difference(const std::string& a, const std::string& b) {
+  std::istringstream sa(a), sb(b);
+  std::string la, lb;
+  while (true) {
+    const bool ga = static_cast<bool>(std::getline(sa, la));
+    const bool gb = static_cast<bool>(std::getline(sb, lb));
+    if (!ga && !gb) return "(no difference)";
+    if (!ga) la = "(end)";
+    if (!gb) lb = "(end)";
+    if (la != lb) return fmt::format("checkpoint has '{}', this job has '{}'", la, lb);
+  }
+}
+
+}  // namespace
+
+void seed_initialisation(const SemanticSpec& semantic) {
+  torch::manual_seed(vnode::mix_seed(semantic.seed, kInitStream, 0));
+}
+
+void configure_runtime(const JobSpec& spec) {
+  const auto threads = spec.resources.threads > 0
+                           ? spec.resources.threads
+                           : static_cast<int64_t>(std::max(1U, std::thread::hardware_concurrency()));
+  torch::set_num_threads(static_cast<int>(threads));
+  compat::set_deterministic_algorithms(spec.semantic.deterministic);
+}
+
+/// One unit of vnode work: vnode `vnode` of step `step`.
+struct WorkItem {
+  int64_t step = -1;
+  int64_t vnode = -1;
+  bool operator==(const WorkItem& o) const { return step == o.step && vnode == o.vnode; }
+};
+
+struct Trainer::Impl {
+  JobSpec spec;
+  std::shared_ptr<models::Model> model;
+  data::DataSplits data;
+  torch::Device device;
+  vnode::VirtualNodePlan plan;
+  vnode::DataOrder order;
+  int64_t total_steps;
+  LrSchedule schedule;
+  std::unique_ptr<vnode::GradientBuffer> grads;
+  std::unique_ptr<vnode::StatefulKernelSet> kernels;
+  std::unique_ptr<torch::optim::Optimizer> optimizer;
+  std::vector<std::shared_ptr<TrainingObserver>> observers;
+  int64_t step = 0;
+  std::optional<EvalResult> last_eval;
+  std::atomic<bool> stop{false};
+  const std::atomic<bool>* stop_flag = nullptr;
+  bool views_checked = false;
+
+  // Epoch permutations, shared with the prefetch thread.
+  mutable std::mutex perm_mutex;
+  mutable std::map<int64_t, torch::Tensor> perms;
+
+  // The background load of the next vnode's batch.
+  WorkItem pending_item;
+  std::future<data::Batch> pending;
+
+  Impl(JobSpec s, std::shared_ptr<models::Model> m, data::DataSplits d)
+      : spec(std::move(s)),
+        model(std::move(m)),
+        data(std::move(d)),
+        device(parse_device(spec.resources.device)),
+        plan(spec.semantic.global_batch, spec.semantic.virtual_nodes),
+        order(spec.semantic.seed, data.train ? data.train->size() : 0, spec.semantic.global_batch,
+              spec.semantic.data.drop_last),
+        total_steps(spec.semantic.steps > 0 ? spec.semantic.steps
+                                            : spec.semantic.epochs * order.steps_per_epoch()),
+        schedule(spec.semantic.schedule, spec.semantic.optimizer.lr, total_steps) {}
+
+  ~Impl() {
+    if (pending.valid()) pending.wait();
+  }
+
+  torch::Tensor permutation(int64_t epoch) const {
+    std::lock_guard<std::mutex> lock(perm_mutex);
+    auto it = perms.find(epoch);
+    if (it != perms.end()) return it->second;
+    auto p = order.permutation(epoch);
+    auto t = torch::from_blob(p.data(), {static_cast<int64_t>(p.size())}, torch::kInt64).clone();
+    while (perms.size() >= 2) perms.erase(perms.begin());
+    perms.emplace(epoch, t);
+    return t;
+  }
+
+  /// Positions of vnode v's examples in the epoch permutation, for `step`.
+  vnode::Slice vnode_positions(int64_t s, int64_t v) const {
+    const auto batch = order.batch(s % order.steps_per_epoch());
+    const auto part = plan.slice(v, batch.size);
+    return vnode::Slice{batch.offset + part.offset, part.size};
+  }
+
+  data::Batch load(const WorkItem& item) const {
+    const auto pos = vnode_positions(item.step, item.vnode);
+    const auto idx = permutation(item.step / order.steps_per_epoch()).narrow(0, pos.offset, pos.size);
+    auto batch = data.train->get(idx);
+    if (device.is_cuda()) {
+      batch.input = batch.input.pin_memory().to(device, /*non_blocking=*/true);
+      batch.target = batch.target.pin_memory().to(device, /*non_blocking=*/true);
+    }
+    return batch;
+  }
+
+  /// The non-empty vnode work that follows `item`, or step -1 at the end of training.
+  WorkItem next_item(WorkItem item) const {
+    while (true) {
+      if (++item.vnode == plan.virtual_nodes()) {
+        item.vnode = 0;
+        ++item.step;
+      }
+      if (item.step >= total_steps) return WorkItem{};
+      if (vnode_positions(item.step, item.vnode).size > 0) return item;
+    }
+  }
+
+  data::Batch take(const WorkItem& item) {
+    data::Batch batch;
+    if (pending.valid()) {
+      auto ready = pending.get();  // rethrows a load error
+      if (pending_item == item) batch = std::move(ready);
+    }
+    if (!batch.input.defined()) batch = load(item);
+    if (spec.resources.prefetch) {
+      const WorkItem next = next_item(item);
+      if (next.step >= 0) {
+        pending_item = next;
+        pending = std::async(std::launch::async, [this, next] { return load(next); });
+      }
+    }
+    return batch;
+  }
+
+  StepInfo train_step() {
+    VFLOW_ASSERT(step < total_steps, "train_step() after the last step");
+    const auto t0 = Clock::now();
+    const int64_t s = step;
+    const auto batch = order.batch(s % order.steps_per_epoch());
+    const double lr = schedule.at(s);
+    set_learning_rate(*optimizer, lr);
+    model->train();
+    grads->zero();
+    kernels->begin_step();
+
+    double loss_sum = 0;
+    int64_t ordinal = 0;
+    for (int64_t v = 0; v < plan.virtual_nodes(); ++v) {
+      const auto part = plan.slice(v, batch.size);
+      if (part.size == 0) continue;
+      const data::Batch b = take(WorkItem{s, v});
+      // Randomness inside the forward pass depends on (seed, step, vnode) only.
+      torch::manual_seed(vnode::mix_seed(spec.semantic.seed, static_cast<uint64_t>(s),
+                                         static_cast<uint64_t>(v)));
+      kernels->begin_vnode(v, ordinal++);
+      const auto logits = model->forward(b.input);
+      const auto loss = torch::nn::functional::cross_entropy(logits, b.target);
+      // Weight n_v / B: the accumulated gradient is the global batch's mean-loss gradient.
+      (loss * (static_cast<double>(part.size) / static_cast<double>(batch.size))).backward();
+      kernels->end_vnode(v);
+      loss_sum += loss.item<double>() * static_cast<double>(part.size);
+    }
+    kernels->apply();
+    if (!views_checked) {
+      grads->check_views();
+      views_checked = true;
+    }
+    optimizer->step();
+    ++step;
+
+    StepInfo info;
+    info.step = s;
+    info.epoch = s / order.steps_per_epoch();
+    info.steps_per_epoch = order.steps_per_epoch();
+    info.total_steps = total_steps;
+    info.examples = batch.size;
+    info.loss = loss_sum / static_cast<double>(batch.size);
+    info.lr = lr;
+    info.seconds = seconds_since(t0);
+    return info;
+  }
+
+  bool stop_requested() const {
+    return stop.load() || (stop_flag != nullptr && stop_flag->load());
+  }
+};
+
+Trainer::Trainer(JobSpec spec, std::shared_ptr<models::Model> model, data::DataSplits data) {
+  VFLOW_ASSERT(model != nullptr, "Trainer needs a model");
+  if (!data.train) throw SpecError("the job has no training data");
+  validate(spec, /*check_components=*/false);
+  impl_ = std::make_unique<Impl>(std::move(spec), std::move(model), std::move(data));
+  auto& m = *impl_->model;
+  m.to(impl_->device);
+  impl_->grads = std::make_unique<vnode::GradientBuffer>(m.parameters());
+  impl_->kernels = std::make_unique<vnode::StatefulKernelSet>(m, impl_->plan.virtual_nodes());
+  impl_->optimizer = make_optimizer(impl_->spec.semantic.optimizer, m.parameters());
+  const auto& sem = impl_->spec.semantic;
+  const int64_t tail = impl_->data.train->size() % sem.global_batch;
+  if (!impl_->kernels->empty() && !sem.data.drop_last && tail == 1) {
+    throw SpecError(fmt::format(
+        "semantic.data.drop_last: the training set has {} examples, so every epoch ends with a "
+        "batch of 1 example, which batch norm cannot normalise; set drop_last: true or change "
+        "global_batch",
+        impl_->data.train->size()));
+  }
+}
+
+Trainer::~Trainer() = default;
+
+void Trainer::add_observer(std::shared_ptr<TrainingObserver> observer) {
+  impl_->observers.push_back(std::move(observer));
+}
+
+StepInfo Trainer::train_step() { return impl_->train_step(); }
+
+TrainResult Trainer::run() {
+  auto& im = *impl_;
+  const auto& sem = im.spec.semantic;
+  spdlog::info("[engine] {} steps ({} per epoch), global batch {} = {} vnodes x {}, {} stateful "
+               "kernel(s), {} threads{}",
+               im.total_steps, im.order.steps_per_epoch(), sem.global_batch, sem.virtual_nodes,
+               im.plan.vnode_size(), im.kernels->size(), torch::get_num_threads(),
+               sem.deterministic ? ", deterministic" : "");
+  for (auto& o : im.observers) o->on_train_begin(*this);
+  const auto t0 = Clock::now();
+  int64_t examples = 0;
+  double last_loss = 0;
+  while (im.step < im.total_steps && !im.stop_requested()) {
+    const StepInfo info = im.train_step();
+    examples += info.examples;
+    last_loss = info.loss;
+    for (auto& o : im.observers) o->on_step_end(*this, info);
+    if (im.step % im.order.steps_per_epoch() == 0) {
+      for (auto& o : im.observers) o->on_epoch_end(*this, info.epoch);
+    }
+  }
+  TrainResult result;
+  result.seconds = seconds_since(t0);
+  result.completed = im.step >= im.total_steps;
+  for (auto& o : im.observers) o->on_train_end(*this);
+  result.steps = im.step;
+  result.fingerprint = fingerprint();
+  result.evaluation = im.last_eval;
+  result.examples_per_second = result.seconds > 0 ? static_cast<double>(examples) / result.seconds : 0;
+  result.final_loss = last_loss;
+  return result;
+}
+
+EvalResult Trainer::evaluate() {
+  auto& im = *impl_;
+  if (!im.data.test) throw SpecError("the job has no evaluation split to evaluate on");
+  torch::NoGradGuard no_grad;
+  im.model->eval();
+  const int64_t n = im.data.test->size();
+  const int64_t chunk = im.spec.output.evaluation.batch;
+  double loss_sum = 0;
+  int64_t correct = 0;
+  for (int64_t begin = 0; begin < n; begin += chunk) {
+    const int64_t size = std::min(chunk, n - begin);
+    auto b = im.data.test->get(torch::arange(begin, begin + size, torch::kInt64));
+    const auto logits = im.model->forward(b.input.to(im.device));
+    const auto target = b.target.to(im.device);
+    loss_sum += torch::nn::functional::cross_entropy(
+                    logits, target, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
+                    .item<double>();
+    correct += logits.argmax(1).eq(target).sum().item<int64_t>();
+  }
+  im.model->train();
+  EvalResult r;
+  r.step = im.step;
+  r.examples = n;
+  r.loss = n > 0 ? loss_sum / static_cast<double>(n) : 0;
+  r.accuracy = n > 0 ? static_cast<double>(correct) / static_cast<double>(n) : 0;
+  return r;
+}
+
+void Trainer::publish_evaluation(const EvalResult& result) {
+  impl_->last_eval = result;
+  for (auto& o : impl_->observers) o->on_evaluation(*this, result);
+}
+
+const std::optional<EvalResult>& Trainer::last_evaluation() const { return impl_->last_eval; }
+
+void Trainer::save_checkpoint(const std::string& path) const {
+  auto& im = *impl_;
+  torch::serialize::OutputArchive archive;
+  archive.write("vflow_format", c10::IValue(kCheckpointFormat));
+  archive.write("vflow_step", c10::IValue(im.step));
+  archive.write("vflow_semantic", c10::IValue(im.spec.semantic_yaml()));
+  archive.write("vflow_fingerprint", c10::IValue(fingerprint()));
+  torch::serialize::OutputArchive model_archive;
+  im.model->save(model_archive);
+  archive.write("model", model_archive);
+  torch::serialize::OutputArchive optimizer_archive;
+  im.optimizer->save(optimizer_archive);
+  archive.write("optimizer", optimizer_archive);
+  write_atomically(path, [&](const std::string& tmp) { archive.save_to(tmp); });
+}
+
+void Trainer::load_checkpoint(const std::string& path) {
+  auto& im = *impl_;
+  torch::serialize::InputArchive archive;
+  auto read_value = [&](const char* key) {
+    c10::IValue v;
+    if (!archive.try_read(key, v)) {
+      throw CheckpointError(fmt::format("{}: not a vflow checkpoint (no '{}')", path, key));
+    }
+    return v;
+  };
+  try {
+    archive.load_from(path);
+  } catch (const c10::Error& e) {
+    throw CheckpointError(fmt::format("{}: cannot read checkpoint: {}", path, compat::message_of(e)));
+  }
+  const int64_t format = read_value("vflow_format").toInt();
+  if (format != kCheckpointFormat) {
+    throw CheckpointError(fmt::format("{}: checkpoint format {} is not supported (expected {})",
+                                      path, format, kCheckpointFormat));
+  }
+  const std::string semantic = read_value("vflow_semantic").toStringRef();
+  if (semantic != im.spec.semantic_yaml()) {
+    throw CheckpointError(fmt::format(
+        "{}: written by a job with a different semantic part, so resuming would change the "
+        "result: {}",
+        path, first_difference(semantic, im.spec.semantic_yaml())));
+  }
+  const int64_t saved_step = read_value("vflow_step").toInt();
+  const std::string saved_fingerprint = read_value("vflow_fingerprint").toStringRef();
+  if (saved_step < 0 || saved_step > im.total_steps) {
+    throw CheckpointError(fmt::format("{}: step {} is outside this job's {} steps", path,
+                                      saved_step, im.total_steps));
+  }
+  try {
+    torch::serialize::InputArchive model_archive;
+    archive.read("model", model_archive);
+    im.model->load(model_archive);
+    torch::serialize::InputArchive optimizer_archive;
+    archive.read("optimizer", optimizer_archive);
+    im.optimizer->load(optimizer_archive);
+  } catch (const c10::Error& e) {
+    throw CheckpointError(fmt::format("{}: does not fit this model: {}", path, compat::message_of(e)));
+  }
+  im.model->to(im.device);
+  im.grads->bind();
+  im.step = saved_step;
+  if (fingerprint() != saved_fingerprint) {
+    throw CheckpointError(fmt::format("{}: restored state has fingerprint {}, checkpoint recorded "
+                                      "{} (corrupt file?)",
+                                      path, fingerprint(), saved_fingerprint));
+  }
+  spdlog::info("[engine] resumed from {} at step {} (fingerprint {})", path, saved_step,
+               saved_fingerprint);
+}
+
+void Trainer::request_stop() { impl_->stop.store(true); }
+void Trainer::set_stop_flag(const std::atomic<bool>* flag) { impl_->stop_flag = flag; }
+std::string Trainer::fingerprint() const { return engine::fingerprint(*impl_->model); }
+int64_t Trainer::step() const { return impl_->step; }
+int64_t Trainer::total_steps() const { return impl_->total_steps; }
+int64_t Trainer::steps_per_epoch() const { return impl_->order.steps_per_epoch(); }
+const JobSpec& Trainer::spec() const { return impl_->spec; }
+models::Model& Trainer::model() { return *impl_->model; }
+
+std::vector<int64_t> Trainer::batch_indices(int64_t step) const {
+  const auto& im = *impl_;
+  const auto batch = im.order.batch(step % im.order.steps_per_epoch());
+  const auto perm = im.permutation(step / im.order.steps_per_epoch()).narrow(0, batch.offset, batch.size);
+  return std::vector<int64_t>(perm.data_ptr<int64_t>(), perm.data_ptr<int64_t>() + batch.size);
+}
+
+}  // namespace vflow::engine

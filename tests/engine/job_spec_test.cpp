@@ -1,0 +1,125 @@
+#include <catch2/catch.hpp>
+
+#include "support.h"
+#include "vflow/core/error.h"
+#include "vflow/engine/job_spec.h"
+
+using Catch::Matchers::Contains;
+using vflow::SpecError;
+using vflow::engine::load_job_spec;
+
+namespace {
+/// Loads `text` as a job file and returns the error message (empty if it is valid).
+std::string error_of(const std::string& text, const std::vector<std::string>& overrides = {}) {
+  vflow::testing::TempDir dir;
+  const std::string path = dir.file("job.yaml");
+  vflow::testing::write_file(path, text);
+  try {
+    load_job_spec(path, overrides);
+  } catch (const SpecError& e) {
+    std::string msg = e.what();
+    const auto pos = msg.find(path);
+    if (pos != std::string::npos) msg.replace(pos, path.size(), "job.yaml");
+    return msg;
+  }
+  return "";
+}
+}  // namespace
+
+TEST_CASE("the built-in default job is valid and trains a ConvNet on Fashion-MNIST", "[unit]") {
+  const auto spec = load_job_spec("");
+  CHECK(spec.semantic.model.name == "convnet");
+  CHECK(spec.semantic.data.name == "fashion-mnist");
+  CHECK(spec.semantic.global_batch == 256);
+  CHECK(spec.semantic.virtual_nodes == 8);
+  CHECK(spec.resources.workers == 1);
+}
+
+TEST_CASE("an empty job file means every default", "[unit]") {
+  CHECK(error_of("") == "");
+  CHECK(error_of("semantic: {}\n") == "");
+}
+
+TEST_CASE("each class of bad job spec is rejected with file, line and key", "[unit]") {
+  SECTION("unknown key") {
+    CHECK_THAT(error_of("semantic:\n  global_bacth: 64\n"),
+               Contains("job.yaml:2:3: semantic.global_bacth: unknown key"));
+  }
+  SECTION("unknown top-level section") {
+    CHECK_THAT(error_of("semantics: {}\n"), Contains("job.yaml:1:1: semantics: unknown key"));
+  }
+  SECTION("wrong type") {
+    CHECK_THAT(error_of("semantic:\n  global_batch: lots\n"),
+               Contains("job.yaml:2:17: semantic.global_batch: expected an integer, got 'lots'"));
+    CHECK_THAT(error_of("semantic:\n  optimizer: sgd\n"),
+               Contains("job.yaml:2:14: semantic.optimizer: expected a section"));
+  }
+  SECTION("out of range") {
+    CHECK_THAT(error_of("semantic:\n  optimizer: {lr: -1}\n"),
+               Contains("semantic.optimizer.lr: value -1 is out of range"));
+    CHECK_THAT(error_of("semantic:\n  global_batch: 0\n"), Contains("job.yaml:2:17: semantic.global_batch"));
+  }
+  SECTION("global_batch not divisible by virtual_nodes") {
+    CHECK_THAT(error_of("semantic:\n  global_batch: 100\n  virtual_nodes: 8\n"),
+               Contains("job.yaml:3:18: semantic.virtual_nodes: global_batch 100 is not divisible by "
+                        "virtual_nodes 8"));
+  }
+  SECTION("unknown choice") {
+    CHECK_THAT(error_of("semantic:\n  optimizer: {name: adam}\n"),
+               Contains("semantic.optimizer.name: unknown value 'adam'; choices: sgd, adamw"));
+  }
+  SECTION("unknown model and model option") {
+    CHECK_THAT(error_of("semantic:\n  model: {name: resnet9}\n"),
+               Contains("job.yaml:2:17: semantic.model.name: unknown model 'resnet9'; choices: mlp, convnet"));
+    CHECK_THAT(error_of("semantic:\n  model:\n    name: convnet\n    options: {chanels: [8]}\n"),
+               Contains("job.yaml:4:15: semantic.model.options.chanels: unknown key"));
+  }
+  SECTION("unknown data set option") {
+    CHECK_THAT(error_of("semantic:\n  data: {name: synthetic, options: {size: 10}}\n"),
+               Contains("semantic.data.options.size: unknown key"));
+  }
+  SECTION("steps and epochs together") {
+    CHECK_THAT(error_of("semantic:\n  steps: 10\n  epochs: 2\n"),
+               Contains("job.yaml:2:10: semantic.steps: give either steps or epochs"));
+  }
+  SECTION("more workers than vnodes, and an unknown device") {
+    CHECK_THAT(error_of("semantic: {virtual_nodes: 2}\nresources: {workers: 3}\n"),
+               Contains("resources.workers: 3 workers but only 2 virtual nodes"));
+    CHECK_THAT(error_of("resources: {device: tpu}\n"), Contains("resources.device: unknown device 'tpu'"));
+  }
+  SECTION("YAML syntax error") {
+    CHECK_THAT(error_of("semantic:\n  global_batch: [1,\n"), Contains("job.yaml:"));
+  }
+  SECTION("a missing file") {
+    CHECK_THROWS_WITH(load_job_spec("/nonexistent/job.yaml"),
+                      Contains("/nonexistent/job.yaml: cannot open job spec"));
+  }
+}
+
+TEST_CASE("command-line overrides go through the same validation", "[unit]") {
+  CHECK(error_of("", {"semantic.global_batch=128", "semantic.virtual_nodes=16"}) == "");
+  CHECK_THAT(error_of("", {"semantic.virtual_nodes=7"}),
+             Contains("--set semantic.virtual_nodes=7: semantic.virtual_nodes: global_batch 256 is not "
+                      "divisible by virtual_nodes 7"));
+  CHECK_THAT(error_of("", {"semantic.optimzer.lr=0.1"}),
+             Contains("--set semantic.optimzer.lr=0.1: semantic.optimzer: unknown key"));
+  CHECK_THROWS_WITH(load_job_spec("", {"semantic.optimizer.name=adamw"}),
+             Contains("semantic.optimizer.momentum: momentum is an sgd option; optimizer adamw takes"));
+  const auto spec = load_job_spec("", {"semantic.seed=42", "semantic.optimizer={name: adamw, lr: 0.001}"});
+  CHECK(spec.semantic.seed == 42);
+  CHECK(spec.semantic.optimizer.name == "adamw");
+}
+
+TEST_CASE("the semantic digest ignores resources and output", "[unit]") {
+  const auto a = load_job_spec("", {"resources.threads=1", "output.logging.every_steps=5"});
+  const auto b = load_job_spec("", {"resources.threads=2"});
+  const auto c = load_job_spec("", {"semantic.seed=2"});
+  CHECK(a.semantic_yaml() == b.semantic_yaml());
+  CHECK(a.semantic_yaml() != c.semantic_yaml());
+}
+
+TEST_CASE("specs built in code are validated too", "[unit]") {
+  auto spec = load_job_spec("");
+  spec.semantic.virtual_nodes = 3;
+  CHECK_THROWS_WITH(vflow::engine::validate(spec), Contains("not divisible by virtual_nodes 3"));
+}

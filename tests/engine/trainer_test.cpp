@@ -1,0 +1,174 @@
+#include <catch2/catch.hpp>
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "support.h"
+#include "vflow/core/error.h"
+#include "vflow/engine/checkpoint.h"
+#include "vflow/engine/job.h"
+#include "vflow/engine/lr_schedule.h"
+
+using Catch::Matchers::Contains;
+using vflow::engine::make_trainer;
+using vflow::engine::run_job;
+using vflow::testing::small_job;
+
+TEST_CASE("learning-rate schedules", "[unit]") {
+  vflow::engine::ScheduleSpec s;
+  s.name = "cosine";
+  s.warmup_steps = 10;
+  s.warmup_start = 0.1;
+  s.min_factor = 0.0;
+  const vflow::engine::LrSchedule cosine(s, 1.0, 110);
+  CHECK(cosine.at(0) == Approx(0.1));
+  CHECK(cosine.at(5) == Approx(0.55));
+  CHECK(cosine.at(10) == Approx(1.0));
+  CHECK(cosine.at(60) == Approx(0.5));
+  CHECK(cosine.at(110) == Approx(0.0).margin(1e-12));
+  s.name = "step";
+  s.warmup_steps = 0;
+  s.step_size = 10;
+  s.gamma = 0.5;
+  const vflow::engine::LrSchedule step(s, 2.0, 100);
+  CHECK(step.at(9) == Approx(2.0));
+  CHECK(step.at(10) == Approx(1.0));
+  CHECK(step.at(25) == Approx(0.5));
+  s.name = "constant";
+  CHECK(vflow::engine::LrSchedule(s, 0.3, 100).at(77) == Approx(0.3));
+}
+
+TEST_CASE("a small job learns its synthetic task", "[integration]") {
+  for (const char* optimizer : {"{name: sgd, lr: 0.05}", "{name: adamw, lr: 0.003}"}) {
+    CAPTURE(optimizer);
+    const auto result = run_job(small_job({std::string("semantic.optimizer=") + optimizer,
+                                           "semantic.schedule={name: step, step_size: 20, gamma: 0.5}",
+                                           "semantic.steps=null", "semantic.epochs=3"}));
+    CHECK(result.completed);
+    CHECK(result.steps == 30);
+    REQUIRE(result.evaluation.has_value());
+    INFO("accuracy " << result.evaluation->accuracy);
+    CHECK(result.evaluation->accuracy > 0.6);  // 4 classes: chance is 0.25
+  }
+}
+
+TEST_CASE("observers see every step, epoch and evaluation in order", "[integration]") {
+  struct Recorder final : vflow::engine::TrainingObserver {
+    std::vector<std::string> events;
+    void on_train_begin(vflow::engine::Trainer&) override { events.push_back("begin"); }
+    void on_step_end(vflow::engine::Trainer&, const vflow::engine::StepInfo& i) override {
+      events.push_back("step" + std::to_string(i.step));
+    }
+    void on_epoch_end(vflow::engine::Trainer&, int64_t e) override { events.push_back("epoch" + std::to_string(e)); }
+    void on_evaluation(vflow::engine::Trainer&, const vflow::engine::EvalResult& r) override {
+      events.push_back("eval" + std::to_string(r.step));
+    }
+    void on_train_end(vflow::engine::Trainer&) override { events.push_back("end"); }
+  };
+  auto trainer = make_trainer(small_job({"semantic.steps=12"}));  // 10 steps per epoch
+  auto recorder = std::make_shared<Recorder>();
+  trainer->add_observer(recorder);
+  trainer->run();
+  const auto& e = recorder->events;
+  REQUIRE(e.size() == 17);
+  CHECK(e.front() == "begin");
+  CHECK(e[10] == "step9");
+  CHECK(e[11] == "eval10");  // the evaluation observer runs first on epoch end
+  CHECK(e[12] == "epoch0");
+  CHECK(e[15] == "eval12");
+  CHECK(e.back() == "end");
+}
+
+TEST_CASE("resuming from a checkpoint gives the uninterrupted fingerprint", "[integration]") {
+  vflow::testing::TempDir dir;
+  const std::vector<std::string> det{"semantic.deterministic=true"};
+  const auto uninterrupted = run_job(small_job(det));
+
+  auto first = make_trainer(small_job(det));
+  for (int i = 0; i < 7; ++i) first->train_step();
+  const std::string path = dir.file("mid.pt");
+  first->save_checkpoint(path);
+  first.reset();
+
+  auto spec = small_job(det);
+  spec.output.checkpoint.resume = path;
+  auto resumed = make_trainer(spec);
+  CHECK(resumed->step() == 7);
+  const auto result = resumed->run();
+  CHECK(result.steps == 20);
+  CHECK(result.fingerprint == uninterrupted.fingerprint);
+}
+
+TEST_CASE("checkpoint observer writes, prunes and resumes from 'latest'", "[integration]") {
+  vflow::testing::TempDir dir;
+  const auto full = run_job(small_job({"semantic.deterministic=true"}));
+  const auto first = run_job(small_job({"semantic.deterministic=true", "semantic.steps=20",
+                                        "output.checkpoint={dir: " + dir.path() + ", every_steps: 4, keep: 2}"}));
+  const auto files = vflow::engine::list_checkpoints(dir.path());
+  REQUIRE(files.size() == 2);
+  CHECK_THAT(files.back(), Contains("step-00000020.pt"));
+  CHECK_THAT(files.front(), Contains("step-00000016.pt"));
+  CHECK(first.fingerprint == full.fingerprint);
+
+  // Resume the step-16 checkpoint by deleting the newer one.
+  std::filesystem::remove(files.back());
+  auto trainer = make_trainer(small_job({"semantic.deterministic=true",
+                                         "output.checkpoint={dir: " + dir.path() + ", resume: latest}"}));
+  CHECK(trainer->step() == 16);
+  CHECK(trainer->run().fingerprint == full.fingerprint);
+}
+
+TEST_CASE("unusable checkpoints are refused with a clear error", "[integration]") {
+  vflow::testing::TempDir dir;
+  const std::string path = dir.file("c.pt");
+  make_trainer(small_job())->save_checkpoint(path);
+
+  SECTION("written by another semantic spec") {
+    auto spec = small_job({"semantic.seed=9"});
+    spec.output.checkpoint.resume = path;
+    CHECK_THROWS_WITH(make_trainer(spec), Contains("different semantic part") && Contains("seed"));
+  }
+  SECTION("truncated") {
+    const auto bytes = vflow::testing::read_file(path);
+    vflow::testing::write_file(path, bytes.substr(0, bytes.size() / 2));
+    auto spec = small_job();
+    spec.output.checkpoint.resume = path;
+    CHECK_THROWS_AS(make_trainer(spec), vflow::CheckpointError);
+  }
+  SECTION("missing") {
+    auto spec = small_job();
+    spec.output.checkpoint.resume = dir.file("none.pt");
+    CHECK_THROWS_AS(make_trainer(spec), vflow::CheckpointError);
+  }
+}
+
+TEST_CASE("metrics are written as JSON lines", "[integration]") {
+  vflow::testing::TempDir dir;
+  const std::string path = dir.file("metrics.jsonl");
+  run_job(small_job({"output.logging={metrics: " + path + ", every_steps: 5, progress: lines}"}));
+  std::ifstream in(path);
+  std::string line;
+  int steps = 0, evals = 0, ends = 0;
+  while (std::getline(in, line)) {
+    steps += line.find(R"("event":"step")") != std::string::npos;
+    evals += line.find(R"("event":"eval")") != std::string::npos;
+    ends += line.find(R"("event":"end")") != std::string::npos;
+  }
+  CHECK(steps == 4);
+  CHECK(evals == 2);  // after epoch 1 (step 10) and at the end (step 20)
+  CHECK(ends == 1);
+}
+
+TEST_CASE("the gradient buffer is allocated once and shared by all vnodes", "[unit]") {
+  auto trainer = make_trainer(small_job({"semantic.steps=3"}));
+  auto params = trainer->model().parameters();
+  const void* before = params.front().grad().data_ptr();
+  trainer->train_step();
+  trainer->train_step();
+  CHECK(params.front().grad().data_ptr() == before);
+  // Consecutive parameters' gradients are adjacent slices of one buffer.
+  const auto* a = static_cast<const char*>(params[0].grad().data_ptr());
+  const auto* b = static_cast<const char*>(params[1].grad().data_ptr());
+  CHECK(b - a == params[0].numel() * static_cast<int64_t>(sizeof(float)));
+}

@@ -1,0 +1,74 @@
+#include "support.h"
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+
+#include "vflow/core/spec_node.h"
+
+namespace vflow::testing {
+
+TempDir::TempDir() {
+  std::string pattern = (std::filesystem::temp_directory_path() / "vflow-test-XXXXXX").string();
+  if (!::mkdtemp(pattern.data())) throw std::runtime_error("mkdtemp failed");
+  path_ = pattern;
+}
+
+TempDir::~TempDir() {
+  std::error_code ec;
+  std::filesystem::remove_all(path_, ec);
+}
+
+void write_file(const std::string& path, const std::string& content) {
+  std::ofstream out(path, std::ios::binary);
+  out << content;
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+engine::JobSpec small_job(const std::vector<std::string>& overrides) {
+  static const char* text = R"(
+semantic:
+  model: {name: convnet, options: {channels: [4, 8], hidden: 16, dropout: 0.25, batch_norm: true}}
+  data: {name: synthetic, options: {train_size: 480, test_size: 128, shape: [1, 12, 12], classes: 4, noise: 1.5}}
+  global_batch: 48
+  virtual_nodes: 12
+  optimizer: {name: sgd, lr: 0.05, momentum: 0.9, nesterov: true, weight_decay: 0.0005}
+  schedule: {name: cosine, warmup_steps: 3}
+  steps: 20
+  seed: 3
+resources: {threads: 1}
+output:
+  logging: {progress: off}
+  evaluation: {enabled: true}
+)";
+  SpecNode root = parse_yaml(text, "<small test job>");
+  for (const auto& o : overrides) apply_override(root, o);
+  return engine::parse_job_spec(root);
+}
+
+CommandResult run_command(const std::string& command) {
+  CommandResult result;
+  FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
+  if (!pipe) throw std::runtime_error("popen failed: " + command);
+  std::array<char, 4096> buf{};
+  size_t n = 0;
+  while ((n = std::fread(buf.data(), 1, buf.size(), pipe)) > 0) result.output.append(buf.data(), n);
+  const int status = ::pclose(pipe);
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return result;
+}
+
+}  // namespace vflow::testing

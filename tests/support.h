@@ -1,0 +1,38 @@
+// Helpers shared by the tests: temporary directories, small jobs, running the CLI.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "vflow/engine/job_spec.h"
+
+namespace vflow::testing {
+
+/// A fresh directory under the system temp dir, removed when the object dies.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::string& path() const { return path_; }
+  std::string file(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+void write_file(const std::string& path, const std::string& content);
+std::string read_file(const std::string& path);
+
+/// A small job on synthetic data (fast enough for unit tests), validated.
+engine::JobSpec small_job(const std::vector<std::string>& overrides = {});
+
+struct CommandResult {
+  int exit_code = -1;
+  std::string output;  ///< stdout and stderr together
+};
+/// Runs a shell command and captures its output.
+CommandResult run_command(const std::string& command);
+
+}  // namespace vflow::testing

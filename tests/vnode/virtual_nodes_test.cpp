@@ -1,0 +1,182 @@
+// The virtual-node contracts of DESIGN.md §2-3 on one worker: gradients, the
+// stateful-kernel rule, and determinism.
+#include <catch2/catch.hpp>
+#include <torch/torch.h>
+
+#include "support.h"
+#include "vflow/data/dataset.h"
+#include "vflow/engine/job.h"
+#include "vflow/engine/trainer.h"
+#include "vflow/models/registry.h"
+#include "vflow/vnode/stateful_kernels.h"
+
+using vflow::engine::JobSpec;
+using vflow::engine::Trainer;
+
+namespace {
+
+/// A job whose optimizer does not move the parameters (lr 0), so gradients and
+/// statistics of any step can be compared with a reference computed by hand.
+JobSpec frozen_job(const std::string& model, int64_t virtual_nodes, bool batch_norm,
+                   int64_t train_size = 100) {
+  return vflow::testing::small_job({
+      "semantic.model.name=" + model,
+      "semantic.model.options={hidden: [32, 16], dropout: 0, batch_norm: " +
+          std::string(batch_norm ? "true" : "false") + "}",
+      "semantic.data.options.train_size=" + std::to_string(train_size),
+      "semantic.virtual_nodes=" + std::to_string(virtual_nodes),
+      "semantic.optimizer={name: sgd, lr: 0, momentum: 0, weight_decay: 0}",
+      "semantic.steps=3",
+  });
+}
+
+struct Setup {
+  std::shared_ptr<vflow::models::Model> model;
+  std::shared_ptr<vflow::models::Model> reference;
+  vflow::data::DataSplits data;
+};
+
+Setup build(const JobSpec& spec) {
+  const auto& sem = spec.semantic;
+  const vflow::SpecNode none;
+  auto prepared = vflow::data::DataRegistry::global().prepare(sem.data.name, none, sem.data.options);
+  auto builder = vflow::models::ModelRegistry::global().prepare(
+      sem.model.name, none, sem.model.options, {prepared.info.input_shape, prepared.info.num_classes});
+  vflow::engine::configure_runtime(spec);
+  Setup s;
+  s.data = prepared.load();
+  vflow::engine::seed_initialisation(sem);
+  s.model = builder();
+  vflow::engine::seed_initialisation(sem);
+  s.reference = builder();
+  return s;
+}
+
+torch::Tensor as_tensor(const std::vector<int64_t>& v) {
+  return torch::tensor(std::vector<int64_t>(v.begin(), v.end()), torch::kInt64);
+}
+
+}  // namespace
+
+TEST_CASE("the gradient of N weighted vnodes equals the one-big-batch gradient", "[unit]") {
+  for (const int64_t n : {1, 4, 12}) {
+    CAPTURE(n);
+    const auto spec = frozen_job("mlp", n, false);
+    auto s = build(spec);
+    Trainer trainer(spec, s.model, s.data);
+    // Steps 0 and 1 are full batches of 48; step 2 is the epoch's short tail of 4
+    // examples, spread over 4 of the vnodes with weights n_v / 4.
+    for (int64_t step = 0; step < 3; ++step) {
+      CAPTURE(step);
+      const auto indices = trainer.batch_indices(step);
+      trainer.train_step();
+      s.reference->zero_grad();
+      const auto batch = s.data.train->get(as_tensor(indices));
+      torch::nn::functional::cross_entropy(s.reference->forward(batch.input), batch.target).backward();
+      const auto got = s.model->parameters();
+      const auto want = s.reference->parameters();
+      REQUIRE(got.size() == want.size());
+      for (size_t i = 0; i < got.size(); ++i) {
+        CHECK(torch::allclose(got[i].grad(), want[i].grad(), 1e-5, 1e-6));
+        CHECK(torch::equal(got[i], want[i]));  // lr 0: parameters did not move
+      }
+    }
+  }
+}
+
+TEST_CASE("batch-norm running statistics follow sequential updates in vnode order", "[unit]") {
+  const int64_t n = 6;
+  // 108 examples: two full batches of 48, then a tail of 12 (2 per vnode).
+  const auto spec = frozen_job("mlp", n, true, 108);
+  auto s = build(spec);
+  Trainer trainer(spec, s.model, s.data);
+  for (int64_t step = 0; step < 3; ++step) {
+    const auto indices = as_tensor(trainer.batch_indices(step));
+    trainer.train_step();
+    // Reference: torch's own batch norm, vnode slices run one after another.
+    s.reference->train();
+    torch::NoGradGuard no_grad;
+    const int64_t size = indices.size(0);
+    for (int64_t v = 0; v < n; ++v) {
+      const int64_t begin = v * size / n, end = (v + 1) * size / n;
+      if (end > begin) s.reference->forward(s.data.train->get(indices.slice(0, begin, end)).input);
+    }
+    const auto got = s.model->named_buffers();
+    const auto want = s.reference->named_buffers();
+    REQUIRE(got.size() == want.size());
+    REQUIRE(got.size() == 6);  // two BatchNorm1d: mean, var, count each
+    for (size_t i = 0; i < got.size(); ++i) {
+      CAPTURE(step, got[i].key());
+      CHECK(torch::allclose(got[i].value().to(torch::kDouble), want[i].value().to(torch::kDouble),
+                            1e-6, 1e-7));
+    }
+  }
+}
+
+TEST_CASE("the contribution table reproduces cumulative-average batch norm too", "[unit]") {
+  torch::manual_seed(0);
+  auto bn = torch::nn::BatchNorm2d(torch::nn::BatchNorm2dOptions(3).momentum(c10::nullopt));
+  auto reference = torch::nn::BatchNorm2d(torch::nn::BatchNorm2dOptions(3).momentum(c10::nullopt));
+  torch::NoGradGuard no_grad;
+  vflow::vnode::StatefulKernelSet kernels(*bn, 4);
+  REQUIRE(kernels.size() == 1);
+  for (int step = 0; step < 3; ++step) {
+    const auto x = torch::randn({16, 3, 5, 5}) * (step + 1) + step;
+    kernels.begin_step();
+    for (int64_t v = 0; v < 4; ++v) {
+      kernels.begin_vnode(v, v);
+      bn->forward(x.slice(0, 4 * v, 4 * v + 4));
+      kernels.end_vnode(v);
+      reference->forward(x.slice(0, 4 * v, 4 * v + 4));
+    }
+    kernels.apply();
+    CHECK(torch::allclose(bn->running_mean, reference->running_mean, 1e-6, 1e-7));
+    CHECK(torch::allclose(bn->running_var, reference->running_var, 1e-6, 1e-7));
+    CHECK(bn->num_batches_tracked.item<int64_t>() == reference->num_batches_tracked.item<int64_t>());
+  }
+}
+
+TEST_CASE("user-registered stateful kernels are picked up", "[unit]") {
+  struct Counter final : vflow::vnode::StatefulKernel {
+    int* applied;
+    explicit Counter(int* a) : applied(a) {}
+    int64_t contribution_size() const override { return 1; }
+    void begin_step() override {}
+    void begin_vnode(int64_t) override {}
+    void end_vnode(torch::Tensor out) override { out.fill_(2.0); }
+    void apply(const std::vector<torch::Tensor>& rows) override {
+      for (const auto& r : rows) *applied += static_cast<int>(r.item<float>());
+    }
+  };
+  static int applied = 0;
+  struct Marker : torch::nn::Module {};
+  vflow::vnode::StatefulKernelSet::register_factory(
+      [](torch::nn::Module& m) -> std::unique_ptr<vflow::vnode::StatefulKernel> {
+        if (dynamic_cast<Marker*>(&m)) return std::make_unique<Counter>(&applied);
+        return nullptr;
+      });
+  Marker marker;
+  vflow::vnode::StatefulKernelSet kernels(marker, 3);
+  REQUIRE(kernels.size() == 1);
+  kernels.begin_step();
+  for (int64_t v = 0; v < 3; ++v) {
+    kernels.begin_vnode(v, v);
+    kernels.end_vnode(v);
+  }
+  kernels.apply();
+  CHECK(applied == 6);
+}
+
+TEST_CASE("deterministic jobs give the same fingerprint on every run", "[integration]") {
+  const auto spec = vflow::testing::small_job({"semantic.deterministic=true"});
+  const auto first = vflow::engine::run_job(spec);
+  const auto second = vflow::engine::run_job(spec);
+  const auto no_prefetch = vflow::engine::run_job(vflow::testing::small_job(
+      {"semantic.deterministic=true", "resources.prefetch=false"}));
+  const auto other_seed =
+      vflow::engine::run_job(vflow::testing::small_job({"semantic.deterministic=true", "semantic.seed=4"}));
+  CHECK(first.steps == 20);
+  CHECK(first.fingerprint == second.fingerprint);
+  CHECK(first.fingerprint == no_prefetch.fingerprint);
+  CHECK(first.fingerprint != other_seed.fingerprint);
+}
