@@ -66,7 +66,7 @@ int main() {
     spec.semantic.optimizer.name = "adamw";
     spec.semantic.optimizer.lr = 0.01;
     spec.semantic.optimizer.weight_decay = 0.0;
-    spec.semantic.epochs = 20;
+    spec.semantic.epochs = 40;
     spec.semantic.deterministic = true;
     spec.resources.threads = 1;
     spec.output.logging.progress = "off";

@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "vflow/core/error.h"
+#include "vflow/core/registry.h"
 
 namespace vflow {
 
@@ -241,6 +242,12 @@ void apply_override(SpecNode& root, const std::string& assignment) {
   }
   // "key=null" (or "key=") unsets a key, e.g. --set semantic.epochs=null with --set semantic.steps=N.
   node->set(names.back(), std::move(value), where);
+}
+
+void throw_unknown_name(const SpecNode& name_node, const std::string& kind, const std::string& name,
+                        const std::vector<std::string>& choices) {
+  throw SpecError(fmt::format("{}: unknown {} '{}'; choices: {}", name_node.describe(), kind, name,
+                              fmt::join(choices, ", ")));
 }
 
 // ---- OptionReader ------------------------------------------------------------

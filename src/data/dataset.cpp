@@ -66,7 +66,7 @@ PreparedData prepare_synthetic(OptionReader& opt) {
 
 }  // namespace
 
-DataRegistry::DataRegistry() {
+DataRegistry::DataRegistry() : Registry("data set") {
   add("fashion-mnist", "Fashion-MNIST idx files (options: path, normalize)",
       prepare_fashion_mnist);
   add("synthetic",
@@ -79,34 +79,13 @@ DataRegistry& DataRegistry::global() {
   return registry;
 }
 
-void DataRegistry::add(const std::string& name, const std::string& description,
-                       DataFactory factory) {
-  for (auto& e : entries_) {
-    if (e.name == name) {
-      e = Entry{name, description, std::move(factory)};
-      return;
-    }
-  }
-  entries_.push_back(Entry{name, description, std::move(factory)});
-}
-
-std::vector<std::string> DataRegistry::names() const {
-  std::vector<std::string> out;
-  for (const auto& e : entries_) out.push_back(e.name);
-  return out;
-}
-
 PreparedData DataRegistry::prepare(const std::string& name, const SpecNode& name_node,
                                    const SpecNode& options) const {
-  for (const auto& e : entries_) {
-    if (e.name != name) continue;
-    OptionReader reader(options);
-    PreparedData p = e.factory(reader);
-    reader.finish();
-    return p;
-  }
-  throw SpecError(fmt::format("{}: unknown data set '{}'; choices: {}", name_node.describe(), name,
-                              fmt::join(names(), ", ")));
+  const DataFactory& factory = find(name, name_node);
+  OptionReader reader(options);
+  PreparedData prepared = factory(reader);
+  reader.finish();
+  return prepared;
 }
 
 }  // namespace vflow::data

@@ -5,12 +5,12 @@
 #include <torch/torch.h>
 
 #include <chrono>
-#include <future>
 #include <map>
 #include <mutex>
 #include <sstream>
 #include <thread>
 
+#include "engine/background_task.h"
 #include "engine/torch_compat.h"
 #include "vflow/core/error.h"
 #include "vflow/engine/checkpoint.h"
@@ -104,7 +104,7 @@ struct Trainer::Impl {
 
   // The background load of the next vnode's batch.
   WorkItem pending_item;
-  std::future<data::Batch> pending;
+  BackgroundTask<data::Batch> loader;
 
   Impl(JobSpec s, std::shared_ptr<models::Model> m, data::DataSplits d)
       : spec(std::move(s)),
@@ -117,10 +117,6 @@ struct Trainer::Impl {
         total_steps(spec.semantic.steps > 0 ? spec.semantic.steps
                                             : spec.semantic.epochs * order.steps_per_epoch()),
         schedule(spec.semantic.schedule, spec.semantic.optimizer.lr, total_steps) {}
-
-  ~Impl() {
-    if (pending.valid()) pending.wait();
-  }
 
   torch::Tensor permutation(int64_t epoch) const {
     std::lock_guard<std::mutex> lock(perm_mutex);
@@ -165,8 +161,8 @@ struct Trainer::Impl {
 
   data::Batch take(const WorkItem& item) {
     data::Batch batch;
-    if (pending.valid()) {
-      auto ready = pending.get();  // rethrows a load error
+    if (loader.outstanding()) {
+      auto ready = loader.wait();  // rethrows a load error
       if (pending_item == item) batch = std::move(ready);
     }
     if (!batch.input.defined()) batch = load(item);
@@ -174,7 +170,7 @@ struct Trainer::Impl {
       const WorkItem next = next_item(item);
       if (next.step >= 0) {
         pending_item = next;
-        pending = std::async(std::launch::async, [this, next] { return load(next); });
+        loader.submit([this, next] { return load(next); });
       }
     }
     return batch;
@@ -191,7 +187,7 @@ struct Trainer::Impl {
     grads->zero();
     kernels->begin_step();
 
-    double loss_sum = 0;
+    auto loss_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat64).device(device));
     int64_t ordinal = 0;
     for (int64_t v = 0; v < plan.virtual_nodes(); ++v) {
       const auto part = plan.slice(v, batch.size);
@@ -206,7 +202,7 @@ struct Trainer::Impl {
       // Weight n_v / B: the accumulated gradient is the global batch's mean-loss gradient.
       (loss * (static_cast<double>(part.size) / static_cast<double>(batch.size))).backward();
       kernels->end_vnode(v);
-      loss_sum += loss.item<double>() * static_cast<double>(part.size);
+      loss_sum += loss.detach().to(torch::kFloat64) * static_cast<double>(part.size);
     }
     kernels->apply();
     if (!views_checked) {
@@ -222,7 +218,7 @@ struct Trainer::Impl {
     info.steps_per_epoch = order.steps_per_epoch();
     info.total_steps = total_steps;
     info.examples = batch.size;
-    info.loss = loss_sum / static_cast<double>(batch.size);
+    info.loss = loss_sum.item<double>() / static_cast<double>(batch.size);
     info.lr = lr;
     info.seconds = seconds_since(t0);
     return info;

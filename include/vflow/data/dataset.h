@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "vflow/core/registry.h"
 #include "vflow/core/spec_node.h"
 
 namespace vflow::data {
@@ -69,25 +70,17 @@ struct PreparedData {
 /// to load it. Must not touch the data files' contents: validation stays cheap.
 using DataFactory = std::function<PreparedData(OptionReader& options)>;
 
-class DataRegistry {
+class DataRegistry : public Registry<DataFactory> {
  public:
   /// The registry with vflow's data sets: "fashion-mnist" and "synthetic".
   static DataRegistry& global();
 
-  void add(const std::string& name, const std::string& description, DataFactory factory);
   /// Validates `options` for data set `name`; unknown names and keys are SpecErrors.
   PreparedData prepare(const std::string& name, const SpecNode& name_node,
                        const SpecNode& options) const;
-  std::vector<std::string> names() const;
 
  private:
   DataRegistry();
-  struct Entry {
-    std::string name;
-    std::string description;
-    DataFactory factory;
-  };
-  std::vector<Entry> entries_;
 };
 
 }  // namespace vflow::data

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "vflow/core/registry.h"
 #include "vflow/core/spec_node.h"
 
 namespace vflow::models {
@@ -34,26 +35,17 @@ using ModelBuilder = std::function<std::shared_ptr<Model>()>;
 /// returns a builder. Building happens later, after all validation has passed.
 using ModelFactory = std::function<ModelBuilder(OptionReader& options, const ModelContext& ctx)>;
 
-class ModelRegistry {
+class ModelRegistry : public Registry<ModelFactory> {
  public:
   /// The registry with vflow's models: "mlp" and "convnet".
   static ModelRegistry& global();
 
-  /// Registers (or replaces) a model kind.
-  void add(const std::string& name, const std::string& description, ModelFactory factory);
   /// Validates `options` for model `name`; unknown names and keys are SpecErrors.
   ModelBuilder prepare(const std::string& name, const SpecNode& name_node, const SpecNode& options,
                        const ModelContext& ctx) const;
-  std::vector<std::string> names() const;
 
  private:
   ModelRegistry();
-  struct Entry {
-    std::string name;
-    std::string description;
-    ModelFactory factory;
-  };
-  std::vector<Entry> entries_;
 };
 
 }  // namespace vflow::models
