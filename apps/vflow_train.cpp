@@ -1,7 +1,7 @@
 // vflow-train: train a job spec. Parse, validate, build, run, map the outcome to an exit code.
-#include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
 
+#include <CLI/CLI.hpp>
 #include <atomic>
 #include <csignal>
 #include <iostream>
@@ -15,11 +15,19 @@ void on_signal(int) {
   std::signal(SIGINT, SIG_DFL);  // a second Ctrl-C ends the process at once
 }
 
-enum ExitCode { kOk = 0, kFailure = 1, kBadSpec = 2, kBadData = 3, kBadCheckpoint = 4, kStopped = 130 };
+enum ExitCode {
+  kOk = 0,
+  kFailure = 1,
+  kBadSpec = 2,
+  kBadData = 3,
+  kBadCheckpoint = 4,
+  kStopped = 130
+};
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"vflow-train: train a model with virtual nodes; the result depends on the job spec only"};
+  CLI::App app{
+      "vflow-train: train a model with virtual nodes; the result depends on the job spec only"};
   std::string spec_path;
   std::vector<std::string> overrides;
   std::string resume;
@@ -27,7 +35,8 @@ int main(int argc, char** argv) {
   bool check_only = false;
   app.add_option("job", spec_path, "job spec (YAML); the built-in default job when omitted");
   app.add_option("--set", overrides, "override a key, e.g. --set semantic.seed=7 (repeatable)");
-  app.add_option("--resume", resume, "resume from a checkpoint file, or 'latest' in output.checkpoint.dir");
+  app.add_option("--resume", resume,
+                 "resume from a checkpoint file, or 'latest' in output.checkpoint.dir");
   app.add_flag("--print-spec", print_spec, "print the effective semantic part and exit");
   app.add_flag("--check", check_only, "validate the job spec and exit");
   CLI11_PARSE(app, argc, argv);

@@ -2,20 +2,21 @@
 // hand-written LibTorch loop doing the same gradient accumulation, with the
 // same model, micro-batch, optimizer and data, measured side by side.
 //
-// Each measurement runs in its own child process (so peak RSS is its own);
-// children alternate vflow / plain and repeat, and the table reports medians.
-//   vnode_overhead [--vnodes 1,2,4,8,16,32] [--micro-batch 32] [--examples 4096] [--repeats 3]
-#include <CLI/CLI.hpp>
+// Throughput: each child process builds both loops and alternates blocks of
+// steps between them, so drift in the machine's speed affects both alike; the
+// table reports the median over repeated children. Peak RSS: one child per
+// loop, so each process's high-water mark is its own.
+//   vnode_overhead [--vnodes 1,2,4,8,16,32] [--micro-batch 32] [--examples 8192] [--repeats 5]
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 #include <sys/resource.h>
 #include <torch/torch.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <iostream>
-#include <map>
 
 #include "vflow/vflow.h"
 
@@ -24,15 +25,18 @@ namespace {
 struct Config {
   int64_t vnodes = 1;
   int64_t micro_batch = 32;
-  int64_t examples = 4096;  // examples trained per measurement (after warm-up)
+  int64_t examples = 8192;  // examples trained per measurement (after warm-up)
   int64_t threads = 1;
   std::vector<int64_t> channels = {16, 32};
 };
 
 constexpr int64_t kDatasetSize = 8192;
+constexpr int64_t kWarmupSteps = 2;
+constexpr int64_t kBlocks = 8;
+using Clock = std::chrono::steady_clock;
 
 vflow::engine::JobSpec job_for(const Config& c, int64_t steps) {
-  vflow::SpecNode root = vflow::parse_yaml(fmt::format(R"(
+  const std::string text = fmt::format(R"(
 semantic:
   model: {{name: convnet, options: {{channels: [{}], hidden: 128, dropout: 0.25, batch_norm: true}}}}
   data: {{name: synthetic, options: {{train_size: {}, test_size: 0, shape: [1, 28, 28], classes: 10}}}}
@@ -43,9 +47,10 @@ semantic:
   steps: {}
 resources: {{threads: {}}}
 output: {{evaluation: {{enabled: false}}, logging: {{progress: off}}}}
-)", fmt::join(c.channels, ", "), kDatasetSize, c.vnodes * c.micro_batch, c.vnodes, steps, c.threads),
-                                           "<bench job>");
-  return vflow::engine::parse_job_spec(root);
+)",
+                                       fmt::join(c.channels, ", "), kDatasetSize,
+                                       c.vnodes * c.micro_batch, c.vnodes, steps, c.threads);
+  return vflow::engine::parse_job_spec(vflow::parse_yaml(text, "<bench job>"));
 }
 
 int64_t peak_rss_kb() {
@@ -54,68 +59,112 @@ int64_t peak_rss_kb() {
   return usage.ru_maxrss;
 }
 
-using Clock = std::chrono::steady_clock;
-constexpr int64_t kWarmupSteps = 2;
-
 /// vflow: the engine's own step.
-double run_vflow(const Config& c, int64_t steps) {
-  auto trainer = vflow::engine::make_trainer(job_for(c, steps + kWarmupSteps));
-  for (int64_t i = 0; i < kWarmupSteps; ++i) trainer->train_step();
-  const auto t0 = Clock::now();
-  for (int64_t i = 0; i < steps; ++i) trainer->train_step();
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
+class VflowRunner {
+ public:
+  VflowRunner(const Config& c, int64_t steps)
+      : trainer_(vflow::engine::make_trainer(job_for(c, steps + kWarmupSteps))) {}
+  void step() { trainer_->train_step(); }
 
-/// The plain loop a LibTorch user would write for the same accumulation.
-double run_plain(const Config& c, int64_t steps) {
-  const auto spec = job_for(c, steps + kWarmupSteps);
-  vflow::engine::configure_runtime(spec);
-  vflow::data::SyntheticOptions data_options;
-  data_options.size = kDatasetSize;
-  auto data = vflow::data::make_synthetic(data_options);
-  vflow::engine::seed_initialisation(spec.semantic);
-  vflow::models::ConvNetOptions model_options;
-  model_options.channels = c.channels;
-  auto model = std::make_shared<vflow::models::ConvNet>(model_options, vflow::models::ModelContext{{1, 28, 28}, 10});
-  torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
-  const auto perm = torch::randperm(kDatasetSize, torch::kInt64);
-  int64_t cursor = 0;
-  auto step = [&] {
-    optimizer.zero_grad();
-    for (int64_t v = 0; v < c.vnodes; ++v) {
-      if (cursor + c.micro_batch > kDatasetSize) cursor = 0;
-      const auto batch = data->get(perm.narrow(0, cursor, c.micro_batch));
-      cursor += c.micro_batch;
-      const auto loss = torch::nn::functional::cross_entropy(model->forward(batch.input), batch.target);
-      (loss / static_cast<double>(c.vnodes)).backward();
-    }
-    optimizer.step();
-  };
-  for (int64_t i = 0; i < kWarmupSteps; ++i) step();
-  const auto t0 = Clock::now();
-  for (int64_t i = 0; i < steps; ++i) step();
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-struct Measurement {
-  double seconds = 0;
-  int64_t rss_kb = 0;
+ private:
+  std::unique_ptr<vflow::engine::Trainer> trainer_;
 };
 
-Measurement run_child(const std::string& self, const std::string& kind, const Config& c) {
-  const std::string cmd = fmt::format("{} --child {} --vnodes {} --micro-batch {} --examples {} --threads {} --channels {}",
-                                      self, kind, c.vnodes, c.micro_batch, c.examples, c.threads,
-                                      fmt::join(c.channels, ","));
+/// The plain loop a LibTorch user would write for the same accumulation.
+class PlainRunner {
+ public:
+  PlainRunner(const Config& c, int64_t steps) : c_(c) {
+    const auto spec = job_for(c, steps + kWarmupSteps);
+    vflow::engine::configure_runtime(spec);
+    vflow::data::SyntheticOptions data_options;
+    data_options.size = kDatasetSize;
+    data_ = vflow::data::make_synthetic(data_options);
+    vflow::engine::seed_initialisation(spec.semantic);
+    vflow::models::ConvNetOptions model_options;
+    model_options.channels = c.channels;
+    model_ = std::make_shared<vflow::models::ConvNet>(
+        model_options, vflow::models::ModelContext{{1, 28, 28}, 10});
+    optimizer_ = std::make_unique<torch::optim::SGD>(model_->parameters(),
+                                                     torch::optim::SGDOptions(0.01).momentum(0.9));
+    perm_ = torch::randperm(kDatasetSize, torch::kInt64);
+  }
+
+  void step() {
+    optimizer_->zero_grad();
+    for (int64_t v = 0; v < c_.vnodes; ++v) {
+      if (cursor_ + c_.micro_batch > kDatasetSize) cursor_ = 0;
+      const auto batch = data_->get(perm_.narrow(0, cursor_, c_.micro_batch));
+      cursor_ += c_.micro_batch;
+      const auto loss =
+          torch::nn::functional::cross_entropy(model_->forward(batch.input), batch.target);
+      (loss / static_cast<double>(c_.vnodes)).backward();
+    }
+    optimizer_->step();
+  }
+
+ private:
+  Config c_;
+  std::shared_ptr<vflow::data::TensorDataset> data_;
+  std::shared_ptr<vflow::models::ConvNet> model_;
+  std::unique_ptr<torch::optim::SGD> optimizer_;
+  torch::Tensor perm_;
+  int64_t cursor_ = 0;
+};
+
+template <typename Runner>
+double timed_steps(Runner& runner, int64_t steps) {
+  const auto t0 = Clock::now();
+  for (int64_t i = 0; i < steps; ++i) runner.step();
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+/// One measurement in this process; prints "RESULT a b".
+int child_main(const std::string& mode, const Config& c) {
+  const int64_t steps = std::max<int64_t>(1, c.examples / (c.vnodes * c.micro_batch));
+  if (mode == "memory-vflow") {
+    VflowRunner r(c, steps);
+    std::printf("RESULT %.6f %ld\n", timed_steps(r, steps + kWarmupSteps), peak_rss_kb());
+    return 0;
+  }
+  if (mode == "memory-plain") {
+    PlainRunner r(c, steps);
+    std::printf("RESULT %.6f %ld\n", timed_steps(r, steps + kWarmupSteps), peak_rss_kb());
+    return 0;
+  }
+  VflowRunner vflow_runner(c, steps);
+  PlainRunner plain_runner(c, steps);
+  timed_steps(vflow_runner, kWarmupSteps);
+  timed_steps(plain_runner, kWarmupSteps);
+  double tv = 0, tp = 0;
+  for (int64_t b = 0; b < kBlocks; ++b) {
+    const int64_t n = steps * (b + 1) / kBlocks - steps * b / kBlocks;
+    tv += timed_steps(vflow_runner, n);
+    tp += timed_steps(plain_runner, n);
+  }
+  const double trained = static_cast<double>(steps * c.vnodes * c.micro_batch);
+  std::printf("RESULT %.3f %.3f\n", trained / tv, trained / tp);
+  return 0;
+}
+
+struct Pair {
+  double a = 0;
+  double b = 0;
+};
+
+Pair run_child(const std::string& self, const std::string& mode, const Config& c) {
+  const std::string cmd = fmt::format(
+      "{} --child {} --vnodes {} --micro-batch {} --examples {} --threads {} --channels {}", self,
+      mode, c.vnodes, c.micro_batch, c.examples, c.threads, fmt::join(c.channels, ","));
   FILE* pipe = popen(cmd.c_str(), "r");
   if (!pipe) throw std::runtime_error("cannot start " + cmd);
-  Measurement m;
+  Pair p;
   char line[256];
   bool ok = false;
   while (std::fgets(line, sizeof line, pipe)) {
-    ok = ok || std::sscanf(line, "RESULT %lf %ld", &m.seconds, &m.rss_kb) == 2;
+    ok = ok || std::sscanf(line, "RESULT %lf %lf", &p.a, &p.b) == 2;
   }
   if (pclose(pipe) != 0 || !ok) throw std::runtime_error("child failed: " + cmd);
-  return m;
+  return p;
 }
 
 double median(std::vector<double> v) {
@@ -130,53 +179,52 @@ int main(int argc, char** argv) {
   std::string child;
   std::vector<int64_t> vnodes = {1, 2, 4, 8, 16, 32};
   Config c;
-  int repeats = 3;
-  app.add_option("--child", child, "internal: run one measurement (vflow or plain)");
+  int repeats = 5;
+  app.add_option("--child", child, "internal: one measurement (throughput, memory-vflow, memory-plain)");
   app.add_option("--vnodes", vnodes, "vnode counts to measure")->delimiter(',');
   app.add_option("--micro-batch", c.micro_batch, "vnode size b");
-  app.add_option("--examples", c.examples, "examples per measurement");
+  app.add_option("--examples", c.examples, "examples per loop per measurement");
   app.add_option("--threads", c.threads, "intra-op threads");
   app.add_option("--channels", c.channels, "ConvNet channels")->delimiter(',');
-  app.add_option("--repeats", repeats, "measurements per configuration");
+  app.add_option("--repeats", repeats, "throughput measurements (processes) per configuration");
   CLI11_PARSE(app, argc, argv);
   spdlog::set_level(spdlog::level::warn);
 
   if (!child.empty()) {
     c.vnodes = vnodes.front();
-    const int64_t steps = std::max<int64_t>(1, c.examples / (c.vnodes * c.micro_batch));
-    const double seconds = child == "vflow" ? run_vflow(c, steps) : run_plain(c, steps);
-    std::printf("RESULT %.6f %ld\n", seconds * static_cast<double>(c.examples) /
-                                         static_cast<double>(steps * c.vnodes * c.micro_batch),
-                peak_rss_kb());
-    return 0;
+    return child_main(child, c);
   }
 
-  std::cout << fmt::format("ConvNet channels [{}], micro-batch b={}, {} examples per measurement, "
-                           "{} intra-op thread(s), median of {} alternating runs\n\n",
-                           fmt::join(c.channels, ", "), c.micro_batch, c.examples, c.threads, repeats);
-  std::cout << "| V | B | vflow ex/s | plain ex/s | ratio | vflow peak RSS MiB | plain peak RSS MiB |\n";
-  std::cout << "|---|---|---|---|---|---|---|\n";
-  double rss_first = 0, rss_last = 0;
+  std::cout << fmt::format(
+      "ConvNet channels [{}] with batch norm and dropout, micro-batch b={}, {} examples per loop "
+      "per measurement, {} intra-op thread(s), median of {} processes, each alternating {} "
+      "blocks of vflow and plain steps\n\n",
+      fmt::join(c.channels, ", "), c.micro_batch, c.examples, c.threads, repeats, kBlocks);
+  std::cout << "| V | B | vflow ex/s | plain ex/s | ratio | vflow peak RSS MiB | plain peak RSS "
+               "MiB |\n|---|---|---|---|---|---|---|\n";
+  double rss_first = 0, rss_last = 0, worst = 1e9;
   for (int64_t v : vnodes) {
     c.vnodes = v;
-    std::vector<double> tv, tp, rv, rp;
+    std::vector<double> ev, ep, ratio;
     for (int r = 0; r < repeats; ++r) {
-      const auto a = run_child(argv[0], "vflow", c);
-      const auto b = run_child(argv[0], "plain", c);
-      tv.push_back(a.seconds);
-      tp.push_back(b.seconds);
-      rv.push_back(static_cast<double>(a.rss_kb) / 1024.0);
-      rp.push_back(static_cast<double>(b.rss_kb) / 1024.0);
+      const auto t = run_child(argv[0], "throughput", c);
+      ev.push_back(t.a);
+      ep.push_back(t.b);
+      ratio.push_back(t.a / t.b);
     }
-    const double ev = static_cast<double>(c.examples) / median(tv);
-    const double ep = static_cast<double>(c.examples) / median(tp);
-    if (v == vnodes.front()) rss_first = median(rv);
-    rss_last = median(rv);
-    std::cout << fmt::format("| {} | {} | {:.0f} | {:.0f} | {:.3f} | {:.1f} | {:.1f} |\n", v, v * c.micro_batch,
-                             ev, ep, ev / ep, median(rv), median(rp));
+    Config short_run = c;
+    short_run.examples = std::min<int64_t>(c.examples, 4 * c.vnodes * c.micro_batch);
+    const double rv = run_child(argv[0], "memory-vflow", short_run).b / 1024.0;
+    const double rp = run_child(argv[0], "memory-plain", short_run).b / 1024.0;
+    if (v == vnodes.front()) rss_first = rv;
+    rss_last = rv;
+    worst = std::min(worst, median(ratio));
+    std::cout << fmt::format("| {} | {} | {:.0f} | {:.0f} | {:.3f} | {:.1f} | {:.1f} |\n", v,
+                             v * c.micro_batch, median(ev), median(ep), median(ratio), rv, rp);
     std::cout.flush();
   }
-  std::cout << fmt::format("\nvflow peak RSS from V={} to V={}: {:+.2f}%\n", vnodes.front(), vnodes.back(),
-                           100.0 * (rss_last - rss_first) / rss_first);
+  std::cout << fmt::format(
+      "\nlowest median throughput ratio {:.3f}; vflow peak RSS from V={} to V={}: {:+.2f}%\n",
+      worst, vnodes.front(), vnodes.back(), 100.0 * (rss_last - rss_first) / rss_first);
   return 0;
 }

@@ -10,8 +10,8 @@ ConvNet::ConvNet(const ConvNetOptions& options, const ModelContext& ctx) {
   int64_t height = ctx.input_shape.at(1);
   int64_t width = ctx.input_shape.at(2);
   for (int64_t c : options.channels) {
-    features_->push_back(
-        torch::nn::Conv2d(torch::nn::Conv2dOptions(in_channels, c, 3).padding(1).bias(!options.batch_norm)));
+    features_->push_back(torch::nn::Conv2d(
+        torch::nn::Conv2dOptions(in_channels, c, 3).padding(1).bias(!options.batch_norm)));
     if (options.batch_norm) features_->push_back(torch::nn::BatchNorm2d(c));
     features_->push_back(torch::nn::ReLU());
     features_->push_back(torch::nn::MaxPool2d(2));

@@ -1,9 +1,8 @@
 // Embedding vflow: your own module, your own data set, a job built in code,
 // and a hook on every epoch. Exits non-zero if the model did not learn.
-#include <vflow/vflow.h>
-
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
+#include <vflow/vflow.h>
 
 #include <cmath>
 #include <iostream>
@@ -36,9 +35,10 @@ class Spirals final : public vflow::data::Dataset {
 class SpiralNet final : public vflow::models::Model {
  public:
   SpiralNet() {
-    net_ = register_module("net", torch::nn::Sequential(
-        torch::nn::Linear(2, 64), torch::nn::Tanh(), torch::nn::BatchNorm1d(64),
-        torch::nn::Linear(64, 64), torch::nn::Tanh(), torch::nn::Linear(64, 2)));
+    net_ = register_module(
+        "net", torch::nn::Sequential(torch::nn::Linear(2, 64), torch::nn::Tanh(),
+                                     torch::nn::BatchNorm1d(64), torch::nn::Linear(64, 64),
+                                     torch::nn::Tanh(), torch::nn::Linear(64, 2)));
   }
   torch::Tensor forward(const torch::Tensor& x) override { return net_->forward(x); }
 
@@ -73,12 +73,14 @@ int main() {
     vflow::engine::validate(spec, /*check_components=*/false);
     vflow::engine::configure_runtime(spec);
 
-    vflow::data::DataSplits data{std::make_shared<Spirals>(2048, 1), std::make_shared<Spirals>(512, 2)};
+    vflow::data::DataSplits data{std::make_shared<Spirals>(2048, 1),
+                                 std::make_shared<Spirals>(512, 2)};
     vflow::engine::seed_initialisation(spec.semantic);
     auto model = std::make_shared<SpiralNet>();
 
     vflow::engine::Trainer trainer(spec, model, data);
-    trainer.add_observer(std::make_shared<vflow::engine::EvaluationObserver>(spec.output.evaluation));
+    trainer.add_observer(
+        std::make_shared<vflow::engine::EvaluationObserver>(spec.output.evaluation));
     trainer.add_observer(std::make_shared<EpochPrinter>());
     const auto result = trainer.run();
     std::cout << "fingerprint " << result.fingerprint << "\n";

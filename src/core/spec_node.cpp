@@ -174,8 +174,8 @@ SpecNode convert(const YAML::Node& y, const std::string& source, const std::stri
         }
         const std::string key = kv.first.Scalar();
         if (n.find(key)) {
-          throw SpecError(fmt::format("{}: {}: duplicate key", key_where.str(),
-                                      child_path(path, key)));
+          throw SpecError(
+              fmt::format("{}: {}: duplicate key", key_where.str(), child_path(path, key)));
         }
         n.set(key, convert(kv.second, source, ""), key_where);
       }
@@ -192,8 +192,8 @@ SpecNode parse_yaml(const std::string& text, const std::string& source_name) {
   try {
     root = YAML::Load(text);
   } catch (const YAML::Exception& e) {
-    throw SpecError(fmt::format("{}: YAML syntax error: {}",
-                                location_of(e.mark, source_name).str(), e.msg));
+    throw SpecError(
+        fmt::format("{}: YAML syntax error: {}", location_of(e.mark, source_name).str(), e.msg));
   }
   return convert(root, source_name, "");
 }
@@ -240,7 +240,8 @@ void apply_override(SpecNode& root, const std::string& assignment) {
   if (!node->is_map() && !node->is_null()) {
     throw SpecError(fmt::format("{}: {} is not a section", where.str(), node->path()));
   }
-  // "key=null" (or "key=") unsets a key, e.g. --set semantic.epochs=null with --set semantic.steps=N.
+  // "key=null" (or "key=") unsets a key, e.g. --set semantic.epochs=null with --set
+  // semantic.steps=N.
   node->set(names.back(), std::move(value), where);
 }
 
@@ -318,7 +319,8 @@ double parse_double(const SpecNode& n) {
 template <typename T>
 void check_range(const SpecNode& n, T v, T min, T max) {
   if (v < min || v > max) {
-    throw SpecError(fmt::format("{}: value {} is out of range [{}, {}]", n.describe(), v, min, max));
+    throw SpecError(
+        fmt::format("{}: value {} is out of range [{}, {}]", n.describe(), v, min, max));
   }
 }
 

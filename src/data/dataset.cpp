@@ -67,8 +67,7 @@ PreparedData prepare_synthetic(OptionReader& opt) {
 }  // namespace
 
 DataRegistry::DataRegistry() : Registry("data set") {
-  add("fashion-mnist", "Fashion-MNIST idx files (options: path, normalize)",
-      prepare_fashion_mnist);
+  add("fashion-mnist", "Fashion-MNIST idx files (options: path, normalize)", prepare_fashion_mnist);
   add("synthetic",
       "class prototypes plus noise (options: train_size, test_size, classes, shape, noise, seed)",
       prepare_synthetic);

@@ -26,7 +26,8 @@ class GzReader {
  public:
   explicit GzReader(const std::string& path) : path_(path), file_(gzopen(path.c_str(), "rb")) {
     if (!file_) {
-      throw DataError(fmt::format("{}: cannot open: {}", path, std::strerror(errno ? errno : ENOENT)));
+      throw DataError(
+          fmt::format("{}: cannot open: {}", path, std::strerror(errno ? errno : ENOENT)));
     }
   }
   ~GzReader() { gzclose(file_); }
@@ -84,9 +85,10 @@ IdxFile read_idx_file(const std::string& path, uint32_t expected_magic) {
   if (in.read(header, 4) != 4) throw DataError(fmt::format("{}: truncated: no idx header", path));
   const uint32_t magic = big_endian(header);
   if (magic != expected_magic) {
-    throw DataError(fmt::format("{}: bad magic number 0x{:08x}, expected 0x{:08x} (not an idx file "
-                                "of the expected kind)",
-                                path, magic, expected_magic));
+    throw DataError(
+        fmt::format("{}: bad magic number 0x{:08x}, expected 0x{:08x} (not an idx file "
+                    "of the expected kind)",
+                    path, magic, expected_magic));
   }
   IdxFile file;
   const int ndims = static_cast<int>(magic & 0xFF);
@@ -94,8 +96,8 @@ IdxFile read_idx_file(const std::string& path, uint32_t expected_magic) {
   for (int i = 0; i < ndims; ++i) {
     uint8_t dim[4];
     if (in.read(dim, 4) != 4) {
-      throw DataError(fmt::format("{}: truncated in the header (dimension {} of {})", path, i + 1,
-                                  ndims));
+      throw DataError(
+          fmt::format("{}: truncated in the header (dimension {} of {})", path, i + 1, ndims));
     }
     file.dims.push_back(big_endian(dim));
     total *= file.dims.back();
@@ -108,8 +110,8 @@ IdxFile read_idx_file(const std::string& path, uint32_t expected_magic) {
   }
   uint8_t extra;
   if (in.read(&extra, 1) != 0) {
-    throw DataError(fmt::format("{}: unexpected bytes after the {} announced by the header", path,
-                                total));
+    throw DataError(
+        fmt::format("{}: unexpected bytes after the {} announced by the header", path, total));
   }
   return file;
 }

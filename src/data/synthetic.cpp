@@ -17,8 +17,8 @@ std::shared_ptr<TensorDataset> make_synthetic(const SyntheticOptions& options) {
   const auto targets = torch::randint(options.classes, {options.size}, sample_gen, torch::kInt64);
   std::vector<int64_t> input_shape{options.size};
   input_shape.insert(input_shape.end(), options.shape.begin(), options.shape.end());
-  auto inputs = prototypes.index_select(0, targets) +
-                options.noise * torch::randn(input_shape, sample_gen);
+  auto inputs =
+      prototypes.index_select(0, targets) + options.noise * torch::randn(input_shape, sample_gen);
   return std::make_shared<TensorDataset>(inputs, targets, options.classes);
 }
 

@@ -40,7 +40,8 @@ std::vector<std::string> list_checkpoints(const std::string& dir) {
 
 std::string latest_checkpoint(const std::string& dir) {
   const auto all = list_checkpoints(dir);
-  if (all.empty()) throw CheckpointError(fmt::format("{}: no checkpoint (step-*.pt) to resume", dir));
+  if (all.empty())
+    throw CheckpointError(fmt::format("{}: no checkpoint (step-*.pt) to resume", dir));
   return all.back();
 }
 
@@ -55,7 +56,8 @@ void prune_checkpoints(const std::string& dir, int64_t keep) {
 namespace {
 void fsync_path(const std::string& path, int flags) {
   const int fd = ::open(path.c_str(), flags);
-  if (fd < 0) throw CheckpointError(fmt::format("{}: cannot open for fsync: {}", path, std::strerror(errno)));
+  if (fd < 0)
+    throw CheckpointError(fmt::format("{}: cannot open for fsync: {}", path, std::strerror(errno)));
   const int rc = ::fsync(fd);
   const int err = errno;
   ::close(fd);
@@ -69,7 +71,9 @@ void write_atomically(const std::string& path,
   const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
   std::error_code ec;
   fs::create_directories(dir, ec);
-  if (ec) throw CheckpointError(fmt::format("{}: cannot create directory: {}", dir.string(), ec.message()));
+  if (ec)
+    throw CheckpointError(
+        fmt::format("{}: cannot create directory: {}", dir.string(), ec.message()));
   const std::string tmp = fmt::format("{}.tmp-{}", path, ::getpid());
   try {
     write(tmp);

@@ -14,7 +14,8 @@ namespace vflow::engine {
 std::unique_ptr<Trainer> make_trainer(const JobSpec& spec) {
   const auto& sem = spec.semantic;
   const SpecNode no_name;
-  const auto prepared = data::DataRegistry::global().prepare(sem.data.name, no_name, sem.data.options);
+  const auto prepared =
+      data::DataRegistry::global().prepare(sem.data.name, no_name, sem.data.options);
   const auto builder = models::ModelRegistry::global().prepare(
       sem.model.name, no_name, sem.model.options,
       models::ModelContext{prepared.info.input_shape, prepared.info.num_classes});
@@ -37,17 +38,20 @@ std::unique_ptr<Trainer> make_trainer(const JobSpec& spec) {
     trainer->add_observer(std::make_shared<EvaluationObserver>(out.evaluation));
   }
   if (out.logging.progress != "off") {
-    trainer->add_observer(std::make_shared<ProgressObserver>(out.logging.progress, out.logging.every_steps));
+    trainer->add_observer(
+        std::make_shared<ProgressObserver>(out.logging.progress, out.logging.every_steps));
   }
   if (!out.logging.metrics.empty()) {
-    trainer->add_observer(std::make_shared<MetricsObserver>(out.logging.metrics, out.logging.every_steps));
+    trainer->add_observer(
+        std::make_shared<MetricsObserver>(out.logging.metrics, out.logging.every_steps));
   }
   if (!out.checkpoint.dir.empty()) {
     trainer->add_observer(std::make_shared<CheckpointObserver>(out.checkpoint));
   }
   if (!out.checkpoint.resume.empty()) {
-    const std::string path = out.checkpoint.resume == "latest" ? latest_checkpoint(out.checkpoint.dir)
-                                                               : out.checkpoint.resume;
+    const std::string path = out.checkpoint.resume == "latest"
+                                 ? latest_checkpoint(out.checkpoint.dir)
+                                 : out.checkpoint.resume;
     trainer->load_checkpoint(path);
   }
   return trainer;

@@ -9,7 +9,8 @@
 namespace vflow::engine {
 
 const std::string& default_job_yaml() {
-  static const std::string text = R"(# vflow's default job: a ConvNet with batch norm and dropout on Fashion-MNIST.
+  static const std::string text =
+      R"(# vflow's default job: a ConvNet with batch norm and dropout on Fashion-MNIST.
 semantic:
   model:
     name: convnet
@@ -159,7 +160,8 @@ void parse_semantic(const SpecNode& node, SemanticSpec& s, bool check_components
     auto& op = s.optimizer;
     op.name = o.get_choice("name", op.name, {"sgd", "adamw"});
     op.lr = o.get_double("lr", op.lr, 0.0, 1e6);
-    op.weight_decay = o.get_double("weight_decay", op.name == "adamw" ? 0.01 : op.weight_decay, 0.0, 1e3);
+    op.weight_decay =
+        o.get_double("weight_decay", op.name == "adamw" ? 0.01 : op.weight_decay, 0.0, 1e3);
     const std::vector<std::string> sgd_keys{"momentum", "dampening", "nesterov"};
     const std::vector<std::string> adamw_keys{"beta1", "beta2", "eps"};
     for (const auto& key : op.name == "sgd" ? adamw_keys : sgd_keys) {
@@ -227,8 +229,9 @@ void parse_resources(const SpecNode& node, ResourcesSpec& res, const SemanticSpe
                                   res.workers, s.virtual_nodes));
   }
   if (res.workers != 1) {
-    r.fail("workers", "this build trains in one process; multi-worker training needs the "
-                      "communicator (resources.workers must be 1)");
+    r.fail("workers",
+           "this build trains in one process; multi-worker training needs the "
+           "communicator (resources.workers must be 1)");
   }
   res.device = r.get_string("device", res.device);
   const bool cuda = res.device == "cuda" || res.device.rfind("cuda:", 0) == 0;

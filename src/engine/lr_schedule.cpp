@@ -14,8 +14,8 @@ double LrSchedule::at(int64_t step) const {
     factor = std::pow(spec_.gamma, static_cast<double>(step / spec_.step_size));
   } else if (spec_.name == "cosine") {
     const int64_t span = std::max<int64_t>(total_steps_ - spec_.warmup_steps, 1);
-    const double progress =
-        std::clamp(static_cast<double>(step - spec_.warmup_steps) / static_cast<double>(span), 0.0, 1.0);
+    const double progress = std::clamp(
+        static_cast<double>(step - spec_.warmup_steps) / static_cast<double>(span), 0.0, 1.0);
     factor = spec_.min_factor + (1.0 - spec_.min_factor) * 0.5 * (1.0 + std::cos(M_PI * progress));
   }
   if (step < spec_.warmup_steps) {

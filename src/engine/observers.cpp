@@ -61,8 +61,10 @@ void ProgressObserver::on_step_end(Trainer& trainer, const StepInfo& info) {
   const double elapsed = std::chrono::duration<double>(now - start_).count();
   const int64_t done = info.step + 1;
   const double rate = elapsed > 0 ? static_cast<double>(examples_) / elapsed : 0;
-  const double steps_per_second = elapsed > 0 ? static_cast<double>(done - first_step_) / elapsed : 0;
-  const double eta = steps_per_second > 0 ? static_cast<double>(info.total_steps - done) / steps_per_second : 0;
+  const double steps_per_second =
+      elapsed > 0 ? static_cast<double>(done - first_step_) / elapsed : 0;
+  const double eta =
+      steps_per_second > 0 ? static_cast<double>(info.total_steps - done) / steps_per_second : 0;
   const int64_t epochs = (info.total_steps + info.steps_per_epoch - 1) / info.steps_per_epoch;
   if (bar_) {
     const bool last = done == info.total_steps;
@@ -70,7 +72,8 @@ void ProgressObserver::on_step_end(Trainer& trainer, const StepInfo& info) {
     last_draw_ = now;
     constexpr int kWidth = 24;
     const int filled = static_cast<int>(kWidth * done / info.total_steps);
-    std::fprintf(stderr, "\r\033[Kepoch %lld/%lld step %lld/%lld [%s%s] loss %.4f lr %.4g %.0f ex/s ETA %s",
+    std::fprintf(stderr,
+                 "\r\033[Kepoch %lld/%lld step %lld/%lld [%s%s] loss %.4f lr %.4g %.0f ex/s ETA %s",
                  static_cast<long long>(info.epoch + 1), static_cast<long long>(epochs),
                  static_cast<long long>(done), static_cast<long long>(info.total_steps),
                  std::string(static_cast<size_t>(filled), '#').c_str(),
@@ -124,9 +127,10 @@ void MetricsObserver::on_step_end(Trainer& trainer, const StepInfo& info) {
   window_seconds_ += info.seconds;
   const int64_t done = info.step + 1;
   if (done % every_steps_ != 0 && done != info.total_steps) return;
-  write(fmt::format(R"({{"event":"step","step":{},"epoch":{},"loss":{:.6g},"lr":{:.6g},"examples_per_second":{:.1f}}})",
-                    done, info.epoch, info.loss, info.lr,
-                    window_seconds_ > 0 ? static_cast<double>(window_examples_) / window_seconds_ : 0.0));
+  write(fmt::format(
+      R"({{"event":"step","step":{},"epoch":{},"loss":{:.6g},"lr":{:.6g},"examples_per_second":{:.1f}}})",
+      done, info.epoch, info.loss, info.lr,
+      window_seconds_ > 0 ? static_cast<double>(window_examples_) / window_seconds_ : 0.0));
   window_examples_ = 0;
   window_seconds_ = 0;
 }

@@ -37,9 +37,10 @@ double seconds_since(Clock::time_point t) {
 torch::Device parse_device(const std::string& name) {
   torch::Device device(name == "cuda" ? std::string("cuda:0") : name);
   if (device.is_cuda() && !torch::cuda::is_available()) {
-    throw SpecError(fmt::format("resources.device: '{}' requested but this LibTorch build or "
-                                "machine has no CUDA device",
-                                name));
+    throw SpecError(
+        fmt::format("resources.device: '{}' requested but this LibTorch build or "
+                    "machine has no CUDA device",
+                    name));
   }
   return device;
 }
@@ -65,9 +66,10 @@ void seed_initialisation(const SemanticSpec& semantic) {
 }
 
 void configure_runtime(const JobSpec& spec) {
-  const auto threads = spec.resources.threads > 0
-                           ? spec.resources.threads
-                           : static_cast<int64_t>(std::max(1U, std::thread::hardware_concurrency()));
+  const auto threads =
+      spec.resources.threads > 0
+          ? spec.resources.threads
+          : static_cast<int64_t>(std::max(1U, std::thread::hardware_concurrency()));
   torch::set_num_threads(static_cast<int>(threads));
   compat::set_deterministic_algorithms(spec.semantic.deterministic);
 }
@@ -138,7 +140,8 @@ struct Trainer::Impl {
 
   data::Batch load(const WorkItem& item) const {
     const auto pos = vnode_positions(item.step, item.vnode);
-    const auto idx = permutation(item.step / order.steps_per_epoch()).narrow(0, pos.offset, pos.size);
+    const auto idx =
+        permutation(item.step / order.steps_per_epoch()).narrow(0, pos.offset, pos.size);
     auto batch = data.train->get(idx);
     if (device.is_cuda()) {
       batch.input = batch.input.pin_memory().to(device, /*non_blocking=*/true);
@@ -194,8 +197,8 @@ struct Trainer::Impl {
       if (part.size == 0) continue;
       const data::Batch b = take(WorkItem{s, v});
       // Randomness inside the forward pass depends on (seed, step, vnode) only.
-      torch::manual_seed(vnode::mix_seed(spec.semantic.seed, static_cast<uint64_t>(s),
-                                         static_cast<uint64_t>(v)));
+      torch::manual_seed(
+          vnode::mix_seed(spec.semantic.seed, static_cast<uint64_t>(s), static_cast<uint64_t>(v)));
       kernels->begin_vnode(v, ordinal++);
       const auto logits = model->forward(b.input);
       const auto loss = torch::nn::functional::cross_entropy(logits, b.target);
@@ -224,9 +227,7 @@ struct Trainer::Impl {
     return info;
   }
 
-  bool stop_requested() const {
-    return stop.load() || (stop_flag != nullptr && stop_flag->load());
-  }
+  bool stop_requested() const { return stop.load() || (stop_flag != nullptr && stop_flag->load()); }
 };
 
 Trainer::Trainer(JobSpec spec, std::shared_ptr<models::Model> model, data::DataSplits data) {
@@ -261,11 +262,12 @@ StepInfo Trainer::train_step() { return impl_->train_step(); }
 TrainResult Trainer::run() {
   auto& im = *impl_;
   const auto& sem = im.spec.semantic;
-  spdlog::info("[engine] {} steps ({} per epoch), global batch {} = {} vnodes x {}, {} stateful "
-               "kernel(s), {} threads{}",
-               im.total_steps, im.order.steps_per_epoch(), sem.global_batch, sem.virtual_nodes,
-               im.plan.vnode_size(), im.kernels->size(), torch::get_num_threads(),
-               sem.deterministic ? ", deterministic" : "");
+  spdlog::info(
+      "[engine] {} steps ({} per epoch), global batch {} = {} vnodes x {}, {} stateful "
+      "kernel(s), {} threads{}",
+      im.total_steps, im.order.steps_per_epoch(), sem.global_batch, sem.virtual_nodes,
+      im.plan.vnode_size(), im.kernels->size(), torch::get_num_threads(),
+      sem.deterministic ? ", deterministic" : "");
   for (auto& o : im.observers) o->on_train_begin(*this);
   const auto t0 = Clock::now();
   int64_t examples = 0;
@@ -286,7 +288,8 @@ TrainResult Trainer::run() {
   result.steps = im.step;
   result.fingerprint = fingerprint();
   result.evaluation = im.last_eval;
-  result.examples_per_second = result.seconds > 0 ? static_cast<double>(examples) / result.seconds : 0;
+  result.examples_per_second =
+      result.seconds > 0 ? static_cast<double>(examples) / result.seconds : 0;
   result.final_loss = last_loss;
   return result;
 }
@@ -305,9 +308,10 @@ EvalResult Trainer::evaluate() {
     auto b = im.data.test->get(torch::arange(begin, begin + size, torch::kInt64));
     const auto logits = im.model->forward(b.input.to(im.device));
     const auto target = b.target.to(im.device);
-    loss_sum += torch::nn::functional::cross_entropy(
-                    logits, target, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
-                    .item<double>();
+    loss_sum +=
+        torch::nn::functional::cross_entropy(
+            logits, target, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
+            .item<double>();
     correct += logits.argmax(1).eq(target).sum().item<int64_t>();
   }
   im.model->train();
@@ -355,7 +359,8 @@ void Trainer::load_checkpoint(const std::string& path) {
   try {
     archive.load_from(path);
   } catch (const c10::Error& e) {
-    throw CheckpointError(fmt::format("{}: cannot read checkpoint: {}", path, compat::message_of(e)));
+    throw CheckpointError(
+        fmt::format("{}: cannot read checkpoint: {}", path, compat::message_of(e)));
   }
   const int64_t format = read_value("vflow_format").toInt();
   if (format != kCheckpointFormat) {
@@ -383,15 +388,17 @@ void Trainer::load_checkpoint(const std::string& path) {
     archive.read("optimizer", optimizer_archive);
     im.optimizer->load(optimizer_archive);
   } catch (const c10::Error& e) {
-    throw CheckpointError(fmt::format("{}: does not fit this model: {}", path, compat::message_of(e)));
+    throw CheckpointError(
+        fmt::format("{}: does not fit this model: {}", path, compat::message_of(e)));
   }
   im.model->to(im.device);
   im.grads->bind();
   im.step = saved_step;
   if (fingerprint() != saved_fingerprint) {
-    throw CheckpointError(fmt::format("{}: restored state has fingerprint {}, checkpoint recorded "
-                                      "{} (corrupt file?)",
-                                      path, fingerprint(), saved_fingerprint));
+    throw CheckpointError(
+        fmt::format("{}: restored state has fingerprint {}, checkpoint recorded "
+                    "{} (corrupt file?)",
+                    path, fingerprint(), saved_fingerprint));
   }
   spdlog::info("[engine] resumed from {} at step {} (fingerprint {})", path, saved_step,
                saved_fingerprint);
@@ -409,7 +416,8 @@ models::Model& Trainer::model() { return *impl_->model; }
 std::vector<int64_t> Trainer::batch_indices(int64_t step) const {
   const auto& im = *impl_;
   const auto batch = im.order.batch(step % im.order.steps_per_epoch());
-  const auto perm = im.permutation(step / im.order.steps_per_epoch()).narrow(0, batch.offset, batch.size);
+  const auto perm =
+      im.permutation(step / im.order.steps_per_epoch()).narrow(0, batch.offset, batch.size);
   return std::vector<int64_t>(perm.data_ptr<int64_t>(), perm.data_ptr<int64_t>() + batch.size);
 }
 

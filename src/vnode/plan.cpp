@@ -11,7 +11,8 @@ namespace vflow::vnode {
 
 VirtualNodePlan::VirtualNodePlan(int64_t global_batch, int64_t virtual_nodes)
     : global_batch_(global_batch), virtual_nodes_(virtual_nodes) {
-  if (global_batch < 1) throw SpecError(fmt::format("global_batch must be >= 1, got {}", global_batch));
+  if (global_batch < 1)
+    throw SpecError(fmt::format("global_batch must be >= 1, got {}", global_batch));
   if (virtual_nodes < 1 || virtual_nodes > global_batch) {
     throw SpecError(fmt::format("virtual_nodes must be in [1, global_batch={}], got {}",
                                 global_batch, virtual_nodes));
@@ -71,8 +72,8 @@ uint64_t mix_seed(uint64_t seed, uint64_t a, uint64_t b) {
 DataOrder::DataOrder(uint64_t seed, int64_t dataset_size, int64_t global_batch, bool drop_last)
     : seed_(seed), dataset_size_(dataset_size), global_batch_(global_batch) {
   if (dataset_size < 1) throw SpecError("the training set is empty");
-  steps_per_epoch_ = drop_last ? dataset_size / global_batch
-                               : (dataset_size + global_batch - 1) / global_batch;
+  steps_per_epoch_ =
+      drop_last ? dataset_size / global_batch : (dataset_size + global_batch - 1) / global_batch;
   if (steps_per_epoch_ < 1) {
     throw SpecError(fmt::format(
         "global_batch {} is larger than the training set ({} examples) and drop_last is true",

@@ -17,8 +17,11 @@ class RunningStatsKernel final : public StatefulKernel {
  public:
   RunningStatsKernel(torch::Tensor mean, torch::Tensor var, torch::Tensor count,
                      std::optional<double> momentum)
-      : mean_(std::move(mean)), var_(std::move(var)), count_(std::move(count)),
-        momentum_(momentum), channels_(mean_.numel()) {}
+      : mean_(std::move(mean)),
+        var_(std::move(var)),
+        count_(std::move(count)),
+        momentum_(momentum),
+        channels_(mean_.numel()) {}
 
   int64_t contribution_size() const override { return 2 * channels_; }
 
@@ -46,8 +49,7 @@ class RunningStatsKernel final : public StatefulKernel {
     auto var = var0_.clone();
     int64_t k = 0;
     for (const auto& row : rows) {
-      const double factor =
-          momentum_ ? *momentum_ : 1.0 / static_cast<double>(count0_ + k + 1);
+      const double factor = momentum_ ? *momentum_ : 1.0 / static_cast<double>(count0_ + k + 1);
       mean.mul_(1.0 - factor).add_(row.narrow(0, 0, channels_).view_as(mean));
       var.mul_(1.0 - factor).add_(row.narrow(0, channels_, channels_).view_as(var));
       ++k;
@@ -165,12 +167,10 @@ void StatefulKernelSet::apply() {
     std::vector<torch::Tensor> rows;
     rows.reserve(present.size());
     for (int64_t v : present) {
-      rows.push_back(
-          table_[v].narrow(0, offsets_[i], kernels_[i]->contribution_size()));
+      rows.push_back(table_[v].narrow(0, offsets_[i], kernels_[i]->contribution_size()));
     }
     kernels_[i]->apply(rows);
   }
 }
 
 }  // namespace vflow::vnode
-

@@ -1,12 +1,13 @@
+#include "vflow/core/spec_node.h"
+
 #include <catch2/catch.hpp>
 
 #include "vflow/core/error.h"
-#include "vflow/core/spec_node.h"
 
+using Catch::Matchers::Contains;
 using vflow::OptionReader;
 using vflow::SpecError;
 using vflow::SpecNode;
-using Catch::Matchers::Contains;
 
 TEST_CASE("parse_yaml keeps file, line and key path of every value", "[unit]") {
   const SpecNode root = vflow::parse_yaml("a:\n  b: 3\n  c: [1, 2]\n", "x.yaml");
@@ -19,7 +20,8 @@ TEST_CASE("parse_yaml keeps file, line and key path of every value", "[unit]") {
 }
 
 TEST_CASE("OptionReader reads typed values with ranges", "[unit]") {
-  const SpecNode root = vflow::parse_yaml("n: 5\nx: 0.5\nflag: yes\nlist: [1, 2]\nname: sgd\n", "r.yaml");
+  const SpecNode root =
+      vflow::parse_yaml("n: 5\nx: 0.5\nflag: yes\nlist: [1, 2]\nname: sgd\n", "r.yaml");
   OptionReader r(root);
   CHECK(r.get_int("n", 0, 0, 10) == 5);
   CHECK(r.get_double("x", 0, 0, 1) == 0.5);
@@ -33,8 +35,10 @@ TEST_CASE("OptionReader reads typed values with ranges", "[unit]") {
 TEST_CASE("OptionReader errors name the location, the key and the problem", "[unit]") {
   const SpecNode root = vflow::parse_yaml("n: five\nm: 11\nk: 1\nname: sdg\n", "e.yaml");
   OptionReader r(root);
-  CHECK_THROWS_WITH(r.get_int("n", 0, 0, 10), Contains("e.yaml:1:4: n: expected an integer, got 'five'"));
-  CHECK_THROWS_WITH(r.get_int("m", 0, 0, 10), Contains("e.yaml:2:4: m: value 11 is out of range [0, 10]"));
+  CHECK_THROWS_WITH(r.get_int("n", 0, 0, 10),
+                    Contains("e.yaml:1:4: n: expected an integer, got 'five'"));
+  CHECK_THROWS_WITH(r.get_int("m", 0, 0, 10),
+                    Contains("e.yaml:2:4: m: value 11 is out of range [0, 10]"));
   CHECK_THROWS_WITH(r.get_choice("name", "", {"sgd", "adamw"}),
                     Contains("e.yaml:4:7: name: unknown value 'sdg'; choices: sgd, adamw"));
   CHECK_THROWS_WITH(r.finish(), Contains("e.yaml:3:1: k: unknown key"));
@@ -42,7 +46,8 @@ TEST_CASE("OptionReader errors name the location, the key and the problem", "[un
 
 TEST_CASE("YAML syntax errors and duplicate keys name file and line", "[unit]") {
   CHECK_THROWS_WITH(vflow::parse_yaml("a: [1, 2\nb: 3\n", "s.yaml"), Contains("s.yaml:"));
-  CHECK_THROWS_WITH(vflow::parse_yaml("a: 1\na: 2\n", "d.yaml"), Contains("d.yaml:2:1: a: duplicate key"));
+  CHECK_THROWS_WITH(vflow::parse_yaml("a: 1\na: 2\n", "d.yaml"),
+                    Contains("d.yaml:2:1: a: duplicate key"));
 }
 
 TEST_CASE("overrides replace or create keys and carry their own location", "[unit]") {

@@ -1,12 +1,13 @@
-#include <catch2/catch.hpp>
+#include "vflow/data/fashion_mnist.h"
+
 #include <torch/torch.h>
 #include <zlib.h>
 
+#include <catch2/catch.hpp>
 #include <filesystem>
 
 #include "support.h"
 #include "vflow/core/error.h"
-#include "vflow/data/fashion_mnist.h"
 
 using Catch::Matchers::Contains;
 using vflow::data::load_fashion_mnist;
@@ -15,15 +16,17 @@ using vflow::testing::TempDir;
 namespace {
 
 std::string be32(uint32_t v) {
-  return std::string{static_cast<char>(v >> 24), static_cast<char>(v >> 16), static_cast<char>(v >> 8),
-                     static_cast<char>(v)};
+  return std::string{static_cast<char>(v >> 24), static_cast<char>(v >> 16),
+                     static_cast<char>(v >> 8), static_cast<char>(v)};
 }
 
 std::string images(uint32_t n, uint32_t side = 28, uint32_t magic = 0x803) {
   return be32(magic) + be32(n) + be32(side) + be32(side) + std::string(n * side * side, '\x40');
 }
 
-std::string labels(uint32_t n, char value = 3) { return be32(0x801) + be32(n) + std::string(n, value); }
+std::string labels(uint32_t n, char value = 3) {
+  return be32(0x801) + be32(n) + std::string(n, value);
+}
 
 void write_gz(const std::string& path, const std::string& bytes) {
   gzFile f = gzopen(path.c_str(), "wb");
@@ -54,7 +57,7 @@ TEST_CASE("Debian's Fashion-MNIST loads with the documented shapes", "[integrati
   CHECK(train->info().input_shape == std::vector<int64_t>{1, 28, 28});
   CHECK(test->inputs().min().item<float>() >= 0.0F);
   CHECK(test->inputs().max().item<float>() <= 1.0F);
-  CHECK(std::abs(train->inputs().mean().item<double>()) < 0.01);  // normalised
+  CHECK(std::abs(train->inputs().mean().item<double>()) < 0.01);           // normalised
   CHECK(torch::bincount(train->targets()).min().item<int64_t>() == 6000);  // balanced classes
 }
 
@@ -84,12 +87,14 @@ TEST_CASE("corrupt data files give errors that name the file and the problem", "
   SECTION("truncated data") {
     const std::string full = images(5);
     make_split(dir, full.substr(0, full.size() - 100), labels(5), false);
-    CHECK_THROWS_WITH(load_fashion_mnist(dir.path(), "test", false),
-                      Contains(img) && Contains("truncated: header announces 3920 bytes of data, found 3820"));
+    CHECK_THROWS_WITH(
+        load_fashion_mnist(dir.path(), "test", false),
+        Contains(img) && Contains("truncated: header announces 3920 bytes of data, found 3820"));
   }
   SECTION("truncated header") {
     make_split(dir, images(5).substr(0, 6), labels(5), false);
-    CHECK_THROWS_WITH(load_fashion_mnist(dir.path(), "test", false), Contains(img) && Contains("truncated"));
+    CHECK_THROWS_WITH(load_fashion_mnist(dir.path(), "test", false),
+                      Contains(img) && Contains("truncated"));
   }
   SECTION("trailing bytes") {
     make_split(dir, images(5), labels(5) + "xx", false);
@@ -98,7 +103,8 @@ TEST_CASE("corrupt data files give errors that name the file and the problem", "
   }
   SECTION("wrong image size") {
     make_split(dir, images(5, 32), labels(5), false);
-    CHECK_THROWS_WITH(load_fashion_mnist(dir.path(), "test", false), Contains(img) && Contains("32x32"));
+    CHECK_THROWS_WITH(load_fashion_mnist(dir.path(), "test", false),
+                      Contains(img) && Contains("32x32"));
   }
   SECTION("label out of range") {
     make_split(dir, images(5), labels(5, 12), false);
@@ -117,13 +123,15 @@ TEST_CASE("corrupt data files give errors that name the file and the problem", "
     for (size_t i = 20; i < bytes.size() - 8; i += 7) bytes[i] = static_cast<char>(bytes[i] ^ 0x5A);
     vflow::testing::write_file(gz.file("t10k-images-idx3-ubyte.gz"), bytes);
     CHECK_THROWS_AS(load_fashion_mnist(gz.path(), "test", false), vflow::DataError);
-    CHECK_THROWS_WITH(load_fashion_mnist(gz.path(), "test", false), Contains("t10k-images-idx3-ubyte.gz"));
+    CHECK_THROWS_WITH(load_fashion_mnist(gz.path(), "test", false),
+                      Contains("t10k-images-idx3-ubyte.gz"));
   }
   SECTION("truncated gzip stream") {
     TempDir gz;
     make_split(gz, images(50), labels(50), true);
     const std::string bytes = vflow::testing::read_file(gz.file("t10k-images-idx3-ubyte.gz"));
-    vflow::testing::write_file(gz.file("t10k-images-idx3-ubyte.gz"), bytes.substr(0, bytes.size() / 2));
+    vflow::testing::write_file(gz.file("t10k-images-idx3-ubyte.gz"),
+                               bytes.substr(0, bytes.size() / 2));
     CHECK_THROWS_WITH(load_fashion_mnist(gz.path(), "test", false),
                       Contains("t10k-images-idx3-ubyte.gz"));
   }

@@ -1,8 +1,9 @@
+#include "vflow/engine/job_spec.h"
+
 #include <catch2/catch.hpp>
 
 #include "support.h"
 #include "vflow/core/error.h"
-#include "vflow/engine/job_spec.h"
 
 using Catch::Matchers::Contains;
 using vflow::SpecError;
@@ -57,20 +58,24 @@ TEST_CASE("each class of bad job spec is rejected with file, line and key", "[un
   SECTION("out of range") {
     CHECK_THAT(error_of("semantic:\n  optimizer: {lr: -1}\n"),
                Contains("semantic.optimizer.lr: value -1 is out of range"));
-    CHECK_THAT(error_of("semantic:\n  global_batch: 0\n"), Contains("job.yaml:2:17: semantic.global_batch"));
+    CHECK_THAT(error_of("semantic:\n  global_batch: 0\n"),
+               Contains("job.yaml:2:17: semantic.global_batch"));
   }
   SECTION("global_batch not divisible by virtual_nodes") {
-    CHECK_THAT(error_of("semantic:\n  global_batch: 100\n  virtual_nodes: 8\n"),
-               Contains("job.yaml:3:18: semantic.virtual_nodes: global_batch 100 is not divisible by "
-                        "virtual_nodes 8"));
+    CHECK_THAT(
+        error_of("semantic:\n  global_batch: 100\n  virtual_nodes: 8\n"),
+        Contains("job.yaml:3:18: semantic.virtual_nodes: global_batch 100 is not divisible by "
+                 "virtual_nodes 8"));
   }
   SECTION("unknown choice") {
     CHECK_THAT(error_of("semantic:\n  optimizer: {name: adam}\n"),
                Contains("semantic.optimizer.name: unknown value 'adam'; choices: sgd, adamw"));
   }
   SECTION("unknown model and model option") {
-    CHECK_THAT(error_of("semantic:\n  model: {name: resnet9}\n"),
-               Contains("job.yaml:2:17: semantic.model.name: unknown model 'resnet9'; choices: mlp, convnet"));
+    CHECK_THAT(
+        error_of("semantic:\n  model: {name: resnet9}\n"),
+        Contains(
+            "job.yaml:2:17: semantic.model.name: unknown model 'resnet9'; choices: mlp, convnet"));
     CHECK_THAT(error_of("semantic:\n  model:\n    name: convnet\n    options: {chanels: [8]}\n"),
                Contains("job.yaml:4:15: semantic.model.options.chanels: unknown key"));
   }
@@ -85,7 +90,8 @@ TEST_CASE("each class of bad job spec is rejected with file, line and key", "[un
   SECTION("more workers than vnodes, and an unknown device") {
     CHECK_THAT(error_of("semantic: {virtual_nodes: 2}\nresources: {workers: 3}\n"),
                Contains("resources.workers: 3 workers but only 2 virtual nodes"));
-    CHECK_THAT(error_of("resources: {device: tpu}\n"), Contains("resources.device: unknown device 'tpu'"));
+    CHECK_THAT(error_of("resources: {device: tpu}\n"),
+               Contains("resources.device: unknown device 'tpu'"));
   }
   SECTION("YAML syntax error") {
     CHECK_THAT(error_of("semantic:\n  global_batch: [1,\n"), Contains("job.yaml:"));
@@ -98,14 +104,17 @@ TEST_CASE("each class of bad job spec is rejected with file, line and key", "[un
 
 TEST_CASE("command-line overrides go through the same validation", "[unit]") {
   CHECK(error_of("", {"semantic.global_batch=128", "semantic.virtual_nodes=16"}) == "");
-  CHECK_THAT(error_of("", {"semantic.virtual_nodes=7"}),
-             Contains("--set semantic.virtual_nodes=7: semantic.virtual_nodes: global_batch 256 is not "
-                      "divisible by virtual_nodes 7"));
+  CHECK_THAT(
+      error_of("", {"semantic.virtual_nodes=7"}),
+      Contains("--set semantic.virtual_nodes=7: semantic.virtual_nodes: global_batch 256 is not "
+               "divisible by virtual_nodes 7"));
   CHECK_THAT(error_of("", {"semantic.optimzer.lr=0.1"}),
              Contains("--set semantic.optimzer.lr=0.1: semantic.optimzer: unknown key"));
-  CHECK_THROWS_WITH(load_job_spec("", {"semantic.optimizer.name=adamw"}),
-             Contains("semantic.optimizer.momentum: momentum is an sgd option; optimizer adamw takes"));
-  const auto spec = load_job_spec("", {"semantic.seed=42", "semantic.optimizer={name: adamw, lr: 0.001}"});
+  CHECK_THROWS_WITH(
+      load_job_spec("", {"semantic.optimizer.name=adamw"}),
+      Contains("semantic.optimizer.momentum: momentum is an sgd option; optimizer adamw takes"));
+  const auto spec =
+      load_job_spec("", {"semantic.seed=42", "semantic.optimizer={name: adamw, lr: 0.001}"});
   CHECK(spec.semantic.seed == 42);
   CHECK(spec.semantic.optimizer.name == "adamw");
 }

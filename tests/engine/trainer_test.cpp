@@ -1,6 +1,6 @@
-#include <catch2/catch.hpp>
 #include <torch/torch.h>
 
+#include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
 
@@ -42,9 +42,10 @@ TEST_CASE("learning-rate schedules", "[unit]") {
 TEST_CASE("a small job learns its synthetic task", "[integration]") {
   for (const char* optimizer : {"{name: sgd, lr: 0.05}", "{name: adamw, lr: 0.003}"}) {
     CAPTURE(optimizer);
-    const auto result = run_job(small_job({std::string("semantic.optimizer=") + optimizer,
-                                           "semantic.schedule={name: step, step_size: 20, gamma: 0.5}",
-                                           "semantic.steps=null", "semantic.epochs=3"}));
+    const auto result =
+        run_job(small_job({std::string("semantic.optimizer=") + optimizer,
+                           "semantic.schedule={name: step, step_size: 20, gamma: 0.5}",
+                           "semantic.steps=null", "semantic.epochs=3"}));
     CHECK(result.completed);
     CHECK(result.steps == 30);
     REQUIRE(result.evaluation.has_value());
@@ -60,7 +61,9 @@ TEST_CASE("observers see every step, epoch and evaluation in order", "[integrati
     void on_step_end(vflow::engine::Trainer&, const vflow::engine::StepInfo& i) override {
       events.push_back("step" + std::to_string(i.step));
     }
-    void on_epoch_end(vflow::engine::Trainer&, int64_t e) override { events.push_back("epoch" + std::to_string(e)); }
+    void on_epoch_end(vflow::engine::Trainer&, int64_t e) override {
+      events.push_back("epoch" + std::to_string(e));
+    }
     void on_evaluation(vflow::engine::Trainer&, const vflow::engine::EvalResult& r) override {
       events.push_back("eval" + std::to_string(r.step));
     }
@@ -103,8 +106,9 @@ TEST_CASE("resuming from a checkpoint gives the uninterrupted fingerprint", "[in
 TEST_CASE("checkpoint observer writes, prunes and resumes from 'latest'", "[integration]") {
   vflow::testing::TempDir dir;
   const auto full = run_job(small_job({"semantic.deterministic=true"}));
-  const auto first = run_job(small_job({"semantic.deterministic=true", "semantic.steps=20",
-                                        "output.checkpoint={dir: " + dir.path() + ", every_steps: 4, keep: 2}"}));
+  const auto first =
+      run_job(small_job({"semantic.deterministic=true", "semantic.steps=20",
+                         "output.checkpoint={dir: " + dir.path() + ", every_steps: 4, keep: 2}"}));
   const auto files = vflow::engine::list_checkpoints(dir.path());
   REQUIRE(files.size() == 2);
   CHECK_THAT(files.back(), Contains("step-00000020.pt"));
@@ -113,8 +117,9 @@ TEST_CASE("checkpoint observer writes, prunes and resumes from 'latest'", "[inte
 
   // Resume the step-16 checkpoint by deleting the newer one.
   std::filesystem::remove(files.back());
-  auto trainer = make_trainer(small_job({"semantic.deterministic=true",
-                                         "output.checkpoint={dir: " + dir.path() + ", resume: latest}"}));
+  auto trainer =
+      make_trainer(small_job({"semantic.deterministic=true",
+                              "output.checkpoint={dir: " + dir.path() + ", resume: latest}"}));
   CHECK(trainer->step() == 16);
   CHECK(trainer->run().fingerprint == full.fingerprint);
 }

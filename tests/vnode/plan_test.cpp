@@ -1,10 +1,10 @@
-#include <catch2/catch.hpp>
+#include "vflow/vnode/plan.h"
 
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <set>
 
 #include "vflow/core/error.h"
-#include "vflow/vnode/plan.h"
 
 using vflow::vnode::DataOrder;
 using vflow::vnode::Slice;

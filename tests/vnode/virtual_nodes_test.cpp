@@ -1,13 +1,15 @@
 // The virtual-node contracts of DESIGN.md §2-3 on one worker: gradients, the
 // stateful-kernel rule, and determinism.
-#include <catch2/catch.hpp>
 #include <torch/torch.h>
+
+#include <catch2/catch.hpp>
 
 #include "support.h"
 #include "vflow/data/dataset.h"
 #include "vflow/engine/job.h"
 #include "vflow/engine/trainer.h"
 #include "vflow/models/registry.h"
+#include "vflow/vnode/plan.h"
 #include "vflow/vnode/stateful_kernels.h"
 
 using vflow::engine::JobSpec;
@@ -39,9 +41,11 @@ struct Setup {
 Setup build(const JobSpec& spec) {
   const auto& sem = spec.semantic;
   const vflow::SpecNode none;
-  auto prepared = vflow::data::DataRegistry::global().prepare(sem.data.name, none, sem.data.options);
+  auto prepared =
+      vflow::data::DataRegistry::global().prepare(sem.data.name, none, sem.data.options);
   auto builder = vflow::models::ModelRegistry::global().prepare(
-      sem.model.name, none, sem.model.options, {prepared.info.input_shape, prepared.info.num_classes});
+      sem.model.name, none, sem.model.options,
+      {prepared.info.input_shape, prepared.info.num_classes});
   vflow::engine::configure_runtime(spec);
   Setup s;
   s.data = prepared.load();
@@ -72,7 +76,8 @@ TEST_CASE("the gradient of N weighted vnodes equals the one-big-batch gradient",
       trainer.train_step();
       s.reference->zero_grad();
       const auto batch = s.data.train->get(as_tensor(indices));
-      torch::nn::functional::cross_entropy(s.reference->forward(batch.input), batch.target).backward();
+      torch::nn::functional::cross_entropy(s.reference->forward(batch.input), batch.target)
+          .backward();
       const auto got = s.model->parameters();
       const auto want = s.reference->parameters();
       REQUIRE(got.size() == want.size());
@@ -132,7 +137,8 @@ TEST_CASE("the contribution table reproduces cumulative-average batch norm too",
     kernels.apply();
     CHECK(torch::allclose(bn->running_mean, reference->running_mean, 1e-6, 1e-7));
     CHECK(torch::allclose(bn->running_var, reference->running_var, 1e-6, 1e-7));
-    CHECK(bn->num_batches_tracked.item<int64_t>() == reference->num_batches_tracked.item<int64_t>());
+    CHECK(bn->num_batches_tracked.item<int64_t>() ==
+          reference->num_batches_tracked.item<int64_t>());
   }
 }
 
@@ -171,12 +177,45 @@ TEST_CASE("deterministic jobs give the same fingerprint on every run", "[integra
   const auto spec = vflow::testing::small_job({"semantic.deterministic=true"});
   const auto first = vflow::engine::run_job(spec);
   const auto second = vflow::engine::run_job(spec);
-  const auto no_prefetch = vflow::engine::run_job(vflow::testing::small_job(
-      {"semantic.deterministic=true", "resources.prefetch=false"}));
-  const auto other_seed =
-      vflow::engine::run_job(vflow::testing::small_job({"semantic.deterministic=true", "semantic.seed=4"}));
+  const auto no_prefetch = vflow::engine::run_job(
+      vflow::testing::small_job({"semantic.deterministic=true", "resources.prefetch=false"}));
+  const auto other_seed = vflow::engine::run_job(
+      vflow::testing::small_job({"semantic.deterministic=true", "semantic.seed=4"}));
   CHECK(first.steps == 20);
   CHECK(first.fingerprint == second.fingerprint);
   CHECK(first.fingerprint == no_prefetch.fingerprint);
   CHECK(first.fingerprint != other_seed.fingerprint);
+}
+
+TEST_CASE("dropout inside vnode v of step s draws from a generator seeded by (seed, s, v)",
+          "[unit]") {
+  const int64_t n = 4;
+  auto spec = vflow::testing::small_job({
+      "semantic.model.name=mlp",
+      "semantic.model.options={hidden: [64], dropout: 0.5}",
+      "semantic.virtual_nodes=" + std::to_string(n),
+      "semantic.optimizer={name: sgd, lr: 0, momentum: 0, weight_decay: 0}",
+      "semantic.steps=2",
+  });
+  auto s = build(spec);
+  Trainer trainer(spec, s.model, s.data);
+  for (int64_t step = 0; step < 2; ++step) {
+    const auto indices = as_tensor(trainer.batch_indices(step));
+    trainer.train_step();
+    s.reference->zero_grad();
+    const int64_t size = indices.size(0);
+    for (int64_t v = 0; v < n; ++v) {
+      torch::manual_seed(vflow::vnode::mix_seed(spec.semantic.seed, static_cast<uint64_t>(step),
+                                                static_cast<uint64_t>(v)));
+      const auto b = s.data.train->get(indices.slice(0, v * size / n, (v + 1) * size / n));
+      const auto loss = torch::nn::functional::cross_entropy(s.reference->forward(b.input), b.target);
+      (loss * (static_cast<double>(b.target.size(0)) / static_cast<double>(size))).backward();
+    }
+    const auto got = s.model->parameters();
+    const auto want = s.reference->parameters();
+    for (size_t i = 0; i < got.size(); ++i) {
+      CAPTURE(step, i);
+      CHECK(torch::allclose(got[i].grad(), want[i].grad(), 1e-5, 1e-6));
+    }
+  }
 }

@@ -11,7 +11,8 @@ namespace vflow {
 
 /// Throws SpecError "<where>: unknown <kind> '<name>'; choices: a, b".
 [[noreturn]] void throw_unknown_name(const SpecNode& name_node, const std::string& kind,
-                                     const std::string& name, const std::vector<std::string>& choices);
+                                     const std::string& name,
+                                     const std::vector<std::string>& choices);
 
 template <typename Factory>
 class Registry {

@@ -18,6 +18,7 @@ std::string latest_checkpoint(const std::string& dir);
 void prune_checkpoints(const std::string& dir, int64_t keep);
 /// Writes `write(tmp_path)` to a temporary file, fsyncs it, renames it over `path`
 /// and fsyncs the directory: readers see the old file or the complete new one.
-void write_atomically(const std::string& path, const std::function<void(const std::string&)>& write);
+void write_atomically(const std::string& path,
+                      const std::function<void(const std::string&)>& write);
 
 }  // namespace vflow::engine

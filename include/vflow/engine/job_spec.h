@@ -22,28 +22,29 @@ struct ModelSpec {
 struct DataSpec {
   std::string name = "fashion-mnist";  ///< a name in the data registry
   SpecNode options;                    ///< data-set-specific options
-  bool drop_last = false;  ///< drop the epoch's last, shorter batch instead of splitting it over the vnodes
+  bool drop_last =
+      false;  ///< drop the epoch's last, shorter batch instead of splitting it over the vnodes
 };
 
 struct OptimizerSpec {
-  std::string name = "sgd";     ///< sgd | adamw
-  double lr = 0.05;             ///< peak learning rate
-  double weight_decay = 5e-4;   ///< L2 (sgd) or decoupled (adamw) weight decay
-  double momentum = 0.9;        ///< sgd only
-  double dampening = 0.0;       ///< sgd only
-  bool nesterov = true;         ///< sgd only; needs momentum > 0 and dampening 0
-  double beta1 = 0.9;           ///< adamw only
-  double beta2 = 0.999;         ///< adamw only
-  double eps = 1e-8;            ///< adamw only
+  std::string name = "sgd";    ///< sgd | adamw
+  double lr = 0.05;            ///< peak learning rate
+  double weight_decay = 5e-4;  ///< L2 (sgd) or decoupled (adamw) weight decay
+  double momentum = 0.9;       ///< sgd only
+  double dampening = 0.0;      ///< sgd only
+  bool nesterov = true;        ///< sgd only; needs momentum > 0 and dampening 0
+  double beta1 = 0.9;          ///< adamw only
+  double beta2 = 0.999;        ///< adamw only
+  double eps = 1e-8;           ///< adamw only
 };
 
 struct ScheduleSpec {
-  std::string name = "cosine";   ///< constant | step | cosine
-  int64_t warmup_steps = 0;      ///< linear warmup from warmup_start * lr to lr over this many steps
-  double warmup_start = 0.1;     ///< warmup starting factor
-  int64_t step_size = 1000;      ///< step: multiply by gamma every step_size steps
-  double gamma = 0.1;            ///< step: decay factor
-  double min_factor = 0.0;       ///< cosine: final lr = min_factor * lr
+  std::string name = "cosine";  ///< constant | step | cosine
+  int64_t warmup_steps = 0;     ///< linear warmup from warmup_start * lr to lr over this many steps
+  double warmup_start = 0.1;    ///< warmup starting factor
+  int64_t step_size = 1000;     ///< step: multiply by gamma every step_size steps
+  double gamma = 0.1;           ///< step: decay factor
+  double min_factor = 0.0;      ///< cosine: final lr = min_factor * lr
 };
 
 struct SemanticSpec {
@@ -60,10 +61,10 @@ struct SemanticSpec {
 };
 
 struct ResourcesSpec {
-  int64_t workers = 1;          ///< worker processes; this build trains in one process
-  std::string device = "cpu";   ///< cpu | cuda | cuda:K
-  int64_t threads = 0;          ///< intra-op threads; 0 = all cores
-  bool prefetch = true;         ///< load the next vnode's batch in the background
+  int64_t workers = 1;         ///< worker processes; this build trains in one process
+  std::string device = "cpu";  ///< cpu | cuda | cuda:K
+  int64_t threads = 0;         ///< intra-op threads; 0 = all cores
+  bool prefetch = true;        ///< load the next vnode's batch in the background
 };
 
 struct EvaluationSpec {
@@ -81,10 +82,10 @@ struct CheckpointSpec {
 };
 
 struct LoggingSpec {
-  std::string metrics;          ///< JSON-lines metrics file; empty = none
+  std::string metrics;            ///< JSON-lines metrics file; empty = none
   std::string progress = "auto";  ///< auto | bar | lines | off
-  int64_t every_steps = 50;     ///< period of progress lines and metrics records
-  std::string level = "info";   ///< trace | debug | info | warn | error
+  int64_t every_steps = 50;       ///< period of progress lines and metrics records
+  std::string level = "info";     ///< trace | debug | info | warn | error
 };
 
 struct OutputSpec {

@@ -22,20 +22,20 @@ namespace vflow::engine {
 
 /// What one finished step did.
 struct StepInfo {
-  int64_t step = 0;             ///< 0-based index of the finished step
-  int64_t epoch = 0;            ///< 0-based epoch of the step
+  int64_t step = 0;   ///< 0-based index of the finished step
+  int64_t epoch = 0;  ///< 0-based epoch of the step
   int64_t steps_per_epoch = 0;
   int64_t total_steps = 0;
-  int64_t examples = 0;         ///< examples in this step's global batch
-  double loss = 0;              ///< mean training loss over those examples
-  double lr = 0;                ///< learning rate used
-  double seconds = 0;           ///< wall time of the step
+  int64_t examples = 0;  ///< examples in this step's global batch
+  double loss = 0;       ///< mean training loss over those examples
+  double lr = 0;         ///< learning rate used
+  double seconds = 0;    ///< wall time of the step
 };
 
 struct EvalResult {
-  int64_t step = 0;      ///< number of steps trained when evaluated
-  double loss = 0;       ///< mean cross-entropy over the test split
-  double accuracy = 0;   ///< fraction of correct top-1 predictions
+  int64_t step = 0;     ///< number of steps trained when evaluated
+  double loss = 0;      ///< mean cross-entropy over the test split
+  double accuracy = 0;  ///< fraction of correct top-1 predictions
   int64_t examples = 0;
 };
 
@@ -46,7 +46,7 @@ struct TrainResult {
   std::optional<EvalResult> evaluation;  ///< the last evaluation, if any
   double seconds = 0;                    ///< wall time of this run() call
   double examples_per_second = 0;
-  double final_loss = 0;                 ///< training loss of the last step
+  double final_loss = 0;  ///< training loss of the last step
 };
 
 class Trainer;
