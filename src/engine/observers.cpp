@@ -67,8 +67,9 @@ void ProgressObserver::on_step_end(Trainer& trainer, const StepInfo& info) {
       steps_per_second > 0 ? static_cast<double>(info.total_steps - done) / steps_per_second : 0;
   const int64_t epochs = (info.total_steps + info.steps_per_epoch - 1) / info.steps_per_epoch;
   if (bar_) {
-    const bool last = done == info.total_steps;
-    if (!last && std::chrono::duration<double>(now - last_draw_).count() < 0.1) return;
+    // Redraw at most 10 times a second, but always at an epoch's end (an evaluation may follow).
+    const bool must = done == info.total_steps || done % info.steps_per_epoch == 0;
+    if (!must && std::chrono::duration<double>(now - last_draw_).count() < 0.1) return;
     last_draw_ = now;
     constexpr int kWidth = 24;
     const int filled = static_cast<int>(kWidth * done / info.total_steps);

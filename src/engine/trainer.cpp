@@ -238,7 +238,8 @@ Trainer::Trainer(JobSpec spec, std::shared_ptr<models::Model> model, data::DataS
   auto& m = *impl_->model;
   m.to(impl_->device);
   impl_->grads = std::make_unique<vnode::GradientBuffer>(m.parameters());
-  impl_->kernels = std::make_unique<vnode::StatefulKernelSet>(m, impl_->plan.virtual_nodes());
+  impl_->kernels =
+      std::make_unique<vnode::StatefulKernelSet>(m, impl_->plan.virtual_nodes(), impl_->device);
   impl_->optimizer = make_optimizer(impl_->spec.semantic.optimizer, m.parameters());
   const auto& sem = impl_->spec.semantic;
   const int64_t tail = impl_->data.train->size() % sem.global_batch;

@@ -116,7 +116,8 @@ void StatefulKernelSet::register_factory(StatefulKernelFactory factory) {
   factories().push_back(std::move(factory));
 }
 
-StatefulKernelSet::StatefulKernelSet(torch::nn::Module& model, int64_t virtual_nodes) {
+StatefulKernelSet::StatefulKernelSet(torch::nn::Module& model, int64_t virtual_nodes,
+                                     torch::Device device) {
   const auto candidates = all_factories();
   int64_t width = 1;  // column 0: present flag
   // The model itself need not live in a shared_ptr, so it is visited apart from its children.
@@ -132,7 +133,8 @@ StatefulKernelSet::StatefulKernelSet(torch::nn::Module& model, int64_t virtual_n
       }
     }
   }
-  table_ = torch::zeros({virtual_nodes, width}, torch::kFloat32);
+  table_ =
+      torch::zeros({virtual_nodes, width}, torch::TensorOptions(torch::kFloat32).device(device));
 }
 
 void StatefulKernelSet::begin_step() {
@@ -158,7 +160,7 @@ void StatefulKernelSet::end_vnode(int64_t vnode) {
 void StatefulKernelSet::apply() {
   torch::NoGradGuard no_grad;
   std::vector<int64_t> present;
-  const auto flags = table_.select(1, 0).contiguous();
+  const auto flags = table_.select(1, 0).to(torch::kCPU).contiguous();
   const float* flag = flags.data_ptr<float>();
   for (int64_t v = 0; v < table_.size(0); ++v) {
     if (flag[v] > 0.5F) present.push_back(v);

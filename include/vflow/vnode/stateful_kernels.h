@@ -42,7 +42,9 @@ using StatefulKernelFactory = std::function<std::unique_ptr<StatefulKernel>(torc
 /// All stateful kernels of a model and the per-step contribution table.
 class StatefulKernelSet {
  public:
-  StatefulKernelSet(torch::nn::Module& model, int64_t virtual_nodes);
+  /// `device`: where the model's buffers (and so the contribution table) live.
+  StatefulKernelSet(torch::nn::Module& model, int64_t virtual_nodes,
+                    torch::Device device = torch::kCPU);
 
   /// Adds a factory for user-defined stateful modules; tried before the built-in ones
   /// (batch norm and instance norm with running statistics).
