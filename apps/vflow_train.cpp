@@ -1,5 +1,6 @@
 // vflow-train: train a job spec. Parse, validate, build, run, map the outcome to an exit code.
 #include <spdlog/spdlog.h>
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <atomic>
@@ -15,12 +16,21 @@ void on_signal(int) {
   std::signal(SIGINT, SIG_DFL);  // a second Ctrl-C ends the process at once
 }
 
+std::string self_executable(const char* argv0) {
+  char path[4096];
+  const ssize_t n = readlink("/proc/self/exe", path, sizeof path - 1);
+  if (n <= 0) return argv0;
+  path[n] = '\0';
+  return path;
+}
+
 enum ExitCode {
   kOk = 0,
   kFailure = 1,
   kBadSpec = 2,
   kBadData = 3,
   kBadCheckpoint = 4,
+  kPeerFailure = 5,
   kStopped = 130
 };
 }  // namespace
@@ -33,16 +43,20 @@ int main(int argc, char** argv) {
   std::string resume;
   bool print_spec = false;
   bool check_only = false;
+  int workers = 0;
   app.add_option("job", spec_path, "job spec (YAML); the built-in default job when omitted");
   app.add_option("--set", overrides, "override a key, e.g. --set semantic.seed=7 (repeatable)");
   app.add_option("--resume", resume,
                  "resume from a checkpoint file, or 'latest' in output.checkpoint.dir");
   app.add_flag("--print-spec", print_spec, "print the effective semantic part and exit");
   app.add_flag("--check", check_only, "validate the job spec and exit");
+  app.add_option("--workers", workers, "worker processes on this machine (sets resources.workers)")
+      ->check(CLI::PositiveNumber);
   CLI11_PARSE(app, argc, argv);
 
   try {
     if (!resume.empty()) overrides.push_back("output.checkpoint.resume=" + resume);
+    if (workers > 0) overrides.push_back("resources.workers=" + std::to_string(workers));
     const auto spec = vflow::engine::load_job_spec(spec_path, overrides);
     spdlog::set_level(spdlog::level::from_str(spec.output.logging.level));
     spdlog::set_pattern("[%H:%M:%S] %v");
@@ -56,8 +70,22 @@ int main(int argc, char** argv) {
     }
     std::signal(SIGINT, on_signal);
     std::signal(SIGTERM, on_signal);
+    const auto timeout =
+        std::chrono::milliseconds(static_cast<int64_t>(spec.resources.timeout_s * 1000));
+    const auto rendezvous = vflow::comm::rendezvous_from_environment(timeout);
+    if (!rendezvous && spec.resources.workers > 1) {
+      // This process becomes the coordinator and runs this same command line as each worker.
+      vflow::comm::LaunchOptions launch;
+      launch.workers = static_cast<int>(spec.resources.workers);
+      launch.command.push_back(self_executable(argv[0]));
+      for (int i = 1; i < argc; ++i) launch.command.emplace_back(argv[i]);
+      launch.timeout = timeout;
+      launch.stop_flag = &g_stop;
+      return vflow::comm::launch_local(launch);
+    }
     vflow::engine::JobRunOptions options;
     options.stop_flag = &g_stop;
+    if (rendezvous) options.communicator = vflow::comm::make_gloo_communicator(*rendezvous);
     const auto result = vflow::engine::run_job(spec, options);
     if (result.evaluation) {
       std::cout << "test accuracy " << 100.0 * result.evaluation->accuracy << "% after "
@@ -78,6 +106,9 @@ int main(int argc, char** argv) {
   } catch (const vflow::CheckpointError& e) {
     std::cerr << "checkpoint error: " << e.what() << "\n";
     return kBadCheckpoint;
+  } catch (const vflow::comm::PeerFailure& e) {
+    std::cerr << "peer failure: " << e.what() << "\n";
+    return kPeerFailure;
   } catch (const std::exception& e) {
     std::cerr << "error: " << e.what() << "\n";
     return kFailure;

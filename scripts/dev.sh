@@ -12,7 +12,7 @@ JOBS="${VFLOW_JOBS:-$(nproc)}"
 # Debian packages the build, the tests and the default job need.
 PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config
-  libtorch-dev libyaml-cpp-dev libfmt-dev libspdlog-dev libcli11-dev catch2 zlib1g-dev
+  libtorch-dev libyaml-cpp-dev libfmt-dev libspdlog-dev libcli11-dev catch2 zlib1g-dev libgloo-dev
   dataset-fashion-mnist
 )
 

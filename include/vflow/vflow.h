@@ -1,6 +1,8 @@
 // Umbrella header: everything a program embedding vflow needs.
 #pragma once
 
+#include "vflow/comm/communicator.h"
+#include "vflow/comm/launcher.h"
 #include "vflow/core/error.h"
 #include "vflow/core/spec_node.h"
 #include "vflow/data/dataset.h"

@@ -11,7 +11,9 @@
 
 namespace vflow::engine {
 
-std::unique_ptr<Trainer> make_trainer(const JobSpec& spec) {
+std::unique_ptr<Trainer> make_trainer(const JobSpec& spec,
+                                      std::shared_ptr<comm::Communicator> communicator) {
+  const bool leader = !communicator || communicator->rank() == 0;
   const auto& sem = spec.semantic;
   const SpecNode no_name;
   const auto prepared =
@@ -31,21 +33,21 @@ std::unique_ptr<Trainer> make_trainer(const JobSpec& spec) {
 
   seed_initialisation(sem);
   auto model = builder();
-  auto trainer = std::make_unique<Trainer>(spec, model, splits);
+  auto trainer = std::make_unique<Trainer>(spec, model, splits, std::move(communicator));
 
   const auto& out = spec.output;
-  if (out.evaluation.enabled && splits.test) {
+  if (out.evaluation.enabled && splits.test && leader) {
     trainer->add_observer(std::make_shared<EvaluationObserver>(out.evaluation));
   }
-  if (out.logging.progress != "off") {
+  if (out.logging.progress != "off" && leader) {
     trainer->add_observer(
         std::make_shared<ProgressObserver>(out.logging.progress, out.logging.every_steps));
   }
-  if (!out.logging.metrics.empty()) {
+  if (!out.logging.metrics.empty() && leader) {
     trainer->add_observer(
         std::make_shared<MetricsObserver>(out.logging.metrics, out.logging.every_steps));
   }
-  if (!out.checkpoint.dir.empty()) {
+  if (!out.checkpoint.dir.empty() && leader) {
     trainer->add_observer(std::make_shared<CheckpointObserver>(out.checkpoint));
   }
   if (!out.checkpoint.resume.empty()) {
@@ -58,7 +60,7 @@ std::unique_ptr<Trainer> make_trainer(const JobSpec& spec) {
 }
 
 TrainResult run_job(const JobSpec& spec, const JobRunOptions& options) {
-  auto trainer = make_trainer(spec);
+  auto trainer = make_trainer(spec, options.communicator);
   trainer->set_stop_flag(options.stop_flag);
   return trainer->run();
 }

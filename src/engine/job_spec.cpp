@@ -98,6 +98,7 @@ SpecNode full_tree(const JobSpec& spec) {
   res.set("device", scalar(spec.resources.device));
   res.set("threads", scalar(spec.resources.threads));
   res.set("prefetch", scalar(spec.resources.prefetch));
+  res.set("timeout_s", scalar(spec.resources.timeout_s));
   root.set("resources", res);
   const OutputSpec& o = spec.output;
   SpecNode out = SpecNode::map();
@@ -228,11 +229,6 @@ void parse_resources(const SpecNode& node, ResourcesSpec& res, const SemanticSpe
                                   "least one vnode",
                                   res.workers, s.virtual_nodes));
   }
-  if (res.workers != 1) {
-    r.fail("workers",
-           "this build trains in one process; multi-worker training needs the "
-           "communicator (resources.workers must be 1)");
-  }
   res.device = r.get_string("device", res.device);
   const bool cuda = res.device == "cuda" || res.device.rfind("cuda:", 0) == 0;
   if (res.device != "cpu" && !cuda) {
@@ -240,6 +236,7 @@ void parse_resources(const SpecNode& node, ResourcesSpec& res, const SemanticSpe
   }
   res.threads = r.get_int("threads", res.threads, 0, 4096);
   res.prefetch = r.get_bool("prefetch", res.prefetch);
+  res.timeout_s = r.get_double("timeout_s", res.timeout_s, 0.1, 86400.0);
   r.finish();
 }
 

@@ -12,6 +12,7 @@
 
 #include "engine/background_task.h"
 #include "engine/torch_compat.h"
+#include "vflow/comm/launcher.h"
 #include "vflow/core/error.h"
 #include "vflow/engine/checkpoint.h"
 #include "vflow/engine/fingerprint.h"
@@ -26,6 +27,10 @@ namespace vflow::engine {
 namespace {
 
 constexpr int64_t kCheckpointFormat = 1;
+// Deterministic reduction: values are summed as integers in units of 2^-36 (about
+// 1.5e-11); |value| must stay below 2^20 so that 128 vnodes cannot overflow int64.
+constexpr double kFixedPointScale = 68719476736.0;  // 2^36
+constexpr double kFixedPointLimit = 1048576.0;      // 2^20
 constexpr uint64_t kInitStream = 0x1417;
 
 using Clock = std::chrono::steady_clock;
@@ -93,10 +98,14 @@ struct Trainer::Impl {
   std::unique_ptr<vnode::GradientBuffer> grads;
   std::unique_ptr<vnode::StatefulKernelSet> kernels;
   std::unique_ptr<torch::optim::Optimizer> optimizer;
+  std::shared_ptr<comm::Communicator> comm;
+  comm::VnodeRange held;      // the vnodes this worker processes
+  torch::Tensor fixed_point;  // deterministic mode: the exact integer sum of vnode gradients
   std::vector<std::shared_ptr<TrainingObserver>> observers;
   int64_t step = 0;
   std::optional<EvalResult> last_eval;
-  std::atomic<bool> stop{false};
+  std::atomic<bool> stop_request{false};  // asked locally (request_stop, stop flag)
+  bool stop_agreed = false;               // some worker asked: every worker stops now
   const std::atomic<bool>* stop_flag = nullptr;
   bool views_checked = false;
 
@@ -158,7 +167,10 @@ struct Trainer::Impl {
         ++item.step;
       }
       if (item.step >= total_steps) return WorkItem{};
-      if (vnode_positions(item.step, item.vnode).size > 0) return item;
+      if (item.vnode >= held.first && item.vnode < held.last &&
+          vnode_positions(item.step, item.vnode).size > 0) {
+        return item;
+      }
     }
   }
 
@@ -190,24 +202,44 @@ struct Trainer::Impl {
     grads->zero();
     kernels->begin_step();
 
-    auto loss_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat64).device(device));
+    // After the stateful-kernel table ride the loss and the control word (stop requests).
+    auto loss_sum = grads->extra().narrow(0, grads->extra().numel() - 2, 1);
+    auto control = grads->extra().narrow(0, grads->extra().numel() - 1, 1);
+    const bool exact = fixed_point.defined();
+    if (exact) fixed_point.zero_();
     int64_t ordinal = 0;
     for (int64_t v = 0; v < plan.virtual_nodes(); ++v) {
       const auto part = plan.slice(v, batch.size);
       if (part.size == 0) continue;
+      ++ordinal;
+      if (v < held.first || v >= held.last) continue;
       const data::Batch b = take(WorkItem{s, v});
       // Randomness inside the forward pass depends on (seed, step, vnode) only.
       torch::manual_seed(
           vnode::mix_seed(spec.semantic.seed, static_cast<uint64_t>(s), static_cast<uint64_t>(v)));
-      kernels->begin_vnode(v, ordinal++);
+      kernels->begin_vnode(v, ordinal - 1);
       const auto logits = model->forward(b.input);
       const auto loss = torch::nn::functional::cross_entropy(logits, b.target);
       // Weight n_v / B: the accumulated gradient is the global batch's mean-loss gradient.
       (loss * (static_cast<double>(part.size) / static_cast<double>(batch.size))).backward();
       kernels->end_vnode(v);
-      loss_sum += loss.detach().to(torch::kFloat64) * static_cast<double>(part.size);
+      loss_sum += loss.detach() * static_cast<double>(part.size);
+      if (exact) accumulate_fixed_point();
+    }
+    // A stop request anywhere stops every worker after this same step.
+    if (stop_requested()) {
+      control.fill_(1.0);
+      if (exact) accumulate_fixed_point();
+    }
+    // One collective: gradients, stateful-kernel table, loss and control word together.
+    if (exact) {
+      comm->allreduce_sum(fixed_point);
+      grads->flat().copy_(fixed_point.to(torch::kFloat64).div_(kFixedPointScale));
+    } else {
+      comm->allreduce_sum(grads->flat());
     }
     kernels->apply();
+    if (control.item<float>() > 0) stop_agreed = true;
     if (!views_checked) {
       grads->check_views();
       views_checked = true;
@@ -227,19 +259,52 @@ struct Trainer::Impl {
     return info;
   }
 
-  bool stop_requested() const { return stop.load() || (stop_flag != nullptr && stop_flag->load()); }
+  /// Deterministic mode: adds this vnode's weighted gradient (and table row, and loss)
+  /// to an int64 fixed-point sum and clears the float buffer. Integer addition is
+  /// associative, so the total is bitwise the same however vnodes are spread over
+  /// workers and in whatever order the collective adds the workers' parts.
+  void accumulate_fixed_point() {
+    auto& flat = grads->flat();
+    const double largest = flat.abs().max().item<double>();
+    if (!(largest < kFixedPointLimit)) {
+      throw Error(fmt::format(
+          "step {}: a gradient value of {} is outside the deterministic reduction's range "
+          "(|g| < {}); the run diverged or needs deterministic: false",
+          step, largest, kFixedPointLimit));
+    }
+    fixed_point.add_(flat.to(torch::kFloat64).mul_(kFixedPointScale).round_().to(torch::kInt64));
+    flat.zero_();
+  }
+
+  bool stop_requested() const {
+    return stop_request.load() || (stop_flag != nullptr && stop_flag->load());
+  }
 };
 
-Trainer::Trainer(JobSpec spec, std::shared_ptr<models::Model> model, data::DataSplits data) {
+Trainer::Trainer(JobSpec spec, std::shared_ptr<models::Model> model, data::DataSplits data,
+                 std::shared_ptr<comm::Communicator> communicator) {
   VFLOW_ASSERT(model != nullptr, "Trainer needs a model");
   if (!data.train) throw SpecError("the job has no training data");
   validate(spec, /*check_components=*/false);
   impl_ = std::make_unique<Impl>(std::move(spec), std::move(model), std::move(data));
   auto& m = *impl_->model;
   m.to(impl_->device);
-  impl_->grads = std::make_unique<vnode::GradientBuffer>(m.parameters());
+  impl_->comm = communicator ? std::move(communicator) : comm::make_local_communicator();
+  const int64_t workers = impl_->comm->size();
+  if (workers > impl_->plan.virtual_nodes()) {
+    throw SpecError(fmt::format("{} workers but only {} virtual nodes: every worker needs a vnode",
+                                workers, impl_->plan.virtual_nodes()));
+  }
+  impl_->held = comm::vnodes_of(impl_->plan.virtual_nodes(), workers, impl_->comm->rank());
   impl_->kernels =
       std::make_unique<vnode::StatefulKernelSet>(m, impl_->plan.virtual_nodes(), impl_->device);
+  impl_->grads =
+      std::make_unique<vnode::GradientBuffer>(m.parameters(), impl_->kernels->table_numel() + 2);
+  impl_->kernels->bind_table(impl_->grads->extra().narrow(0, 0, impl_->kernels->table_numel()));
+  if (impl_->spec.semantic.deterministic) {
+    impl_->fixed_point = torch::zeros({impl_->grads->numel()},
+                                      torch::TensorOptions(torch::kInt64).device(impl_->device));
+  }
   impl_->optimizer = make_optimizer(impl_->spec.semantic.optimizer, m.parameters());
   const auto& sem = impl_->spec.semantic;
   const int64_t tail = impl_->data.train->size() % sem.global_batch;
@@ -273,7 +338,9 @@ TrainResult Trainer::run() {
   const auto t0 = Clock::now();
   int64_t examples = 0;
   double last_loss = 0;
-  while (im.step < im.total_steps && !im.stop_requested()) {
+  // Workers leave the loop together: a stop request takes effect through the
+  // control word of the step's collective, never on one worker alone.
+  while (im.step < im.total_steps && !im.stop_agreed) {
     const StepInfo info = im.train_step();
     examples += info.examples;
     last_loss = info.loss;
@@ -405,7 +472,7 @@ void Trainer::load_checkpoint(const std::string& path) {
                saved_fingerprint);
 }
 
-void Trainer::request_stop() { impl_->stop.store(true); }
+void Trainer::request_stop() { impl_->stop_request.store(true); }
 void Trainer::set_stop_flag(const std::atomic<bool>* flag) { impl_->stop_flag = flag; }
 std::string Trainer::fingerprint() const { return engine::fingerprint(*impl_->model); }
 int64_t Trainer::step() const { return impl_->step; }

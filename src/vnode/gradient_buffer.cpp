@@ -7,7 +7,7 @@
 
 namespace vflow::vnode {
 
-GradientBuffer::GradientBuffer(const std::vector<torch::Tensor>& parameters) {
+GradientBuffer::GradientBuffer(const std::vector<torch::Tensor>& parameters, int64_t extra) {
   int64_t total = 0;
   for (const auto& p : parameters) {
     if (!p.requires_grad()) continue;
@@ -21,7 +21,8 @@ GradientBuffer::GradientBuffer(const std::vector<torch::Tensor>& parameters) {
     total += p.numel();
   }
   VFLOW_ASSERT(!parameters_.empty(), "the model has no trainable parameters");
-  flat_ = torch::zeros({total}, parameters_.front().options().requires_grad(false));
+  gradient_numel_ = total;
+  flat_ = torch::zeros({total + extra}, parameters_.front().options().requires_grad(false));
   bind();
 }
 

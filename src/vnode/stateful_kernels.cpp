@@ -137,6 +137,13 @@ StatefulKernelSet::StatefulKernelSet(torch::nn::Module& model, int64_t virtual_n
       torch::zeros({virtual_nodes, width}, torch::TensorOptions(torch::kFloat32).device(device));
 }
 
+void StatefulKernelSet::bind_table(const torch::Tensor& storage) {
+  VFLOW_ASSERT(storage.dim() == 1 && storage.numel() == table_.numel() &&
+                   storage.scalar_type() == torch::kFloat32,
+               "the table storage must be a 1-D float32 slice of table_numel() elements");
+  table_ = storage.view(table_.sizes());
+}
+
 void StatefulKernelSet::begin_step() {
   torch::NoGradGuard no_grad;
   table_.zero_();

@@ -13,6 +13,8 @@ struct JobRunOptions {
   /// When set (e.g. by a signal handler), training stops at the next step boundary
   /// and, with a checkpoint directory, writes a checkpoint.
   const std::atomic<bool>* stop_flag = nullptr;
+  /// This worker's communicator; null trains alone with every vnode.
+  std::shared_ptr<comm::Communicator> communicator;
 };
 
 /// Runs a validated job spec. Throws vflow::Error subclasses for user errors.
@@ -20,6 +22,9 @@ TrainResult run_job(const JobSpec& spec, const JobRunOptions& options = {});
 
 /// Builds the trainer of a job spec (data loaded, model built, observers attached,
 /// checkpoint restored) without running it.
-std::unique_ptr<Trainer> make_trainer(const JobSpec& spec);
+/// Evaluation, progress, metrics and checkpoints are attached on rank 0 only (every
+/// rank holds the same state).
+std::unique_ptr<Trainer> make_trainer(const JobSpec& spec,
+                                      std::shared_ptr<comm::Communicator> communicator = nullptr);
 
 }  // namespace vflow::engine

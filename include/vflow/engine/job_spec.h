@@ -61,10 +61,11 @@ struct SemanticSpec {
 };
 
 struct ResourcesSpec {
-  int64_t workers = 1;         ///< worker processes; this build trains in one process
+  int64_t workers = 1;         ///< worker processes (1..virtual_nodes)
   std::string device = "cpu";  ///< cpu | cuda | cuda:K
   int64_t threads = 0;         ///< intra-op threads; 0 = all cores
   bool prefetch = true;        ///< load the next vnode's batch in the background
+  double timeout_s = 30;  ///< rendezvous and collective timeout (a silent peer is dead after it)
 };
 
 struct EvaluationSpec {

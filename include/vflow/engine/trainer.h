@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "vflow/comm/communicator.h"
 #include "vflow/data/dataset.h"
 #include "vflow/engine/job_spec.h"
 #include "vflow/models/registry.h"
@@ -73,8 +74,13 @@ void configure_runtime(const JobSpec& spec);
 class Trainer {
  public:
   /// `data.train` must be set; `data.test` may be null. The model must already be on
-  /// the spec's device or on the CPU (it is moved). Throws SpecError for an invalid spec.
-  Trainer(JobSpec spec, std::shared_ptr<models::Model> model, data::DataSplits data);
+  /// the spec's device or on the CPU (it is moved). With a communicator, this worker
+  /// processes its block of vnodes (comm::vnodes_of) and the step's buffer is summed
+  /// across workers; without one, it holds every vnode. Every worker must start from
+  /// the same model state (seed_initialisation before building it). Throws SpecError
+  /// for an invalid spec.
+  Trainer(JobSpec spec, std::shared_ptr<models::Model> model, data::DataSplits data,
+          std::shared_ptr<comm::Communicator> communicator = nullptr);
   ~Trainer();
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;

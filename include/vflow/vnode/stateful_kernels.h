@@ -62,6 +62,11 @@ class StatefulKernelSet {
   /// [virtual_nodes, 1 + sum of contribution sizes]; column 0 marks a present row.
   /// Rows of vnodes held elsewhere are zero, so a sum across workers completes it.
   torch::Tensor& table() { return table_; }
+  /// Number of elements of the table.
+  int64_t table_numel() const { return table_.numel(); }
+  /// Moves the table into `storage` (1-D, table_numel() elements, float32), e.g. a
+  /// slice of the gradient buffer so that it rides along in the same collective.
+  void bind_table(const torch::Tensor& storage);
 
  private:
   std::vector<std::unique_ptr<StatefulKernel>> kernels_;

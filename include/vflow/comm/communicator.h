@@ -1,0 +1,55 @@
+// The communicator interface (DESIGN.md §3.3): the collectives a worker needs,
+// independent of the backend (Gloo on CPU, NCCL on GPU).
+#pragma once
+
+#include <torch/types.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "vflow/core/error.h"
+
+namespace vflow::comm {
+
+/// A collective did not complete because a peer died, closed its connection or
+/// stayed silent past the timeout. The collective's output is undefined; nothing
+/// has been applied to the model.
+class PeerFailure : public Error {
+ public:
+  using Error::Error;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  /// Element-wise sum over all ranks, in place.
+  virtual void allreduce_sum(torch::Tensor& tensor) = 0;
+  /// Copies `root`'s tensor into every rank's `tensor` (same shape everywhere).
+  virtual void broadcast(torch::Tensor& tensor, int root) = 0;
+  /// Every rank's tensor (same shape everywhere), in rank order.
+  virtual std::vector<torch::Tensor> all_gather(const torch::Tensor& tensor) = 0;
+  virtual void barrier() = 0;
+};
+
+/// Where and how a worker meets its peers.
+struct Rendezvous {
+  std::string store_host = "127.0.0.1";  ///< the coordinator's store
+  int store_port = 0;
+  int rank = 0;
+  int world_size = 1;
+  std::string generation = "0";  ///< store prefix: each generation gets a fresh one
+  std::chrono::milliseconds timeout{30000};
+};
+
+/// A Gloo communicator on LibTorch's c10d (ProcessGroupGloo over a TCPStore client).
+/// Throws PeerFailure when the peers do not all arrive within the timeout.
+std::unique_ptr<Communicator> make_gloo_communicator(const Rendezvous& rendezvous);
+
+/// A communicator of one rank: every collective is the identity.
+std::unique_ptr<Communicator> make_local_communicator();
+
+}  // namespace vflow::comm

@@ -1,0 +1,63 @@
+// The coordinator and the local launcher (DESIGN.md §1, "Coordinator").
+//
+// The coordinator is the stable process that hosts the job's rendezvous store;
+// it is never a worker, because a worker may leave. launch_local() makes the
+// current process the coordinator and starts K worker processes on this host.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "vflow/comm/communicator.h"
+
+namespace vflow::comm {
+
+/// Hosts the job's store (a c10d TCPStore server).
+class Coordinator {
+ public:
+  /// Listens on host:port; port 0 picks a free port.
+  Coordinator(const std::string& host, int port, std::chrono::milliseconds timeout);
+  ~Coordinator();
+  Coordinator(const Coordinator&) = delete;
+  Coordinator& operator=(const Coordinator&) = delete;
+  const std::string& host() const { return host_; }
+  int port() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  std::string host_;
+};
+
+struct LaunchOptions {
+  int workers = 1;
+  std::vector<std::string> command;  ///< program and arguments each worker runs
+  std::chrono::milliseconds timeout{30000};
+  /// Set by the caller (e.g. a signal handler): forward SIGTERM to the workers.
+  const std::atomic<bool>* stop_flag = nullptr;
+};
+
+/// Hosts the coordinator, starts `workers` processes running `command` with
+/// VFLOW_RANK, VFLOW_WORLD_SIZE and VFLOW_STORE set, forwards their output line by
+/// line with a "[rank k] " prefix, and waits. When a worker fails, the others are
+/// stopped (SIGTERM, then SIGKILL after a grace period). Returns 0 when all
+/// workers succeed, else the first failing worker's exit code (128 + signal when killed).
+int launch_local(const LaunchOptions& options);
+
+/// The rendezvous a launcher handed to this process through the environment
+/// (VFLOW_RANK / VFLOW_WORLD_SIZE / VFLOW_STORE=host:port), or nullopt.
+std::optional<Rendezvous> rendezvous_from_environment(std::chrono::milliseconds timeout);
+
+/// Worker `rank` of `workers` holds vnodes [first, last): contiguous blocks, the
+/// first N mod K workers holding one vnode more.
+struct VnodeRange {
+  int64_t first = 0;
+  int64_t last = 0;
+};
+VnodeRange vnodes_of(int64_t virtual_nodes, int64_t workers, int64_t rank);
+
+}  // namespace vflow::comm

@@ -1,0 +1,149 @@
+// The same job on K = 1..4 worker processes (DESIGN.md §2 across workers).
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <regex>
+#include <set>
+
+#include "support.h"
+
+using vflow::testing::run_command;
+using vflow::testing::TempDir;
+
+namespace {
+const std::string kTrain = VFLOW_TRAIN_BINARY;
+// ConvNet with batch norm and dropout, N = 12 vnodes of 4.
+const std::string kJob =
+    " --set semantic.data='{name: synthetic, options: {train_size: 600, test_size: 64, shape: [1, "
+    "12, 12], "
+    "classes: 4, noise: 1.5}}'"
+    " --set semantic.model.options='{channels: [4, 8], hidden: 16, dropout: 0.25}'"
+    " --set semantic.global_batch=48 --set semantic.virtual_nodes=12 --set semantic.steps=16"
+    " --set semantic.epochs=null --set resources.threads=1 --set resources.timeout_s=20"
+    " --set output.logging.progress=off";
+
+struct Run {
+  std::set<std::string> fingerprints;  // one per rank; all equal when consistent
+  std::vector<double> losses;          // per step, from rank 0's metrics
+  std::string output;
+};
+
+Run train(int workers, const std::string& extra) {
+  TempDir dir;
+  const std::string metrics = dir.file("m.jsonl");
+  const auto r =
+      run_command(kTrain + kJob + extra + " --workers " + std::to_string(workers) +
+                  " --set output.logging.every_steps=1 --set output.logging.metrics=" + metrics);
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  Run run;
+  run.output = r.output;
+  const std::regex fp("fingerprint ([0-9a-f]{16})");
+  for (auto it = std::sregex_iterator(r.output.begin(), r.output.end(), fp);
+       it != std::sregex_iterator(); ++it) {
+    run.fingerprints.insert((*it)[1]);
+  }
+  std::ifstream in(metrics);
+  std::string line;
+  const std::regex loss(R"("event":"step".*"loss":([-0-9.e+]+))");
+  while (std::getline(in, line)) {
+    std::smatch m;
+    if (std::regex_search(line, m, loss)) run.losses.push_back(std::stod(m[1]));
+  }
+  REQUIRE(static_cast<int>(std::count(r.output.begin(), r.output.end(), '\n')) > 0);
+  return run;
+}
+}  // namespace
+
+TEST_CASE("deterministic jobs give the same fingerprint on 1, 2, 3 and 4 workers", "[multiproc]") {
+  const auto one = train(1, " --set semantic.deterministic=true");
+  REQUIRE(one.fingerprints.size() == 1);
+  REQUIRE(one.losses.size() == 16);
+  for (int k : {2, 3, 4}) {
+    CAPTURE(k);
+    const auto run = train(k, " --set semantic.deterministic=true");
+    INFO(run.output);
+    CHECK(run.fingerprints == one.fingerprints);  // every rank, bitwise
+    CHECK(run.losses == one.losses);
+  }
+}
+
+TEST_CASE("default jobs agree across worker counts within tolerance", "[multiproc]") {
+  const auto one = train(1, "");
+  const auto three = train(3, "");
+  CHECK(three.fingerprints.size() == 1);  // all ranks hold the same state
+  REQUIRE(one.losses.size() == three.losses.size());
+  for (size_t i = 0; i < one.losses.size(); ++i) {
+    CAPTURE(i);
+    CHECK(std::abs(one.losses[i] - three.losses[i]) <=
+          1e-4 * std::max(1.0, std::abs(one.losses[i])));
+  }
+}
+
+TEST_CASE("a worker that fails makes the launcher fail without hanging", "[multiproc]") {
+  // Rank 1 cannot read its data directory... all ranks read the same spec, so make the job
+  // itself fail on every rank: a data path that does not exist.
+  const auto r = run_command(kTrain + " --workers 2 --set semantic.data.options.path=/nonexistent");
+  CHECK(r.exit_code == 3);
+  CHECK_THAT(r.output, Catch::Matchers::Contains("[rank 0] data error") &&
+                           Catch::Matchers::Contains("[rank 1] data error"));
+}
+
+namespace {
+/// Runs a long job on `workers` workers in the background, waits for its first metrics
+/// record, runs `action` (shell, with $pid the launcher), and reports "exit=<code>".
+vflow::testing::CommandResult long_job_with(const TempDir& dir, int workers,
+                                            const std::string& action) {
+  const std::string metrics = dir.file("m.jsonl");
+  const std::string script =
+      kTrain + kJob + " --set semantic.steps=1000000 --set output.logging.every_steps=1" +
+      " --set output.logging.metrics=" + metrics + " --set output.checkpoint.dir=" + dir.path() +
+      " --workers " + std::to_string(workers) +
+      " & pid=$!; for i in $(seq 600); do grep -q '\"event\":\"step\"' " + metrics +
+      " 2>/dev/null && break; sleep 0.1; done; " + action + "; wait $pid; echo \"exit=$?\"";
+  return run_command("bash -c '" + std::regex_replace(script, std::regex("'"), "'\\''") + "'");
+}
+}  // namespace
+
+TEST_CASE("SIGTERM to the launcher stops every worker after the same step", "[multiproc]") {
+  TempDir dir;
+  const auto r = long_job_with(dir, 3, "kill -TERM $pid");
+  INFO(r.output);
+  CHECK_THAT(r.output, Catch::Matchers::Contains("exit=130"));
+  for (int rank = 0; rank < 3; ++rank) {
+    CHECK_THAT(r.output, Catch::Matchers::Contains("[rank " + std::to_string(rank) + "]") &&
+                             Catch::Matchers::Contains("stopped at step"));
+  }
+  // All ranks stopped at the same step and hold the same state.
+  const std::regex stopped(R"(\[rank \d\] .*stopped at step (\d+))");
+  std::set<std::string> steps;
+  for (auto it = std::sregex_iterator(r.output.begin(), r.output.end(), stopped);
+       it != std::sregex_iterator(); ++it) {
+    steps.insert((*it)[1]);
+  }
+  CHECK(steps.size() == 1);
+  std::set<std::string> fingerprints;
+  const std::regex fp("fingerprint ([0-9a-f]{16})");
+  for (auto it = std::sregex_iterator(r.output.begin(), r.output.end(), fp);
+       it != std::sregex_iterator(); ++it) {
+    fingerprints.insert((*it)[1]);
+  }
+  CHECK(fingerprints.size() == 1);
+  CHECK_THAT(r.output, Catch::Matchers::Contains("[rank 0] ") &&
+                           Catch::Matchers::Contains("[checkpoint] wrote"));
+}
+
+TEST_CASE("a SIGKILLed worker makes the others fail fast and the launcher exit non-zero",
+          "[multiproc]") {
+  TempDir dir;
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto r = long_job_with(dir, 2, "kill -KILL $(pgrep -P $pid | tail -n 1)");
+  INFO(r.output);
+  CHECK_THAT(r.output, Catch::Matchers::Contains("exit=137"));
+  CHECK_THAT(r.output, Catch::Matchers::Contains("peer failure"));
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(60));
+  // Nothing left behind ("[v]" keeps grep from matching its own command line).
+  CHECK(run_command("ps -eo args | grep -c '[v]flow-train.*" + dir.path() + "'").output == "0\n");
+}
