@@ -13,6 +13,7 @@ JOBS="${VFLOW_JOBS:-$(nproc)}"
 PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config
   libtorch-dev libyaml-cpp-dev libfmt-dev libspdlog-dev libcli11-dev catch2 zlib1g-dev libgloo-dev
+  openmpi-bin python3-matplotlib
   dataset-fashion-mnist
 )
 

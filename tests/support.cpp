@@ -1,5 +1,8 @@
 #include "support.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -57,6 +60,21 @@ output:
   SpecNode root = parse_yaml(text, "<small test job>");
   for (const auto& o : overrides) apply_override(root, o);
   return engine::parse_job_spec(root);
+}
+
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t len = sizeof addr;
+  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    throw std::runtime_error("cannot find a free port");
+  }
+  ::close(fd);
+  return ntohs(addr.sin_port);
 }
 
 CommandResult run_command(const std::string& command) {

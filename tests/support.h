@@ -32,6 +32,9 @@ struct CommandResult {
   int exit_code = -1;
   std::string output;  ///< stdout and stderr together
 };
+/// A TCP port on 127.0.0.1 that was free a moment ago.
+int free_port();
+
 /// Runs a shell command and captures its output.
 CommandResult run_command(const std::string& command);
 

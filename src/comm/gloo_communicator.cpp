@@ -22,7 +22,7 @@ class GlooCommunicator final : public Communicator {
     try {
       c10d::TCPStoreOptions options;
       options.port = static_cast<std::uint16_t>(r.store_port);
-      options.isServer = false;
+      options.isServer = r.host_store;
       options.waitWorkers = false;
       options.timeout = r.timeout;
       store_ = c10::make_intrusive<c10d::TCPStore>(r.store_host, options);

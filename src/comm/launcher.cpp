@@ -63,26 +63,56 @@ int env_int(const char* name, const std::string& value) {
 }  // namespace
 
 std::optional<Rendezvous> rendezvous_from_environment(std::chrono::milliseconds timeout) {
+  Rendezvous r;
+  r.timeout = timeout;
   const auto rank = env("VFLOW_RANK");
   const auto size = env("VFLOW_WORLD_SIZE");
   const auto store = env("VFLOW_STORE");
-  if (!rank && !size && !store) return std::nullopt;
-  if (!rank || !size || !store) {
-    throw Error("VFLOW_RANK, VFLOW_WORLD_SIZE and VFLOW_STORE must be set together");
+  if (rank || size || store) {
+    if (!rank || !size || !store) {
+      throw Error("VFLOW_RANK, VFLOW_WORLD_SIZE and VFLOW_STORE must be set together");
+    }
+    r.rank = env_int("VFLOW_RANK", *rank);
+    r.world_size = env_int("VFLOW_WORLD_SIZE", *size);
+    const auto colon = store->rfind(':');
+    if (colon == std::string::npos)
+      throw Error("VFLOW_STORE must be host:port, got '" + *store + "'");
+    r.store_host = store->substr(0, colon);
+    r.store_port = env_int("VFLOW_STORE", store->substr(colon + 1));
+  } else {
+    // External launchers: the first convention whose variables are all present.
+    const std::pair<const char*, const char*> conventions[] = {
+        {"RANK", "WORLD_SIZE"},
+        {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"},
+        {"SLURM_PROCID", "SLURM_NTASKS"}};
+    const char* found_rank = nullptr;
+    const char* found_size = nullptr;
+    for (const auto& [rank_var, size_var] : conventions) {
+      if (env(rank_var) && env(size_var)) {
+        found_rank = rank_var;
+        found_size = size_var;
+        break;
+      }
+    }
+    if (!found_rank) return std::nullopt;
+    r.rank = env_int(found_rank, *env(found_rank));
+    r.world_size = env_int(found_size, *env(found_size));
+    const auto addr = env("MASTER_ADDR");
+    const auto port = env("MASTER_PORT");
+    if (!addr || !port) {
+      throw Error(
+          fmt::format("{} and {} are set, so this is a worker of an external launcher, "
+                      "but MASTER_ADDR and MASTER_PORT (where rank 0 hosts the job's "
+                      "store) are not",
+                      found_rank, found_size));
+    }
+    r.store_host = *addr;
+    r.store_port = env_int("MASTER_PORT", *port);
+    r.host_store = r.rank == 0;
   }
-  Rendezvous r;
-  r.rank = env_int("VFLOW_RANK", *rank);
-  r.world_size = env_int("VFLOW_WORLD_SIZE", *size);
-  const auto colon = store->rfind(':');
-  if (colon == std::string::npos)
-    throw Error("VFLOW_STORE must be host:port, got '" + *store + "'");
-  r.store_host = store->substr(0, colon);
-  r.store_port = env_int("VFLOW_STORE", store->substr(colon + 1));
   if (r.world_size < 1 || r.rank >= r.world_size) {
-    throw Error(
-        fmt::format("VFLOW_RANK {} is not below VFLOW_WORLD_SIZE {}", r.rank, r.world_size));
+    throw Error(fmt::format("rank {} is not below the world size {}", r.rank, r.world_size));
   }
-  r.timeout = timeout;
   return r;
 }
 

@@ -147,3 +147,49 @@ TEST_CASE("a SIGKILLed worker makes the others fail fast and the launcher exit n
   // Nothing left behind ("[v]" keeps grep from matching its own command line).
   CHECK(run_command("ps -eo args | grep -c '[v]flow-train.*" + dir.path() + "'").output == "0\n");
 }
+
+namespace {
+std::set<std::string> fingerprints_in(const std::string& output) {
+  std::set<std::string> out;
+  const std::regex fp("fingerprint ([0-9a-f]{16})");
+  for (auto it = std::sregex_iterator(output.begin(), output.end(), fp);
+       it != std::sregex_iterator(); ++it) {
+    out.insert((*it)[1]);
+  }
+  return out;
+}
+const std::string kDeterministic = " --set semantic.deterministic=true";
+}  // namespace
+
+TEST_CASE("workers started torchrun-style (RANK, WORLD_SIZE, MASTER_ADDR/PORT) train together",
+          "[multiproc]") {
+  const auto reference = train(1, kDeterministic);
+  const std::string env =
+      "MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(vflow::testing::free_port()) +
+      " WORLD_SIZE=2";
+  const std::string cmd = kTrain + kJob + kDeterministic;
+  const auto r =
+      run_command("(" + env + " RANK=0 " + cmd + " & " + env + " RANK=1 " + cmd + " & wait)");
+  INFO(r.output);
+  const auto fps = fingerprints_in(r.output);
+  CHECK(fps == reference.fingerprints);
+  const std::regex fp("fingerprint ");
+  CHECK(std::distance(std::sregex_iterator(r.output.begin(), r.output.end(), fp),
+                      std::sregex_iterator()) == 2);  // both ranks finished
+}
+
+TEST_CASE("workers started by OpenMPI's mpirun train together", "[multiproc]") {
+  const auto which = run_command("command -v mpirun");
+  REQUIRE(which.exit_code == 0);  // openmpi-bin is a test dependency: never skip silently
+  const auto reference = train(1, kDeterministic);
+  const auto r = run_command(
+      "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe -np 3 "
+      "-x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=" +
+      std::to_string(vflow::testing::free_port()) + " " + kTrain + kJob + kDeterministic);
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK(fingerprints_in(r.output) == reference.fingerprints);
+  const std::regex fp("fingerprint ");
+  CHECK(std::distance(std::sregex_iterator(r.output.begin(), r.output.end(), fp),
+                      std::sregex_iterator()) == 3);
+}

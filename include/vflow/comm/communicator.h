@@ -43,6 +43,9 @@ struct Rendezvous {
   int world_size = 1;
   std::string generation = "0";  ///< store prefix: each generation gets a fresh one
   std::chrono::milliseconds timeout{30000};
+  /// This process hosts the store itself (rank 0 under an external launcher such as
+  /// torchrun, mpirun or srun, where no vflow coordinator runs).
+  bool host_store = false;
 };
 
 /// A Gloo communicator on LibTorch's c10d (ProcessGroupGloo over a TCPStore client).

@@ -48,8 +48,12 @@ struct LaunchOptions {
 /// workers succeed, else the first failing worker's exit code (128 + signal when killed).
 int launch_local(const LaunchOptions& options);
 
-/// The rendezvous a launcher handed to this process through the environment
-/// (VFLOW_RANK / VFLOW_WORLD_SIZE / VFLOW_STORE=host:port), or nullopt.
+/// The rendezvous a launcher handed to this process through the environment, or
+/// nullopt. Read in this order: vflow's own launcher (VFLOW_RANK, VFLOW_WORLD_SIZE,
+/// VFLOW_STORE=host:port); torchrun and Kubernetes training operators (RANK,
+/// WORLD_SIZE); OpenMPI's mpirun (OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE);
+/// Slurm's srun (SLURM_PROCID, SLURM_NTASKS). The last three need MASTER_ADDR and
+/// MASTER_PORT, and rank 0 hosts the store there (host_store).
 std::optional<Rendezvous> rendezvous_from_environment(std::chrono::milliseconds timeout);
 
 /// Worker `rank` of `workers` holds vnodes [first, last): contiguous blocks, the
