@@ -44,12 +44,16 @@ int main(int argc, char** argv) {
   bool print_spec = false;
   bool check_only = false;
   int workers = 0;
+  std::string coordinate;
   app.add_option("job", spec_path, "job spec (YAML); the built-in default job when omitted");
   app.add_option("--set", overrides, "override a key, e.g. --set semantic.seed=7 (repeatable)");
   app.add_option("--resume", resume,
                  "resume from a checkpoint file, or 'latest' in output.checkpoint.dir");
   app.add_flag("--print-spec", print_spec, "print the effective semantic part and exit");
   app.add_flag("--check", check_only, "validate the job spec and exit");
+  app.add_option("--coordinator", coordinate,
+                 "only host the job's store on HOST:PORT for --workers workers started elsewhere "
+                 "(VFLOW_RANK, VFLOW_WORLD_SIZE, VFLOW_STORE=HOST:PORT), until all have finished");
   app.add_option("--workers", workers, "worker processes on this machine (sets resources.workers)")
       ->check(CLI::PositiveNumber);
   CLI11_PARSE(app, argc, argv);
@@ -72,6 +76,15 @@ int main(int argc, char** argv) {
     std::signal(SIGTERM, on_signal);
     const auto timeout =
         std::chrono::milliseconds(static_cast<int64_t>(spec.resources.timeout_s * 1000));
+    if (!coordinate.empty()) {
+      const auto colon = coordinate.rfind(':');
+      if (colon == std::string::npos) throw vflow::SpecError("--coordinator needs HOST:PORT");
+      vflow::comm::Coordinator coordinator(coordinate.substr(0, colon),
+                                           std::stoi(coordinate.substr(colon + 1)), timeout);
+      spdlog::info("[coordinator] serving {}:{} for {} workers", coordinator.host(),
+                   coordinator.port(), spec.resources.workers);
+      return coordinator.serve(static_cast<int>(spec.resources.workers), &g_stop) ? kOk : kStopped;
+    }
     const auto rendezvous = vflow::comm::rendezvous_from_environment(timeout);
     if (!rendezvous && spec.resources.workers > 1) {
       // This process becomes the coordinator and runs this same command line as each worker.
@@ -87,6 +100,7 @@ int main(int argc, char** argv) {
     options.stop_flag = &g_stop;
     if (rendezvous) options.communicator = vflow::comm::make_gloo_communicator(*rendezvous);
     const auto result = vflow::engine::run_job(spec, options);
+    if (options.communicator) options.communicator->leave();
     if (result.evaluation) {
       std::cout << "test accuracy " << 100.0 * result.evaluation->accuracy << "% after "
                 << result.evaluation->step << " steps\n";

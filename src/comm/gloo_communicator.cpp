@@ -1,19 +1,50 @@
+#include <arpa/inet.h>
 #include <fmt/format.h>
+#include <netdb.h>
 #include <spdlog/spdlog.h>
+#include <sys/socket.h>
 #include <torch/torch.h>
+#include <unistd.h>
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "vflow/comm/communicator.h"
+#include "vflow/comm/launcher.h"
 
 namespace vflow::comm {
+
+const char* const kLeftKey = "job/workers_left";
 
 namespace {
 
 bool is_loopback(const std::string& host) {
   return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1";
+}
+
+/// The local address this host uses to reach `host` (what Gloo should bind to), found by
+/// connecting a UDP socket, which sends nothing. Falls back to Gloo's default device.
+std::shared_ptr<::gloo::transport::Device> device_towards(const std::string& host, int port) {
+  if (is_loopback(host)) return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found) == 0 && found) {
+    const int fd = socket(AF_INET, SOCK_DGRAM, 0);
+    sockaddr_in local{};
+    socklen_t len = sizeof local;
+    const bool ok = fd >= 0 && connect(fd, found->ai_addr, found->ai_addrlen) == 0 &&
+                    getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0;
+    if (fd >= 0) close(fd);
+    freeaddrinfo(found);
+    char text[INET_ADDRSTRLEN] = {};
+    if (ok && inet_ntop(AF_INET, &local.sin_addr, text, sizeof text)) {
+      return c10d::ProcessGroupGloo::createDeviceForHostname(text);
+    }
+  }
+  return c10d::ProcessGroupGloo::createDefaultDevice();
 }
 
 class GlooCommunicator final : public Communicator {
@@ -28,9 +59,7 @@ class GlooCommunicator final : public Communicator {
       store_ = c10::make_intrusive<c10d::TCPStore>(r.store_host, options);
       auto prefixed = c10::make_intrusive<c10d::PrefixStore>("gen/" + r.generation, store_);
       auto gloo = c10d::ProcessGroupGloo::Options::create(r.timeout);
-      gloo->devices.push_back(is_loopback(r.store_host)
-                                  ? c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1")
-                                  : c10d::ProcessGroupGloo::createDefaultDevice());
+      gloo->devices.push_back(device_towards(r.store_host, r.store_port));
       group_ = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, r.rank, r.world_size, gloo);
     } catch (const std::exception& e) {
       throw PeerFailure(
@@ -65,6 +94,15 @@ class GlooCommunicator final : public Communicator {
 
   void barrier() override {
     run("barrier", [&] { return group_->barrier(); });
+  }
+
+  void leave() override {
+    try {
+      store_->add(kLeftKey, 1);
+    } catch (const std::exception& e) {
+      spdlog::warn("[comm] rank {} could not tell the coordinator it left: {}", rank_,
+                   first_line(e.what()));
+    }
   }
 
  private:

@@ -42,6 +42,14 @@ Coordinator::~Coordinator() = default;
 
 int Coordinator::port() const { return impl_->store->getPort(); }
 
+bool Coordinator::serve(int workers, const std::atomic<bool>* stop) {
+  while (!(stop && stop->load())) {
+    if (impl_->store->add(kLeftKey, 0) >= workers) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return false;
+}
+
 // ---- worker environment ------------------------------------------------------
 
 namespace {

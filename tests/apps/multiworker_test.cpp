@@ -8,6 +8,7 @@
 #include <set>
 
 #include "support.h"
+#include "vflow/comm/launcher.h"
 
 using vflow::testing::run_command;
 using vflow::testing::TempDir;
@@ -192,4 +193,51 @@ TEST_CASE("workers started by OpenMPI's mpirun train together", "[multiproc]") {
   const std::regex fp("fingerprint ");
   CHECK(std::distance(std::sregex_iterator(r.output.begin(), r.output.end(), fp),
                       std::sregex_iterator()) == 3);
+}
+
+TEST_CASE("an unreachable coordinator is reported within the timeout", "[multiproc]") {
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto r = run_command("VFLOW_RANK=0 VFLOW_WORLD_SIZE=2 VFLOW_STORE=127.0.0.1:" +
+                             std::to_string(vflow::testing::free_port()) + " " + kTrain + kJob +
+                             " --set resources.timeout_s=2");
+  INFO(r.output);
+  CHECK(r.exit_code == 5);
+  CHECK_THAT(r.output, Catch::Matchers::Contains("could not join generation 0 at 127.0.0.1:"));
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(30));
+}
+
+TEST_CASE("a busy store port is reported, naming the address", "[multiproc]") {
+  // Something else already listens on the port rank 0 should host the store on.
+  vflow::comm::Coordinator squatter("127.0.0.1", 0, std::chrono::seconds(5));
+  const auto r = run_command(
+      "RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(squatter.port()) +
+      " " + kTrain + kJob + " --set resources.timeout_s=2");
+  INFO(r.output);
+  CHECK(r.exit_code == 5);
+  CHECK_THAT(r.output, Catch::Matchers::Contains("127.0.0.1:" + std::to_string(squatter.port())));
+}
+
+TEST_CASE("more workers than vnodes is refused before anything starts", "[multiproc]") {
+  const auto r = run_command(kTrain + kJob + " --workers 13");
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.output,
+             Catch::Matchers::Contains("resources.workers: 13 workers but only 12 virtual nodes"));
+  CHECK_THAT(r.output, !Catch::Matchers::Contains("[rank"));
+}
+
+TEST_CASE("coordinator and workers on separate network hosts, with a link cut", "[multiproc]") {
+  const auto reference = train(1, kDeterministic);
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto r = run_command("bash " VFLOW_SOURCE_DIR "/tests/netns/multihost.sh " + kTrain + kJob +
+                             kDeterministic);
+  INFO(r.output);
+  // Never a silent pass: a machine without namespaces fails this test, saying why.
+  REQUIRE_THAT(r.output, !Catch::Matchers::Contains("NETNS-UNAVAILABLE"));
+  CHECK_THAT(r.output, Catch::Matchers::Contains("train: worker 0 exit=0") &&
+                           Catch::Matchers::Contains("train: worker 1 exit=0"));
+  CHECK(fingerprints_in(r.output) == reference.fingerprints);
+  CHECK_THAT(r.output, Catch::Matchers::Contains("cut: worker 1's link is down"));
+  CHECK_THAT(r.output, Catch::Matchers::Contains("cut: worker 0 exit=5") &&
+                           Catch::Matchers::Contains("cut: worker 0: peer failure"));
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(120));
 }

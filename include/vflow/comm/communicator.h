@@ -33,6 +33,8 @@ class Communicator {
   /// Every rank's tensor (same shape everywhere), in rank order.
   virtual std::vector<torch::Tensor> all_gather(const torch::Tensor& tensor) = 0;
   virtual void barrier() = 0;
+  /// Tells the coordinator that this rank has finished (best effort, never throws).
+  virtual void leave() {}
 };
 
 /// Where and how a worker meets its peers.

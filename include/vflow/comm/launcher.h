@@ -16,6 +16,9 @@
 
 namespace vflow::comm {
 
+/// The store key under which workers count themselves out.
+extern const char* const kLeftKey;
+
 /// Hosts the job's store (a c10d TCPStore server).
 class Coordinator {
  public:
@@ -26,6 +29,9 @@ class Coordinator {
   Coordinator& operator=(const Coordinator&) = delete;
   const std::string& host() const { return host_; }
   int port() const;
+  /// Serves until `workers` workers have left (Communicator::leave) or `stop` is set.
+  /// Returns true when all workers left.
+  bool serve(int workers, const std::atomic<bool>* stop);
 
  private:
   struct Impl;
