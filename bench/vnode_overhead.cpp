@@ -131,6 +131,14 @@ int child_main(const std::string& mode, const Config& c) {
     std::printf("RESULT %.6f %ld\n", timed_steps(r, steps + kWarmupSteps), peak_rss_kb());
     return 0;
   }
+  if (mode == "plain") {
+    // The plain loop alone (examples/s), e.g. as one of K loops run side by side.
+    PlainRunner r(c, steps);
+    timed_steps(r, kWarmupSteps);
+    const double seconds = timed_steps(r, steps);
+    std::printf("RESULT %.3f 0\n", static_cast<double>(steps * c.vnodes * c.micro_batch) / seconds);
+    return 0;
+  }
   VflowRunner vflow_runner(c, steps);
   PlainRunner plain_runner(c, steps);
   timed_steps(vflow_runner, kWarmupSteps);
@@ -180,7 +188,7 @@ int main(int argc, char** argv) {
   std::vector<int64_t> vnodes = {1, 2, 4, 8, 16, 32};
   Config c;
   int repeats = 5;
-  app.add_option("--child", child, "internal: one measurement (throughput, memory-vflow, memory-plain)");
+  app.add_option("--child", child, "one measurement: throughput, memory-vflow, memory-plain, plain");
   app.add_option("--vnodes", vnodes, "vnode counts to measure")->delimiter(',');
   app.add_option("--micro-batch", c.micro_batch, "vnode size b");
   app.add_option("--examples", c.examples, "examples per loop per measurement");

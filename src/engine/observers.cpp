@@ -124,16 +124,22 @@ void MetricsObserver::write(const std::string& line) {
 }
 
 void MetricsObserver::on_step_end(Trainer& trainer, const StepInfo& info) {
-  window_examples_ += info.examples;
-  window_seconds_ += info.seconds;
+  window_.examples += info.examples;
+  window_.steps += 1;
+  window_.seconds += info.seconds;
+  window_.compute += info.compute_seconds;
+  window_.sync += info.sync_seconds;
+  window_.update += info.update_seconds;
   const int64_t done = info.step + 1;
   if (done % every_steps_ != 0 && done != info.total_steps) return;
+  const double steps = static_cast<double>(window_.steps);
   write(fmt::format(
-      R"({{"event":"step","step":{},"epoch":{},"loss":{:.6g},"lr":{:.6g},"examples_per_second":{:.1f}}})",
+      R"({{"event":"step","step":{},"epoch":{},"loss":{:.6g},"lr":{:.6g},"examples_per_second":{:.1f},)"
+      R"("compute_ms":{:.3f},"sync_ms":{:.3f},"update_ms":{:.3f}}})",
       done, info.epoch, info.loss, info.lr,
-      window_seconds_ > 0 ? static_cast<double>(window_examples_) / window_seconds_ : 0.0));
-  window_examples_ = 0;
-  window_seconds_ = 0;
+      window_.seconds > 0 ? static_cast<double>(window_.examples) / window_.seconds : 0.0,
+      1e3 * window_.compute / steps, 1e3 * window_.sync / steps, 1e3 * window_.update / steps));
+  window_ = Window{};
 }
 
 void MetricsObserver::on_evaluation(Trainer& trainer, const EvalResult& result) {

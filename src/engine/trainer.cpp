@@ -226,6 +226,7 @@ struct Trainer::Impl {
       loss_sum += loss.detach() * static_cast<double>(part.size);
       if (exact) accumulate_fixed_point();
     }
+    const auto t_sync = Clock::now();
     // A stop request anywhere stops every worker after this same step.
     if (stop_requested()) {
       control.fill_(1.0);
@@ -238,6 +239,7 @@ struct Trainer::Impl {
     } else {
       comm->allreduce_sum(grads->flat());
     }
+    const auto t_update = Clock::now();
     kernels->apply();
     if (control.item<float>() > 0) stop_agreed = true;
     if (!views_checked) {
@@ -256,6 +258,9 @@ struct Trainer::Impl {
     info.loss = loss_sum.item<double>() / static_cast<double>(batch.size);
     info.lr = lr;
     info.seconds = seconds_since(t0);
+    info.compute_seconds = std::chrono::duration<double>(t_sync - t0).count();
+    info.sync_seconds = std::chrono::duration<double>(t_update - t_sync).count();
+    info.update_seconds = seconds_since(t_update);
     return info;
   }
 

@@ -59,8 +59,11 @@ class MetricsObserver final : public TrainingObserver {
   std::string path_;
   std::FILE* file_;
   int64_t every_steps_;
-  int64_t window_examples_ = 0;
-  double window_seconds_ = 0;
+  struct Window {  // sums since the last record
+    int64_t examples = 0;
+    int64_t steps = 0;
+    double seconds = 0, compute = 0, sync = 0, update = 0;
+  } window_;
 };
 
 /// Writes checkpoints every k steps and at the end (also when stopped early).

@@ -30,7 +30,10 @@ struct StepInfo {
   int64_t examples = 0;  ///< examples in this step's global batch
   double loss = 0;       ///< mean training loss over those examples
   double lr = 0;         ///< learning rate used
-  double seconds = 0;    ///< wall time of the step
+  double seconds = 0;           ///< wall time of the step
+  double compute_seconds = 0;   ///< forward, backward and accumulation of the held vnodes
+  double sync_seconds = 0;      ///< the step's collective (waiting for peers included)
+  double update_seconds = 0;    ///< stateful kernels and the optimizer step
 };
 
 struct EvalResult {

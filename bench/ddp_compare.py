@@ -1,0 +1,186 @@
+#!/usr/bin/python3
+"""vflow on K workers against PyTorch DistributedDataParallel, side by side.
+
+Same model (ConvNet: two 3x3 conv + batch norm blocks with 32/64 channels, 128
+hidden, dropout 0.25), same data (Fashion-MNIST), same global batch (K workers x
+V vnodes x b examples), same SGD. PyTorch DDP (Gloo, K processes) accumulates V
+micro-batches per step with no_sync() and synchronises on the last one. The
+compute-only limit is K plain LibTorch loops (bench/vnode_overhead --child
+plain) running at once with no communication. One intra-op thread per process.
+
+    bench/ddp_compare.py [--build build] [--workers 2] [--vnodes 4] [--micro-batch 32]
+                         [--steps 30] [--repeats 3]
+"""
+import argparse
+import gzip
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DATA = "/usr/share/datasets/fashion-mnist"
+WARMUP = 3
+
+
+# ---- PyTorch DDP ---------------------------------------------------------------
+
+def ddp_worker(rank, world, port, vnodes, micro, steps, queue):
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    torch.set_num_threads(1)
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    with gzip.open(os.path.join(DATA, "train-images-idx3-ubyte.gz")) as f:
+        images = np.frombuffer(f.read(), np.uint8, offset=16).reshape(-1, 1, 28, 28)
+    with gzip.open(os.path.join(DATA, "train-labels-idx1-ubyte.gz")) as f:
+        labels = np.frombuffer(f.read(), np.uint8, offset=8)
+    x_all = (torch.from_numpy(images.copy()).float() / 255 - 0.2860) / 0.3530
+    y_all = torch.from_numpy(labels.copy()).long()
+
+    torch.manual_seed(1)
+    model = nn.Sequential(
+        nn.Conv2d(1, 32, 3, padding=1, bias=False), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 3, padding=1, bias=False), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(64 * 7 * 7, 128), nn.ReLU(), nn.Dropout(0.25), nn.Linear(128, 10))
+    ddp = nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
+    perm = torch.randperm(x_all.shape[0])
+    cursor = rank * vnodes * micro
+
+    def step():
+        nonlocal cursor
+        opt.zero_grad()
+        for v in range(vnodes):
+            idx = perm[cursor:cursor + micro]
+            cursor = (cursor + world * micro) % (x_all.shape[0] - world * micro)
+            loss = F.cross_entropy(ddp(x_all.index_select(0, idx)), y_all.index_select(0, idx)) / vnodes
+            if v < vnodes - 1:
+                with ddp.no_sync():
+                    loss.backward()
+            else:
+                loss.backward()
+        opt.step()
+
+    for _ in range(WARMUP):
+        step()
+    dist.barrier()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    dist.barrier()
+    seconds = time.perf_counter() - t0
+    if rank == 0:
+        queue.put(world * vnodes * micro * steps / seconds)
+    dist.destroy_process_group()
+
+
+def run_ddp(args):
+    import socket
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=ddp_worker, args=(r, args.workers, port, args.vnodes, args.micro_batch,
+                                                  args.steps, queue)) for r in range(args.workers)]
+    for p in procs:
+        p.start()
+    result = queue.get(timeout=600)
+    for p in procs:
+        p.join()
+    return {"examples_per_second": result}
+
+
+# ---- vflow -----------------------------------------------------------------------
+
+def run_vflow(args):
+    with tempfile.TemporaryDirectory() as tmp:
+        metrics = os.path.join(tmp, "m.jsonl")
+        cmd = [os.path.join(args.build, "vflow-train"), "--workers", str(args.workers),
+               "--set", "semantic.model.options={channels: [32, 64], hidden: 128, dropout: 0.25}",
+               "--set", f"semantic.global_batch={args.workers * args.vnodes * args.micro_batch}",
+               "--set", f"semantic.virtual_nodes={args.workers * args.vnodes}",
+               "--set", "semantic.epochs=null", "--set", f"semantic.steps={WARMUP + args.steps}",
+               "--set", "semantic.optimizer={name: sgd, lr: 0.01, momentum: 0.9, nesterov: false, weight_decay: 0}",
+               "--set", "semantic.schedule={name: constant}",
+               "--set", "resources.threads=1", "--set", "output.evaluation.enabled=false",
+               "--set", "output.logging.progress=off", "--set", "output.logging.every_steps=1",
+               "--set", f"output.logging.metrics={metrics}"]
+        subprocess.run(cmd, check=True, capture_output=True)
+        records = [json.loads(line) for line in open(metrics)]
+    steps = [r for r in records if r["event"] == "step" and r["step"] > WARMUP]
+    batch = args.workers * args.vnodes * args.micro_batch
+    step_s = [batch / r["examples_per_second"] for r in steps]
+    return {"examples_per_second": batch * len(step_s) / sum(step_s),
+            "compute_ms": statistics.mean(r["compute_ms"] for r in steps),
+            "sync_ms": statistics.mean(r["sync_ms"] for r in steps),
+            "update_ms": statistics.mean(r["update_ms"] for r in steps)}
+
+
+# ---- compute-only limit ------------------------------------------------------------
+
+def run_limit(args):
+    cmd = [os.path.join(args.build, "bench", "vnode_overhead"), "--child", "plain",
+           "--vnodes", str(args.vnodes), "--micro-batch", str(args.micro_batch),
+           "--examples", str(args.steps * args.vnodes * args.micro_batch), "--threads", "1",
+           "--channels", "32,64"]
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True) for _ in range(args.workers)]
+    total = 0.0
+    for p in procs:
+        out, _ = p.communicate()
+        total += float(re.search(r"RESULT ([0-9.]+)", out).group(1))
+        if p.returncode != 0:
+            raise RuntimeError("plain loop failed")
+    return {"examples_per_second": total}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--build", default=os.path.join(ROOT, "build"))
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--vnodes", type=int, default=4, help="vnodes per worker")
+    parser.add_argument("--micro-batch", type=int, default=32)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+
+    runs = {"vflow": [], "ddp": [], "limit": []}
+    for r in range(args.repeats):
+        for name, fn in (("vflow", run_vflow), ("ddp", run_ddp), ("limit", run_limit)):
+            result = fn(args)
+            runs[name].append(result)
+            print(f"repeat {r + 1}: {name:5s} {result['examples_per_second']:.0f} examples/s", flush=True)
+
+    def med(name, key="examples_per_second"):
+        return statistics.median(x[key] for x in runs[name])
+
+    v, d, l = med("vflow"), med("ddp"), med("limit")
+    print()
+    print(f"K={args.workers} workers x {args.vnodes} vnodes x b={args.micro_batch} "
+          f"(global batch {args.workers * args.vnodes * args.micro_batch}), {args.steps} timed steps, "
+          f"median of {args.repeats}")
+    print("| system | examples/s | vs PyTorch DDP | vs compute-only limit |")
+    print("|---|---|---|---|")
+    print(f"| vflow | {v:.0f} | {v / d:.2f}x | {v / l:.2f} |")
+    print(f"| PyTorch DDP (no_sync) | {d:.0f} | 1.00x | {d / l:.2f} |")
+    print(f"| compute-only limit ({args.workers} plain loops) | {l:.0f} | {l / d:.2f}x | 1.00 |")
+    print()
+    print("vflow step breakdown (ms, rank 0): compute %.1f, allreduce %.1f, update %.1f" % (
+        med("vflow", "compute_ms"), med("vflow", "sync_ms"), med("vflow", "update_ms")))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
