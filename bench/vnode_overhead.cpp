@@ -82,8 +82,8 @@ class PlainRunner {
     vflow::engine::seed_initialisation(spec.semantic);
     vflow::models::ConvNetOptions model_options;
     model_options.channels = c.channels;
-    model_ = std::make_shared<vflow::models::ConvNet>(
-        model_options, vflow::models::ModelContext{{1, 28, 28}, 10});
+    model_ = std::make_shared<vflow::models::ConvNet>(model_options,
+                                                      vflow::models::ModelContext{{1, 28, 28}, 10});
     optimizer_ = std::make_unique<torch::optim::SGD>(model_->parameters(),
                                                      torch::optim::SGDOptions(0.01).momentum(0.9));
     perm_ = torch::randperm(kDatasetSize, torch::kInt64);
@@ -188,7 +188,8 @@ int main(int argc, char** argv) {
   std::vector<int64_t> vnodes = {1, 2, 4, 8, 16, 32};
   Config c;
   int repeats = 5;
-  app.add_option("--child", child, "one measurement: throughput, memory-vflow, memory-plain, plain");
+  app.add_option("--child", child,
+                 "one measurement: throughput, memory-vflow, memory-plain, plain");
   app.add_option("--vnodes", vnodes, "vnode counts to measure")->delimiter(',');
   app.add_option("--micro-batch", c.micro_batch, "vnode size b");
   app.add_option("--examples", c.examples, "examples per loop per measurement");

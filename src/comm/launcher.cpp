@@ -124,6 +124,14 @@ std::optional<Rendezvous> rendezvous_from_environment(std::chrono::milliseconds 
   return r;
 }
 
+int64_t local_workers() {
+  for (const char* name : {"VFLOW_LOCAL_WORLD_SIZE", "LOCAL_WORLD_SIZE",
+                           "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE"}) {
+    if (const auto v = env(name)) return std::max(1, env_int(name, *v));
+  }
+  return 1;
+}
+
 VnodeRange vnodes_of(int64_t virtual_nodes, int64_t workers, int64_t rank) {
   const int64_t q = virtual_nodes / workers;
   const int64_t extra = virtual_nodes % workers;
@@ -196,7 +204,8 @@ int launch_local(const LaunchOptions& options) {
     c.rank = k;
     const std::vector<std::string> env{
         fmt::format("VFLOW_RANK={}", k), fmt::format("VFLOW_WORLD_SIZE={}", options.workers),
-        fmt::format("VFLOW_STORE={}:{}", coordinator.host(), coordinator.port())};
+        fmt::format("VFLOW_STORE={}:{}", coordinator.host(), coordinator.port()),
+        fmt::format("VFLOW_LOCAL_WORLD_SIZE={}", options.workers)};
     c.pid = spawn(options.command, env, out[1], err[1]);
     close(out[1]);
     close(err[1]);

@@ -235,7 +235,7 @@ void parse_resources(const SpecNode& node, ResourcesSpec& res, const SemanticSpe
     r.fail("device", fmt::format("unknown device '{}'; choices: cpu, cuda, cuda:K", res.device));
   }
   res.threads = r.get_int("threads", res.threads, 0, 4096);
-  res.prefetch = r.get_bool("prefetch", res.prefetch);
+  res.prefetch = r.get_choice("prefetch", res.prefetch, {"auto", "true", "false"});
   res.timeout_s = r.get_double("timeout_s", res.timeout_s, 0.1, 86400.0);
   r.finish();
 }

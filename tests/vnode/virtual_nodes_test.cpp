@@ -174,7 +174,8 @@ TEST_CASE("user-registered stateful kernels are picked up", "[unit]") {
 }
 
 TEST_CASE("deterministic jobs give the same fingerprint on every run", "[integration]") {
-  const auto spec = vflow::testing::small_job({"semantic.deterministic=true"});
+  const auto spec =
+      vflow::testing::small_job({"semantic.deterministic=true", "resources.prefetch=true"});
   const auto first = vflow::engine::run_job(spec);
   const auto second = vflow::engine::run_job(spec);
   const auto no_prefetch = vflow::engine::run_job(
@@ -208,7 +209,8 @@ TEST_CASE("dropout inside vnode v of step s draws from a generator seeded by (se
       torch::manual_seed(vflow::vnode::mix_seed(spec.semantic.seed, static_cast<uint64_t>(step),
                                                 static_cast<uint64_t>(v)));
       const auto b = s.data.train->get(indices.slice(0, v * size / n, (v + 1) * size / n));
-      const auto loss = torch::nn::functional::cross_entropy(s.reference->forward(b.input), b.target);
+      const auto loss =
+          torch::nn::functional::cross_entropy(s.reference->forward(b.input), b.target);
       (loss * (static_cast<double>(b.target.size(0)) / static_cast<double>(size))).backward();
     }
     const auto got = s.model->parameters();

@@ -62,6 +62,11 @@ int launch_local(const LaunchOptions& options);
 /// MASTER_PORT, and rank 0 hosts the store there (host_store).
 std::optional<Rendezvous> rendezvous_from_environment(std::chrono::milliseconds timeout);
 
+/// Worker processes of this job on this host: VFLOW_LOCAL_WORLD_SIZE (vflow's
+/// launcher), LOCAL_WORLD_SIZE (torchrun), OMPI_COMM_WORLD_LOCAL_SIZE (mpirun),
+/// SLURM_NTASKS_PER_NODE (srun), else 1.
+int64_t local_workers();
+
 /// Worker `rank` of `workers` holds vnodes [first, last): contiguous blocks, the
 /// first N mod K workers holding one vnode more.
 struct VnodeRange {

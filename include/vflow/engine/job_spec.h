@@ -64,7 +64,9 @@ struct ResourcesSpec {
   int64_t workers = 1;         ///< worker processes (1..virtual_nodes)
   std::string device = "cpu";  ///< cpu | cuda | cuda:K
   int64_t threads = 0;         ///< intra-op threads; 0 = all cores
-  bool prefetch = true;        ///< load the next vnode's batch in the background
+  /// Load the next vnode's batch on a background thread: on, off, or auto (on when this
+  /// host has a core to spare: intra-op threads x local workers < cores).
+  std::string prefetch = "auto";
   double timeout_s = 30;  ///< rendezvous and collective timeout (a silent peer is dead after it)
 };
 

@@ -27,13 +27,13 @@ struct StepInfo {
   int64_t epoch = 0;  ///< 0-based epoch of the step
   int64_t steps_per_epoch = 0;
   int64_t total_steps = 0;
-  int64_t examples = 0;  ///< examples in this step's global batch
-  double loss = 0;       ///< mean training loss over those examples
-  double lr = 0;         ///< learning rate used
-  double seconds = 0;           ///< wall time of the step
-  double compute_seconds = 0;   ///< forward, backward and accumulation of the held vnodes
-  double sync_seconds = 0;      ///< the step's collective (waiting for peers included)
-  double update_seconds = 0;    ///< stateful kernels and the optimizer step
+  int64_t examples = 0;        ///< examples in this step's global batch
+  double loss = 0;             ///< mean training loss over those examples
+  double lr = 0;               ///< learning rate used
+  double seconds = 0;          ///< wall time of the step
+  double compute_seconds = 0;  ///< forward, backward and accumulation of the held vnodes
+  double sync_seconds = 0;     ///< the step's collective (waiting for peers included)
+  double update_seconds = 0;   ///< stateful kernels and the optimizer step
 };
 
 struct EvalResult {
@@ -69,6 +69,9 @@ class TrainingObserver {
 /// Seeds torch's default generator for parameter initialisation from the job's seed.
 /// Build the model right after this call so that initialisation depends on the spec only.
 void seed_initialisation(const SemanticSpec& semantic);
+
+/// Whether a `resources.prefetch` setting turns the background loader on here.
+bool prefetch_enabled(const std::string& setting);
 
 /// Applies the resources part to this process: intra-op threads and, for a
 /// deterministic job, LibTorch's deterministic algorithms.
