@@ -109,9 +109,10 @@ class Trainer {
   /// Restores a checkpoint written by the same semantic spec; throws CheckpointError.
   void load_checkpoint(const std::string& path);
 
-  /// Asks run() to stop at the next step boundary (safe from another thread).
+  /// Asks run() to stop (safe from another thread). The request rides in the next step's
+  /// collective, so every worker stops after that same step.
   void request_stop();
-  /// A flag that, once set, stops run() at the next step boundary (e.g. from a signal handler).
+  /// A flag that, once set, acts like request_stop() (e.g. set by a signal handler).
   void set_stop_flag(const std::atomic<bool>* flag);
 
   std::string fingerprint() const;
