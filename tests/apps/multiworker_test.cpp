@@ -25,6 +25,17 @@ const std::string kJob =
     " --set semantic.epochs=null --set resources.threads=1 --set resources.timeout_s=20"
     " --set output.logging.progress=off";
 
+std::set<std::string> fingerprints_in(const std::string& output) {
+  std::set<std::string> out;
+  const std::regex fp("fingerprint ([0-9a-f]{16})");
+  for (auto it = std::sregex_iterator(output.begin(), output.end(), fp);
+       it != std::sregex_iterator(); ++it) {
+    out.insert((*it)[1]);
+  }
+  return out;
+}
+const std::string kDeterministic = " --set semantic.deterministic=true";
+
 struct Run {
   std::set<std::string> fingerprints;  // one per rank; all equal when consistent
   std::vector<double> losses;          // per step, from rank 0's metrics
@@ -41,11 +52,7 @@ Run train(int workers, const std::string& extra) {
   REQUIRE(r.exit_code == 0);
   Run run;
   run.output = r.output;
-  const std::regex fp("fingerprint ([0-9a-f]{16})");
-  for (auto it = std::sregex_iterator(r.output.begin(), r.output.end(), fp);
-       it != std::sregex_iterator(); ++it) {
-    run.fingerprints.insert((*it)[1]);
-  }
+  run.fingerprints = fingerprints_in(r.output);
   std::ifstream in(metrics);
   std::string line;
   const std::regex loss(R"("event":"step".*"loss":([-0-9.e+]+))");
@@ -125,13 +132,7 @@ TEST_CASE("SIGTERM to the launcher stops every worker after the same step", "[mu
     steps.insert((*it)[1]);
   }
   CHECK(steps.size() == 1);
-  std::set<std::string> fingerprints;
-  const std::regex fp("fingerprint ([0-9a-f]{16})");
-  for (auto it = std::sregex_iterator(r.output.begin(), r.output.end(), fp);
-       it != std::sregex_iterator(); ++it) {
-    fingerprints.insert((*it)[1]);
-  }
-  CHECK(fingerprints.size() == 1);
+  CHECK(fingerprints_in(r.output).size() == 1);
   CHECK_THAT(r.output, Catch::Matchers::Contains("[rank 0] ") &&
                            Catch::Matchers::Contains("[checkpoint] wrote"));
 }
@@ -148,19 +149,6 @@ TEST_CASE("a SIGKILLed worker makes the others fail fast and the launcher exit n
   // Nothing left behind ("[v]" keeps grep from matching its own command line).
   CHECK(run_command("ps -eo args | grep -c '[v]flow-train.*" + dir.path() + "'").output == "0\n");
 }
-
-namespace {
-std::set<std::string> fingerprints_in(const std::string& output) {
-  std::set<std::string> out;
-  const std::regex fp("fingerprint ([0-9a-f]{16})");
-  for (auto it = std::sregex_iterator(output.begin(), output.end(), fp);
-       it != std::sregex_iterator(); ++it) {
-    out.insert((*it)[1]);
-  }
-  return out;
-}
-const std::string kDeterministic = " --set semantic.deterministic=true";
-}  // namespace
 
 TEST_CASE("workers started torchrun-style (RANK, WORLD_SIZE, MASTER_ADDR/PORT) train together",
           "[multiproc]") {
