@@ -4,9 +4,6 @@
 //   allreduce_bandwidth [--sizes-mb 1,4,16,64] [--repeats 15]
 #include <fmt/format.h>
 #include <sys/wait.h>
-#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/torch.h>
 #include <unistd.h>
 
@@ -14,6 +11,9 @@
 #include <algorithm>
 #include <chrono>
 #include <iostream>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "vflow/vflow.h"
 

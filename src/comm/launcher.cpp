@@ -132,13 +132,6 @@ int64_t local_workers() {
   return 1;
 }
 
-VnodeRange vnodes_of(int64_t virtual_nodes, int64_t workers, int64_t rank) {
-  const int64_t q = virtual_nodes / workers;
-  const int64_t extra = virtual_nodes % workers;
-  const int64_t first = rank * q + std::min(rank, extra);
-  return VnodeRange{first, first + q + (rank < extra ? 1 : 0)};
-}
-
 // ---- local launcher ------------------------------------------------------------
 
 namespace {

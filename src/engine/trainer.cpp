@@ -108,7 +108,7 @@ struct Trainer::Impl {
   std::unique_ptr<vnode::StatefulKernelSet> kernels;
   std::unique_ptr<torch::optim::Optimizer> optimizer;
   std::shared_ptr<comm::Communicator> comm;
-  comm::VnodeRange held;      // the vnodes this worker processes
+  vnode::VnodeRange held;     // the vnodes this worker processes
   bool prefetch = false;      // load the next vnode's batch in the background
   torch::Tensor fixed_point;  // deterministic mode: the exact integer sum of vnode gradients
   std::vector<std::shared_ptr<TrainingObserver>> observers;
@@ -310,7 +310,7 @@ Trainer::Trainer(JobSpec spec, std::shared_ptr<models::Model> model, data::DataS
     throw SpecError(fmt::format("{} workers but only {} virtual nodes: every worker needs a vnode",
                                 workers, impl_->plan.virtual_nodes()));
   }
-  impl_->held = comm::vnodes_of(impl_->plan.virtual_nodes(), workers, impl_->comm->rank());
+  impl_->held = vnode::vnodes_of(impl_->plan.virtual_nodes(), workers, impl_->comm->rank());
   impl_->prefetch = prefetch_enabled(impl_->spec.resources.prefetch);
   impl_->kernels =
       std::make_unique<vnode::StatefulKernelSet>(m, impl_->plan.virtual_nodes(), impl_->device);

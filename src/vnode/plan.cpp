@@ -23,6 +23,13 @@ VirtualNodePlan::VirtualNodePlan(int64_t global_batch, int64_t virtual_nodes)
   }
 }
 
+VnodeRange vnodes_of(int64_t virtual_nodes, int64_t workers, int64_t rank) {
+  const int64_t q = virtual_nodes / workers;
+  const int64_t extra = virtual_nodes % workers;
+  const int64_t first = rank * q + std::min(rank, extra);
+  return VnodeRange{first, first + q + (rank < extra ? 1 : 0)};
+}
+
 Slice VirtualNodePlan::slice(int64_t v, int64_t batch_size) const {
   VFLOW_ASSERT(v >= 0 && v < virtual_nodes_, fmt::format("vnode {} out of range", v));
   VFLOW_ASSERT(batch_size >= 0 && batch_size <= global_batch_, "batch larger than global_batch");

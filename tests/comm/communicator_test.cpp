@@ -26,22 +26,6 @@ Rendezvous rendezvous(const Coordinator& c, int rank, int size, const std::strin
 }
 }  // namespace
 
-TEST_CASE("vnode blocks cover 0..N-1 contiguously, sizes differing by at most one", "[unit]") {
-  for (int64_t n : {1, 5, 12, 13}) {
-    for (int64_t k = 1; k <= n; ++k) {
-      int64_t next = 0;
-      for (int64_t r = 0; r < k; ++r) {
-        const auto range = vflow::comm::vnodes_of(n, k, r);
-        CHECK(range.first == next);
-        const int64_t size = range.last - range.first;
-        CHECK((size == n / k || size == n / k + 1));
-        next = range.last;
-      }
-      CHECK(next == n);
-    }
-  }
-}
-
 TEST_CASE("Gloo collectives over the coordinator's store", "[integration]") {
   Coordinator coordinator("127.0.0.1", 0, std::chrono::seconds(10));
   constexpr int kRanks = 3;

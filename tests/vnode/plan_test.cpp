@@ -87,3 +87,19 @@ TEST_CASE("derived seeds differ per coordinate", "[unit]") {
   CHECK(seen.size() == 400);
   CHECK(vflow::vnode::mix_seed(1, 2, 3) != vflow::vnode::mix_seed(1, 3, 2));
 }
+
+TEST_CASE("vnode blocks cover 0..N-1 contiguously, sizes differing by at most one", "[unit]") {
+  for (int64_t n : {1, 5, 12, 13}) {
+    for (int64_t k = 1; k <= n; ++k) {
+      int64_t next = 0;
+      for (int64_t r = 0; r < k; ++r) {
+        const auto range = vflow::vnode::vnodes_of(n, k, r);
+        CHECK(range.first == next);
+        const int64_t size = range.last - range.first;
+        CHECK((size == n / k || size == n / k + 1));
+        next = range.last;
+      }
+      CHECK(next == n);
+    }
+  }
+}

@@ -67,12 +67,4 @@ std::optional<Rendezvous> rendezvous_from_environment(std::chrono::milliseconds 
 /// SLURM_NTASKS_PER_NODE (srun), else 1.
 int64_t local_workers();
 
-/// Worker `rank` of `workers` holds vnodes [first, last): contiguous blocks, the
-/// first N mod K workers holding one vnode more.
-struct VnodeRange {
-  int64_t first = 0;
-  int64_t last = 0;
-};
-VnodeRange vnodes_of(int64_t virtual_nodes, int64_t workers, int64_t rank);
-
 }  // namespace vflow::comm

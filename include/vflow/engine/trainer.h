@@ -81,7 +81,7 @@ class Trainer {
  public:
   /// `data.train` must be set; `data.test` may be null. The model must already be on
   /// the spec's device or on the CPU (it is moved). With a communicator, this worker
-  /// processes its block of vnodes (comm::vnodes_of) and the step's buffer is summed
+  /// processes its block of vnodes (vnode::vnodes_of) and the step's buffer is summed
   /// across workers; without one, it holds every vnode. Every worker must start from
   /// the same model state (seed_initialisation before building it). Throws SpecError
   /// for an invalid spec.

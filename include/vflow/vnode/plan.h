@@ -63,6 +63,14 @@ class DataOrder {
   int64_t steps_per_epoch_;
 };
 
+/// Worker `rank` of `workers` holds vnodes [first, last): contiguous blocks, the
+/// first N mod K workers holding one vnode more.
+struct VnodeRange {
+  int64_t first = 0;
+  int64_t last = 0;
+};
+VnodeRange vnodes_of(int64_t virtual_nodes, int64_t workers, int64_t rank);
+
 /// A well-mixed 64-bit value from a seed and two coordinates (splitmix64 finaliser chain).
 /// Used for every derived seed: permutations per (seed, epoch), dropout per (seed, step, vnode).
 uint64_t mix_seed(uint64_t seed, uint64_t a, uint64_t b);
