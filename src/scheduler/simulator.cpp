@@ -1,0 +1,268 @@
+#include "vflow/scheduler/simulator.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <queue>
+#include <tuple>
+
+#include "vflow/core/error.h"
+
+namespace vflow::scheduler {
+namespace {
+
+// At one instant, completions free devices before arrivals and rounds are seen; all are
+// applied before the single reallocation of that instant.
+enum class EventKind { kCompletion = 0, kArrival = 1, kRound = 2 };
+
+struct Event {
+  double time;
+  EventKind kind;
+  int job;           // -1 for rounds
+  uint64_t version;  // completions: valid only while it matches the job's version
+};
+
+struct Later {
+  bool operator()(const Event& a, const Event& b) const {
+    return std::tie(a.time, a.kind, a.job) > std::tie(b.time, b.kind, b.job);
+  }
+};
+
+struct JobState {
+  double remaining = 0;    // steps left at anchor_s
+  double anchor_s = 0;     // time of the last change of (type, workers)
+  double rate = 0;         // steps/s while not paused
+  double pause_until = 0;  // no progress before this time
+  int type = -1;
+  int workers = 0;
+  uint64_t version = 0;
+  bool ever_ran = false;
+  bool finished = false;
+};
+
+class Simulation {
+ public:
+  Simulation(const Cluster& cluster, const Workload& workload, Policy& policy,
+             const SimOptions& options)
+      : cluster_(cluster), workload_(workload), policy_(policy), options_(options) {
+    state_.resize(workload.jobs.size());
+    result_.policy = policy.name();
+    result_.total_devices = cluster.total_devices();
+    for (const auto& job : workload.jobs) {
+      JobResult r;
+      r.id = job.id;
+      r.model = job.model;
+      r.weight = job.weight;
+      r.demand = job.demand;
+      r.arrival_s = job.arrival_s;
+      r.total_work = job.total_work;
+      result_.jobs.push_back(std::move(r));
+      state_[job.id].remaining = job.total_work;
+      events_.push({job.arrival_s, EventKind::kArrival, job.id, 0});
+    }
+    if (policy.round_s() > 0 && !workload.jobs.empty()) {
+      events_.push({workload.jobs.front().arrival_s + policy.round_s(), EventKind::kRound, -1, 0});
+    }
+  }
+
+  SimResult run() {
+    const auto start = std::chrono::steady_clock::now();
+    while (!events_.empty()) {
+      const double now = events_.top().time;
+      bool changed = false;
+      while (!events_.empty() && events_.top().time == now) {
+        const Event e = events_.top();
+        events_.pop();
+        changed |= handle(e, now);
+      }
+      if (changed) reallocate(now);
+    }
+    if (finished_ != static_cast<int>(workload_.jobs.size())) {
+      throw InternalError(fmt::format("simulation stalled: policy {} left {} jobs unfinished",
+                                      policy_.name(), workload_.jobs.size() - finished_));
+    }
+    result_.wall_s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    return std::move(result_);
+  }
+
+ private:
+  bool handle(const Event& e, double now) {
+    ++result_.events;
+    switch (e.kind) {
+      case EventKind::kArrival:
+        active_.push_back(e.job);  // arrival order == id order
+        return true;
+      case EventKind::kCompletion:
+        if (e.version != state_[e.job].version) return false;
+        finish(e.job, now);
+        return true;
+      case EventKind::kRound:
+        if (finished_ < static_cast<int>(workload_.jobs.size())) {
+          events_.push({now + policy_.round_s(), EventKind::kRound, -1, 0});
+        }
+        return !active_.empty();
+    }
+    return false;
+  }
+
+  double productive_s(const JobState& s, double now) const {
+    return std::max(0.0, now - std::max(s.anchor_s, s.pause_until));
+  }
+
+  void advance(int id, double now) {
+    JobState& s = state_[id];
+    const double work = s.rate * productive_s(s, now);
+    s.remaining -= work;
+    result_.jobs[id].work_done += work;
+    result_.jobs[id].device_seconds += s.workers * (now - s.anchor_s);
+    s.anchor_s = now;
+  }
+
+  void finish(int id, double now) {
+    advance(id, now);
+    JobState& s = state_[id];
+    const double total = workload_.jobs[id].total_work;
+    if (std::abs(s.remaining) > 1e-6 * total) {
+      throw InternalError(
+          fmt::format("job {} completed with {} of {} steps left", id, s.remaining, total));
+    }
+    result_.jobs[id].work_done += s.remaining;  // rounding residue only
+    s.remaining = 0;
+    s.finished = true;
+    result_.jobs[id].finish_s = now;
+    allocated_ -= s.workers;
+    s.workers = 0;
+    s.type = -1;
+    ++s.version;
+    active_.erase(std::lower_bound(active_.begin(), active_.end(), id));
+    ++finished_;
+    report_progress(now);
+  }
+
+  void report_progress(double now) {
+    const int total = static_cast<int>(workload_.jobs.size());
+    if (!options_.on_progress || finished_ % std::max(1, total / 100) != 0) return;
+    options_.on_progress({finished_, total, now});
+  }
+
+  void reallocate(double now) {
+    views_.clear();
+    for (int id : active_) {
+      const JobState& s = state_[id];
+      const double held = result_.jobs[id].device_seconds + s.workers * (now - s.anchor_s);
+      views_.push_back({&workload_.jobs[id], s.remaining - s.rate * productive_s(s, now), held,
+                        s.type, s.workers});
+    }
+    const Allocation allocation = policy_.allocate(cluster_, views_, now);
+    ++result_.allocations;
+    check(allocation);
+    size_t k = 0;
+    for (int id : active_) {
+      const auto& as = allocation.assignments;
+      const bool assigned = k < as.size() && as[k].job_id == id;
+      const int type = assigned ? as[k].device_type : -1;
+      const int workers = assigned ? as[k].workers : 0;
+      if (assigned) ++k;
+      if (type != state_[id].type || workers != state_[id].workers) apply(id, type, workers, now);
+    }
+    record(now);
+  }
+
+  void apply(int id, int type, int workers, double now) {
+    advance(id, now);
+    JobState& s = state_[id];
+    JobResult& r = result_.jobs[id];
+    if (s.workers > 0 && workers > 0) {
+      ++(type == s.type ? r.resizes : r.migrations);
+      s.pause_until = now + (type == s.type ? options_.resize_pause_s : options_.restart_s);
+    } else if (workers > 0) {
+      s.pause_until = now + (s.ever_ran ? options_.restart_s : options_.startup_s);
+      if (!s.ever_ran) r.start_s = now;
+      s.ever_ran = true;
+    } else {
+      ++r.preemptions;
+    }
+    allocated_ += workers - s.workers;
+    s.type = workers > 0 ? type : -1;
+    s.workers = workers;
+    s.rate = workers > 0 ? workload_.jobs[id].rate(type, workers) : 0;
+    ++s.version;
+    if (workers > 0) {
+      const double done_at = std::max(now, s.pause_until) + s.remaining / s.rate;
+      events_.push({done_at, EventKind::kCompletion, id, s.version});
+    }
+  }
+
+  void check(const Allocation& allocation) const {
+    std::vector<int> used(cluster_.num_types(), 0);
+    size_t k = 0;
+    for (const auto& a : allocation.assignments) {
+      while (k < active_.size() && active_[k] < a.job_id) ++k;
+      if (k == active_.size() || active_[k] != a.job_id) {
+        fail(fmt::format("job {} is not active or out of order", a.job_id));
+      }
+      const Job& job = workload_.jobs[a.job_id];
+      const bool bounds_ok = policy_.elastic()
+                                 ? a.workers >= job.min_workers && a.workers <= job.max_workers
+                                 : a.workers == job.demand;
+      if (a.device_type < 0 || a.device_type >= cluster_.num_types() || !bounds_ok) {
+        fail(fmt::format("job {} gets {} workers of type {}", a.job_id, a.workers, a.device_type));
+      }
+      used[a.device_type] += a.workers;
+      ++k;
+    }
+    for (int t = 0; t < cluster_.num_types(); ++t) {
+      if (used[t] > cluster_.type(t).count) {
+        fail(fmt::format("type {} over capacity ({} > {})", cluster_.type(t).name, used[t],
+                         cluster_.type(t).count));
+      }
+    }
+  }
+
+  [[noreturn]] void fail(const std::string& what) const {
+    throw InternalError(
+        fmt::format("policy {} returned a bad allocation: {}", policy_.name(), what));
+  }
+
+  void record(double now) {
+    if (!options_.record_timeline) return;
+    auto& timeline = result_.timeline;
+    if (!timeline.empty() && timeline.back().allocated == allocated_) return;
+    if (!timeline.empty() && timeline.back().time_s == now) {
+      timeline.back().allocated = allocated_;
+    } else {
+      timeline.push_back({now, allocated_});
+    }
+  }
+
+  const Cluster& cluster_;
+  const Workload& workload_;
+  Policy& policy_;
+  const SimOptions& options_;
+  std::vector<JobState> state_;
+  std::priority_queue<Event, std::vector<Event>, Later> events_;
+  std::vector<int> active_;  // arrived, unfinished job ids, ascending
+  std::vector<JobView> views_;
+  int allocated_ = 0;
+  int finished_ = 0;
+  SimResult result_;
+};
+
+}  // namespace
+
+SimResult simulate(const Cluster& cluster, const Workload& workload, Policy& policy,
+                   const SimOptions& options) {
+  for (size_t i = 0; i < workload.jobs.size(); ++i) {
+    const Job& job = workload.jobs[i];
+    if (job.id != static_cast<int>(i) || job.throughput.size() != size_t(cluster.num_types()) ||
+        (i > 0 && job.arrival_s < workload.jobs[i - 1].arrival_s)) {
+      throw InternalError("simulate: the workload is not bound to this cluster (bind_workload)");
+    }
+  }
+  return Simulation(cluster, workload, policy, options).run();
+}
+
+}  // namespace vflow::scheduler

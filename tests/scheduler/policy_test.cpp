@@ -1,0 +1,97 @@
+#include "vflow/scheduler/policy.h"
+
+#include <catch2/catch.hpp>
+
+#include "support.h"
+#include "vflow/core/error.h"
+
+using namespace vflow::scheduler;
+using namespace vflow::scheduler::testing;
+
+TEST_CASE("water fill splits by weight", "[unit][scheduler]") {
+  CHECK(weighted_water_fill({1, 3}, {1, 1}, {8, 8}, 8) == std::vector<int>{2, 6});
+  CHECK(weighted_water_fill({1, 1}, {1, 1}, {8, 8}, 8) == std::vector<int>{4, 4});
+  // Not powers of two: 8 / 3 = 2.67 each; the two extra workers go to the first jobs.
+  CHECK(weighted_water_fill({1, 1, 1}, {1, 1, 1}, {8, 8, 8}, 8) == std::vector<int>{3, 3, 2});
+  CHECK(weighted_water_fill({1, 2, 4}, {1, 1, 1}, {7, 7, 7}, 7) == std::vector<int>{1, 2, 4});
+}
+
+TEST_CASE("water fill respects min and max and redistributes leftovers", "[unit][scheduler]") {
+  // Job 1 wants 6 of 8 by weight but is capped at 3; the 3 left go to job 0.
+  CHECK(weighted_water_fill({1, 3}, {1, 1}, {8, 3}, 8) == std::vector<int>{5, 3});
+  // Job 0's weight gives it 1, its minimum is 4.
+  CHECK(weighted_water_fill({1, 7}, {4, 1}, {8, 8}, 8) == std::vector<int>{4, 4});
+  // Everyone capped below capacity: every job gets its max, devices stay idle.
+  CHECK(weighted_water_fill({1, 1}, {1, 1}, {2, 3}, 8) == std::vector<int>{2, 3});
+  CHECK(weighted_water_fill({}, {}, {}, 8).empty());
+  // Sum of shares equals capacity for awkward weights.
+  const auto shares =
+      weighted_water_fill({0.3, 1.7, 2.9, 5.1, 0.01}, {1, 1, 1, 1, 1}, {13, 13, 13, 13, 13}, 13);
+  CHECK(shares[0] + shares[1] + shares[2] + shares[3] + shares[4] == 13);
+  CHECK(shares[4] == 1);
+  CHECK_THROWS_AS(weighted_water_fill({1, 1}, {5, 5}, {8, 8}, 8), vflow::InternalError);
+}
+
+TEST_CASE("elastic WFS gives weighted shares of a homogeneous cluster", "[unit][scheduler]") {
+  const Cluster cluster({{"gpu", 8}});
+  std::vector<Job> jobs = {linear_job(0, 0, 100, 4, 1, 8, 1), linear_job(1, 0, 100, 4, 1, 8, 3)};
+  auto policy = make_policy("wfs-elastic");
+  CHECK(policy->elastic());
+  CHECK(workers_of(policy->allocate(cluster, views_of(jobs), 0), 2) == std::vector<int>{2, 6});
+  // max_workers = demand caps job 1 at 4; job 0 takes the rest.
+  jobs[1].max_workers = 4;
+  CHECK(workers_of(policy->allocate(cluster, views_of(jobs), 0), 2) == std::vector<int>{4, 4});
+}
+
+TEST_CASE("elastic WFS admits by priority when minimums exceed the cluster", "[unit][scheduler]") {
+  const Cluster cluster({{"gpu", 6}});
+  std::vector<Job> jobs = {linear_job(0, 0, 100, 4, 4, 4, 1), linear_job(1, 1, 100, 2, 2, 6, 10),
+                           linear_job(2, 2, 100, 3, 3, 6, 5)};
+  // By weight: job 1 (10), job 2 (5), then job 0 (needs 4, only 1 left) waits.
+  auto by_weight = make_policy("wfs-elastic")->allocate(cluster, views_of(jobs), 0);
+  CHECK(workers_of(by_weight, 3) == std::vector<int>{0, 3, 3});
+  // FIFO admits job 0 first, then job 1; job 2's minimum 3 does not fit.
+  auto by_arrival = make_policy("wfs-fifo")->allocate(cluster, views_of(jobs), 0);
+  CHECK(workers_of(by_arrival, 3) == std::vector<int>{4, 2, 0});
+}
+
+TEST_CASE("elastic WFS-SRTF favours the job with less work left", "[unit][scheduler]") {
+  const Cluster cluster({{"gpu", 8}});
+  std::vector<Job> jobs = {linear_job(0, 0, 1000, 4, 1, 8), linear_job(1, 0, 1000, 4, 1, 8)};
+  auto views = views_of(jobs);
+  views[1].remaining_work = 100;  // weight 10x job 0's
+  const auto w = workers_of(make_policy("wfs-srtf")->allocate(cluster, views, 0), 2);
+  CHECK(w[1] > w[0]);
+  CHECK(w[0] + w[1] == 8);
+}
+
+TEST_CASE("non-elastic policies run jobs at exactly their demand", "[unit][scheduler]") {
+  const Cluster cluster({{"gpu", 8}});
+  // Time at demand: job 0 25 s, job 1 50 s, job 2 25 s.
+  std::vector<Job> jobs = {linear_job(0, 0, 100, 4, 1, 8, 1), linear_job(1, 1, 400, 8, 1, 8, 5),
+                           linear_job(2, 2, 50, 2, 1, 8, 1)};
+  // FIFO without backfilling: job 1 (8) blocks job 2.
+  CHECK(workers_of(make_policy("fifo")->allocate(cluster, views_of(jobs), 0), 3) ==
+        std::vector<int>{4, 0, 0});
+  // Priority: job 1 first, nothing else fits.
+  CHECK(workers_of(make_policy("priority")->allocate(cluster, views_of(jobs), 0), 3) ==
+        std::vector<int>{0, 8, 0});
+  // SRTF: jobs 0 and 2 (25 s each, ties by id) fit; job 1 (50 s) waits.
+  CHECK(workers_of(make_policy("srtf")->allocate(cluster, views_of(jobs), 0), 3) ==
+        std::vector<int>{4, 0, 2});
+}
+
+TEST_CASE("non-elastic placement prefers the fastest device type", "[unit][scheduler]") {
+  const Cluster cluster({{"slow", 4}, {"fast", 4}});
+  Job job = linear_job(0, 0, 100, 2, 1, 2);
+  job.throughput = {ThroughputCurve::linear(1.0), ThroughputCurve::linear(3.0)};
+  std::vector<Job> jobs = {job};
+  const auto allocation = make_policy("priority")->allocate(cluster, views_of(jobs), 0);
+  REQUIRE(allocation.assignments.size() == 1);
+  CHECK(allocation.assignments[0].device_type == 1);
+}
+
+TEST_CASE("policy names", "[unit][scheduler]") {
+  for (const auto& name : policy_names()) CHECK(make_policy(name)->name() == name);
+  CHECK_THROWS_AS(make_policy("round-robin"), vflow::SpecError);
+}

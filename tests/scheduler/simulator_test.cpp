@@ -1,0 +1,143 @@
+#include "vflow/scheduler/simulator.h"
+
+#include <catch2/catch.hpp>
+
+#include "support.h"
+#include "vflow/scheduler/metrics.h"
+
+using namespace vflow::scheduler;
+using namespace vflow::scheduler::testing;
+
+namespace {
+
+SimResult run(const std::string& policy, std::vector<Job> jobs, int devices, SimOptions options) {
+  const Cluster cluster({{"gpu", devices}});
+  Workload workload{std::move(jobs)};
+  auto p = make_policy(policy);
+  return simulate(cluster, workload, *p, options);
+}
+
+SimOptions no_pauses() {
+  SimOptions o;
+  o.resize_pause_s = 0;
+  o.restart_s = 0;
+  return o;
+}
+
+// 300 Gavel-shape jobs on a heterogeneous cluster, bound to the shipped throughput table.
+Workload gavel_workload(uint64_t seed, const Cluster& cluster) {
+  const auto table = ThroughputTable::load(VFLOW_SOURCE_DIR "/data/scheduler/gavel_throughput.tsv");
+  SyntheticOptions s;
+  s.num_jobs = 300;
+  s.jobs_per_hour = 6;
+  s.seed = seed;
+  s.models = table.models();
+  return bind_workload(generate_synthetic(s), table, cluster);
+}
+
+}  // namespace
+
+TEST_CASE("elastic shares change at arrivals and completions", "[unit][scheduler]") {
+  std::vector<Job> jobs = {linear_job(0, 0, 400, 4, 1, 4), linear_job(1, 50, 100, 4, 1, 4)};
+  // 0-50: job 0 alone at 4 steps/s (200 done); 50-100: 2 + 2 workers, job 1 ends at 100;
+  // job 0 then has 100 steps left at 4 steps/s.
+  auto r = run("wfs-elastic", jobs, 4, no_pauses());
+  CHECK(r.jobs[0].finish_s == Approx(125));
+  CHECK(r.jobs[1].finish_s == Approx(100));
+  CHECK(r.jobs[0].resizes == 2);
+  // A 10 s pause at each resize: job 0 pauses 50-60 and 100-110.
+  SimOptions paused = no_pauses();
+  paused.resize_pause_s = 10;
+  r = run("wfs-elastic", jobs, 4, paused);
+  CHECK(r.jobs[1].finish_s == Approx(100));
+  CHECK(r.jobs[0].finish_s == Approx(140));
+  CHECK(r.jobs[0].device_seconds == Approx(4 * 50 + 2 * 50 + 4 * 40));
+}
+
+TEST_CASE("a preempted non-elastic job pays the restart cost", "[unit][scheduler]") {
+  std::vector<Job> jobs = {linear_job(0, 0, 400, 4, 4, 4, 1), linear_job(1, 50, 100, 4, 4, 4, 5)};
+  SimOptions options = no_pauses();
+  options.restart_s = 30;
+  const auto r = run("priority", jobs, 4, options);
+  CHECK(r.jobs[1].start_s == Approx(50));
+  CHECK(r.jobs[1].finish_s == Approx(75));
+  CHECK(r.jobs[0].preemptions == 1);
+  CHECK(r.jobs[0].resizes == 0);
+  CHECK(r.jobs[0].finish_s == Approx(75 + 30 + 50));
+  const auto s = summarize(r);
+  CHECK(s.makespan_s == Approx(155));
+  CHECK(s.jct.mean_s == Approx((155 + 25) / 2.0));
+  // Held: job 0 4 x (50 + 80), job 1 4 x 25, over 4 devices x 155 s.
+  CHECK(s.utilization == Approx((4 * 130 + 4 * 25) / (4 * 155.0)));
+}
+
+TEST_CASE("strict FIFO queues behind the head job", "[unit][scheduler]") {
+  std::vector<Job> jobs = {linear_job(0, 0, 300, 3, 3, 3), linear_job(1, 1, 400, 4, 4, 4),
+                           linear_job(2, 2, 10, 1, 1, 1)};
+  const auto r = run("fifo", jobs, 4, no_pauses());
+  CHECK(r.jobs[1].start_s == Approx(100));
+  CHECK(r.jobs[2].start_s == Approx(200));  // fits at t=2; no backfilling
+  CHECK(summarize(r).mean_queueing_s == Approx((0 + 99 + 198) / 3.0));
+}
+
+TEST_CASE("every job finishes with exactly its work done", "[unit][scheduler]") {
+  const Cluster cluster = Cluster::parse("v100:8,p100:8,k80:8");
+  const Workload workload = gavel_workload(3, cluster);
+  for (const auto& name : policy_names()) {
+    DYNAMIC_SECTION(name) {
+      auto policy = make_policy(name);
+      const auto r = simulate(cluster, workload, *policy);
+      REQUIRE(r.jobs.size() == workload.jobs.size());
+      for (const auto& j : r.jobs) {
+        CHECK(j.work_done == Approx(j.total_work).epsilon(1e-9));
+        CHECK(j.start_s >= j.arrival_s);
+        CHECK(j.finish_s > j.start_s);
+      }
+      const auto s = summarize(r);
+      CHECK(s.utilization > 0);
+      CHECK(s.utilization <= 1.0 + 1e-9);
+    }
+  }
+}
+
+TEST_CASE("non-elastic policies never resize", "[unit][scheduler]") {
+  const Cluster cluster = Cluster::parse("v100:16");
+  const Workload workload = gavel_workload(5, cluster);
+  for (const char* name : {"fifo", "priority", "srtf", "las", "gavel"}) {
+    auto policy = make_policy(name);
+    REQUIRE_FALSE(policy->elastic());
+    const auto r = simulate(cluster, workload, *policy);
+    long resizes = 0;
+    for (const auto& j : r.jobs) resizes += j.resizes;
+    CHECK(resizes == 0);
+  }
+  auto wfs = make_policy("wfs-elastic");
+  CHECK(summarize(simulate(cluster, workload, *wfs)).resizes > 0);
+}
+
+TEST_CASE("a seed gives one result, another seed another", "[unit][scheduler]") {
+  const Cluster cluster = Cluster::parse("v100:8,p100:8,k80:8");
+  for (const char* name : {"wfs-srtf", "las", "gavel"}) {
+    auto policy = make_policy(name);
+    const auto a = simulate(cluster, gavel_workload(7, cluster), *policy);
+    const auto b = simulate(cluster, gavel_workload(7, cluster), *policy);
+    const auto c = simulate(cluster, gavel_workload(8, cluster), *policy);
+    REQUIRE(a.jobs.size() == b.jobs.size());
+    bool same = a.events == b.events, differs = false;
+    for (size_t i = 0; i < a.jobs.size(); ++i) {
+      same = same && a.jobs[i].finish_s == b.jobs[i].finish_s &&
+             a.jobs[i].resizes == b.jobs[i].resizes;
+      differs = differs || a.jobs[i].finish_s != c.jobs[i].finish_s;
+    }
+    CHECK(same);
+    CHECK(differs);
+  }
+}
+
+TEST_CASE("percentiles interpolate between order statistics", "[unit][scheduler]") {
+  CHECK(percentile({4, 1, 3, 2}, 50) == Approx(2.5));
+  std::vector<double> v;
+  for (int i = 1; i <= 101; ++i) v.push_back(i);
+  CHECK(percentile(v, 99) == Approx(100));
+  CHECK(percentile({}, 50) == 0);
+}
