@@ -11,10 +11,14 @@
 
 namespace {
 std::atomic<bool> g_stop{false};
+std::atomic<bool> g_leave{false};
 void on_signal(int) {
   g_stop.store(true);
   std::signal(SIGINT, SIG_DFL);  // a second Ctrl-C ends the process at once
 }
+// A worker of an elastic job takes SIGTERM (what clusters send before they reclaim a
+// machine) as a request to leave at the next step boundary, not to stop the job.
+void on_leave_signal(int) { g_leave.store(true); }
 
 std::string self_executable(const char* argv0) {
   char path[4096];
@@ -33,6 +37,43 @@ enum ExitCode {
   kPeerFailure = 5,
   kStopped = 130
 };
+
+int report(const vflow::engine::TrainResult& result) {
+  if (result.evaluation) {
+    std::cout << "test accuracy " << 100.0 * result.evaluation->accuracy << "% after "
+              << result.evaluation->step << " steps\n";
+  }
+  std::cout << "fingerprint " << result.fingerprint << "\n";
+  if (!result.completed) {
+    spdlog::warn("[train] stopped at step {}", result.steps);
+    return kStopped;
+  }
+  return kOk;
+}
+
+vflow::comm::JobLimits limits_of(const vflow::engine::JobSpec& spec) {
+  vflow::comm::JobLimits limits;
+  limits.virtual_nodes = spec.semantic.virtual_nodes;
+  limits.min_workers = spec.resources.min_workers;
+  limits.max_workers =
+      spec.resources.max_workers > 0 ? spec.resources.max_workers : spec.semantic.virtual_nodes;
+  return limits;
+}
+
+int run_as_elastic_worker(const vflow::engine::JobSpec& spec,
+                          const vflow::comm::ElasticWorkerEnvironment& env,
+                          std::chrono::milliseconds timeout) {
+  vflow::engine::ElasticWorkerOptions options;
+  options.store_host = env.store_host;
+  options.store_port = env.store_port;
+  options.member = env.member;
+  options.timeout = timeout;
+  options.stop_flag = &g_stop;
+  options.leave_flag = &g_leave;
+  const auto outcome = vflow::engine::run_elastic_worker(spec, options);
+  if (outcome.kind != vflow::engine::ElasticOutcome::Kind::kFinished) return kOk;
+  return report(outcome.result);
+}
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -44,6 +85,7 @@ int main(int argc, char** argv) {
   bool print_spec = false;
   bool check_only = false;
   int workers = 0;
+  int port = 0;
   std::string coordinate;
   app.add_option("job", spec_path, "job spec (YAML); the built-in default job when omitted");
   app.add_option("--set", overrides, "override a key, e.g. --set semantic.seed=7 (repeatable)");
@@ -56,6 +98,10 @@ int main(int argc, char** argv) {
                  "(VFLOW_RANK, VFLOW_WORLD_SIZE, VFLOW_STORE=HOST:PORT), until all have finished");
   app.add_option("--workers", workers, "worker processes on this machine (sets resources.workers)")
       ->check(CLI::PositiveNumber);
+  app.add_option("--port", port,
+                 "with --workers: the coordinator's port on 127.0.0.1, the address vflow-ctl "
+                 "talks to (default: any free port, printed at start)")
+      ->check(CLI::Range(0, 65535));
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -72,8 +118,12 @@ int main(int argc, char** argv) {
       std::cout << spec.source << ": valid\n";
       return kOk;
     }
+    const auto elastic_worker = vflow::comm::elastic_worker_from_environment();
     std::signal(SIGINT, on_signal);
-    std::signal(SIGTERM, on_signal);
+    std::signal(SIGTERM, elastic_worker ? on_leave_signal : on_signal);
+    // A worker outlives a dead launcher long enough to stop cleanly: writing to its
+    // closed output pipe must fail, not kill it.
+    if (elastic_worker) std::signal(SIGPIPE, SIG_IGN);
     const auto timeout =
         std::chrono::milliseconds(static_cast<int64_t>(spec.resources.timeout_s * 1000));
     if (!coordinate.empty()) {
@@ -85,14 +135,18 @@ int main(int argc, char** argv) {
                    coordinator.port(), spec.resources.workers);
       return coordinator.serve(static_cast<int>(spec.resources.workers), &g_stop) ? kOk : kStopped;
     }
+    if (elastic_worker) return run_as_elastic_worker(spec, *elastic_worker, timeout);
     const auto rendezvous = vflow::comm::rendezvous_from_environment(timeout);
-    if (!rendezvous && spec.resources.workers > 1) {
+    if (!rendezvous && (workers > 0 || spec.resources.workers > 1)) {
       // This process becomes the coordinator and runs this same command line as each worker.
       vflow::comm::LaunchOptions launch;
       launch.workers = static_cast<int>(spec.resources.workers);
       launch.command.push_back(self_executable(argv[0]));
       for (int i = 1; i < argc; ++i) launch.command.emplace_back(argv[i]);
+      launch.port = port;
       launch.timeout = timeout;
+      launch.elastic.limits = limits_of(spec);
+      launch.elastic.replace_failed = spec.resources.replace_failed;
       launch.stop_flag = &g_stop;
       return vflow::comm::launch_local(launch);
     }
@@ -101,16 +155,7 @@ int main(int argc, char** argv) {
     if (rendezvous) options.communicator = vflow::comm::make_gloo_communicator(*rendezvous);
     const auto result = vflow::engine::run_job(spec, options);
     if (options.communicator) options.communicator->leave();
-    if (result.evaluation) {
-      std::cout << "test accuracy " << 100.0 * result.evaluation->accuracy << "% after "
-                << result.evaluation->step << " steps\n";
-    }
-    std::cout << "fingerprint " << result.fingerprint << "\n";
-    if (!result.completed) {
-      spdlog::warn("[train] stopped at step {} by a signal", result.steps);
-      return kStopped;
-    }
-    return kOk;
+    return report(result);
   } catch (const vflow::SpecError& e) {
     std::cerr << "error: " << e.what() << "\n";
     return kBadSpec;

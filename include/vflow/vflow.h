@@ -2,6 +2,7 @@
 #pragma once
 
 #include "vflow/comm/communicator.h"
+#include "vflow/comm/elastic.h"
 #include "vflow/comm/launcher.h"
 #include "vflow/core/error.h"
 #include "vflow/core/spec_node.h"
@@ -9,6 +10,7 @@
 #include "vflow/data/fashion_mnist.h"
 #include "vflow/data/synthetic.h"
 #include "vflow/engine/checkpoint.h"
+#include "vflow/engine/elastic_worker.h"
 #include "vflow/engine/fingerprint.h"
 #include "vflow/engine/job.h"
 #include "vflow/engine/job_spec.h"

@@ -10,6 +10,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include "comm/store.h"
 #include "vflow/comm/communicator.h"
 #include "vflow/comm/launcher.h"
 
@@ -51,12 +52,7 @@ class GlooCommunicator final : public Communicator {
  public:
   explicit GlooCommunicator(const Rendezvous& r) : rank_(r.rank), size_(r.world_size) {
     try {
-      c10d::TCPStoreOptions options;
-      options.port = static_cast<std::uint16_t>(r.store_port);
-      options.isServer = r.host_store;
-      options.waitWorkers = false;
-      options.timeout = r.timeout;
-      store_ = c10::make_intrusive<c10d::TCPStore>(r.store_host, options);
+      store_ = open_store(r.store_host, r.store_port, r.timeout, r.host_store);
       auto prefixed = c10::make_intrusive<c10d::PrefixStore>("gen/" + r.generation, store_);
       auto gloo = c10d::ProcessGroupGloo::Options::create(r.timeout);
       gloo->devices.push_back(device_towards(r.store_host, r.store_port));

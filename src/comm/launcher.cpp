@@ -8,11 +8,15 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <thread>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <tuple>
+
+#include "comm/store.h"
+#include "vflow/comm/elastic.h"
 
 namespace vflow::comm {
 
@@ -24,17 +28,11 @@ struct Coordinator::Impl {
 
 Coordinator::Coordinator(const std::string& host, int port, std::chrono::milliseconds timeout)
     : impl_(std::make_unique<Impl>()), host_(host) {
-  c10d::TCPStoreOptions options;
-  options.port = static_cast<std::uint16_t>(port);
-  options.isServer = true;
-  options.waitWorkers = false;
-  options.timeout = timeout;
   try {
-    impl_->store = c10::make_intrusive<c10d::TCPStore>(host, options);
+    impl_->store = open_store(host, port, timeout, /*server=*/true);
   } catch (const std::exception& e) {
-    const std::string what = e.what();
-    throw Error(fmt::format("[comm] cannot host the job's store on {}:{}: {}", host, port,
-                            what.substr(0, what.find('\n'))));
+    throw Error(
+        fmt::format("[comm] cannot host the job's store on {}:{}: {}", host, port, e.what()));
   }
 }
 
@@ -68,7 +66,24 @@ int env_int(const char* name, const std::string& value) {
   }
   return static_cast<int>(v);
 }
+std::pair<std::string, int> store_address(const std::string& store) {
+  const auto colon = store.rfind(':');
+  if (colon == std::string::npos) throw Error("VFLOW_STORE must be host:port, got '" + store + "'");
+  return {store.substr(0, colon), env_int("VFLOW_STORE", store.substr(colon + 1))};
+}
 }  // namespace
+
+std::optional<ElasticWorkerEnvironment> elastic_worker_from_environment() {
+  const auto member = env("VFLOW_MEMBER");
+  if (!member) return std::nullopt;
+  const auto store = env("VFLOW_STORE");
+  if (!store)
+    throw Error("VFLOW_MEMBER is set but VFLOW_STORE (the coordinator's host:port) is not");
+  ElasticWorkerEnvironment out;
+  out.member = *member;
+  std::tie(out.store_host, out.store_port) = store_address(*store);
+  return out;
+}
 
 std::optional<Rendezvous> rendezvous_from_environment(std::chrono::milliseconds timeout) {
   Rendezvous r;
@@ -82,11 +97,7 @@ std::optional<Rendezvous> rendezvous_from_environment(std::chrono::milliseconds 
     }
     r.rank = env_int("VFLOW_RANK", *rank);
     r.world_size = env_int("VFLOW_WORLD_SIZE", *size);
-    const auto colon = store->rfind(':');
-    if (colon == std::string::npos)
-      throw Error("VFLOW_STORE must be host:port, got '" + *store + "'");
-    r.store_host = store->substr(0, colon);
-    r.store_port = env_int("VFLOW_STORE", store->substr(colon + 1));
+    std::tie(r.store_host, r.store_port) = store_address(*store);
   } else {
     // External launchers: the first convention whose variables are all present.
     const std::pair<const char*, const char*> conventions[] = {
@@ -136,30 +147,20 @@ int64_t local_workers() {
 
 namespace {
 
-struct Child {
-  int rank = 0;
-  pid_t pid = -1;
-  int out = -1;  // stdout pipe
-  int err = -1;  // stderr pipe
-  std::string out_buf, err_buf;
-  bool running = true;
-  int exit_code = 0;
-};
-
-void forward_lines(std::string& buffer, const char* data, size_t n, int rank, FILE* sink,
-                   bool flush_all) {
+void forward_lines(std::string& buffer, const char* data, size_t n, const std::string& name,
+                   FILE* sink, bool flush_all) {
   buffer.append(data, n);
   size_t start = 0;
   while (true) {
     const size_t nl = buffer.find('\n', start);
     if (nl == std::string::npos) break;
-    std::fprintf(sink, "[rank %d] %.*s\n", rank, static_cast<int>(nl - start),
+    std::fprintf(sink, "[worker %s] %.*s\n", name.c_str(), static_cast<int>(nl - start),
                  buffer.data() + start);
     start = nl + 1;
   }
   buffer.erase(0, start);
   if (flush_all && !buffer.empty()) {
-    std::fprintf(sink, "[rank %d] %s\n", rank, buffer.c_str());
+    std::fprintf(sink, "[worker %s] %s\n", name.c_str(), buffer.c_str());
     buffer.clear();
   }
   std::fflush(sink);
@@ -185,102 +186,173 @@ pid_t spawn(const std::vector<std::string>& command, const std::vector<std::stri
 
 }  // namespace
 
-int launch_local(const LaunchOptions& options) {
-  Coordinator coordinator("127.0.0.1", 0, options.timeout);
-  spdlog::info("[launch] coordinator on {}:{}, starting {} workers", coordinator.host(),
-               coordinator.port(), options.workers);
-  std::vector<Child> children(static_cast<size_t>(options.workers));
-  for (int k = 0; k < options.workers; ++k) {
+namespace {
+
+int exit_code_of(int status) {
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+/// The worker processes of a local job and their output.
+class ProcessGroup {
+ public:
+  ProcessGroup(std::vector<std::string> command, std::vector<std::string> env)
+      : command_(std::move(command)), env_(std::move(env)) {}
+
+  /// Starts a worker named `member`.
+  void start(const std::string& member) {
     int out[2], err[2];
     if (pipe(out) != 0 || pipe(err) != 0) throw Error("pipe failed");
-    auto& c = children[static_cast<size_t>(k)];
-    c.rank = k;
-    const std::vector<std::string> env{
-        fmt::format("VFLOW_RANK={}", k), fmt::format("VFLOW_WORLD_SIZE={}", options.workers),
-        fmt::format("VFLOW_STORE={}:{}", coordinator.host(), coordinator.port()),
-        fmt::format("VFLOW_LOCAL_WORLD_SIZE={}", options.workers)};
-    c.pid = spawn(options.command, env, out[1], err[1]);
+    Child c;
+    c.name = member;
+    std::vector<std::string> env = env_;
+    env.push_back("VFLOW_MEMBER=" + member);
+    c.pid = spawn(command_, env, out[1], err[1]);
     close(out[1]);
     close(err[1]);
     c.out = out[0];
     c.err = err[0];
+    children_.push_back(std::move(c));
   }
 
-  int result = 0;
-  bool stopping = false;
-  std::chrono::steady_clock::time_point stop_deadline;
-  auto stop_all = [&](int sig) {
-    for (auto& c : children) {
-      if (c.running) kill(c.pid, sig);
-    }
-  };
-  while (true) {
+  /// Forwards output for up to `wait_ms`; returns false once every worker has ended.
+  bool pump(int wait_ms) {
     std::vector<pollfd> fds;
-    std::vector<std::pair<Child*, bool>> owners;  // (child, is_stdout)
-    for (auto& c : children) {
-      if (c.out >= 0) {
-        fds.push_back({c.out, POLLIN, 0});
-        owners.emplace_back(&c, true);
+    std::vector<std::pair<size_t, bool>> owners;  // (child, is_stdout)
+    for (size_t i = 0; i < children_.size(); ++i) {
+      if (children_[i].out >= 0) {
+        fds.push_back({children_[i].out, POLLIN, 0});
+        owners.emplace_back(i, true);
       }
-      if (c.err >= 0) {
-        fds.push_back({c.err, POLLIN, 0});
-        owners.emplace_back(&c, false);
+      if (children_[i].err >= 0) {
+        fds.push_back({children_[i].err, POLLIN, 0});
+        owners.emplace_back(i, false);
       }
     }
-    if (fds.empty()) break;
-    poll(fds.data(), fds.size(), 100);
+    if (fds.empty()) return !all_reaped();
+    poll(fds.data(), fds.size(), wait_ms);
     for (size_t i = 0; i < fds.size(); ++i) {
       if (!(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
-      auto [c, is_out] = owners[i];
+      auto& c = children_[owners[i].first];
+      const bool is_out = owners[i].second;
       char buf[8192];
       const ssize_t n = read(fds[i].fd, buf, sizeof buf);
-      int& fd = is_out ? c->out : c->err;
-      std::string& line_buf = is_out ? c->out_buf : c->err_buf;
+      int& fd = is_out ? c.out : c.err;
+      std::string& line_buf = is_out ? c.out_buf : c.err_buf;
       FILE* sink = is_out ? stdout : stderr;
       if (n > 0) {
-        forward_lines(line_buf, buf, static_cast<size_t>(n), c->rank, sink, false);
+        forward_lines(line_buf, buf, static_cast<size_t>(n), c.name, sink, false);
       } else {
-        forward_lines(line_buf, buf, 0, c->rank, sink, true);
+        forward_lines(line_buf, buf, 0, c.name, sink, true);
         close(fd);
         fd = -1;
       }
     }
-    for (auto& c : children) {
+    return true;
+  }
+
+  /// Workers that ended since the last call, as (name, exit code).
+  std::vector<std::pair<std::string, int>> reap() {
+    std::vector<std::pair<std::string, int>> ended;
+    for (auto& c : children_) {
       if (!c.running) continue;
       int status = 0;
       if (waitpid(c.pid, &status, WNOHANG) == c.pid) {
         c.running = false;
-        c.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-        if (c.exit_code != 0 && result == 0) {
-          result = c.exit_code;
-          if (!stopping) {
-            spdlog::error("[launch] worker {} exited with status {}; stopping the others", c.rank,
-                          c.exit_code);
-            stopping = true;
-            stop_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-            stop_all(SIGTERM);
-          }
-        }
+        ended.emplace_back(c.name, exit_code_of(status));
       }
     }
-    if (options.stop_flag && options.stop_flag->load() && !stopping) {
-      spdlog::warn("[launch] stopping the workers");
-      stopping = true;
-      stop_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-      stop_all(SIGTERM);
+    return ended;
+  }
+
+  void signal_all(int sig) {
+    for (auto& c : children_) {
+      if (c.running) kill(c.pid, sig);
     }
-    if (stopping && std::chrono::steady_clock::now() > stop_deadline) stop_all(SIGKILL);
   }
-  // Pipes are closed; reap whoever is left.
-  for (auto& c : children) {
-    if (!c.running) continue;
-    int status = 0;
-    waitpid(c.pid, &status, 0);
-    c.running = false;
-    c.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    if (c.exit_code != 0 && result == 0) result = c.exit_code;
+
+  bool all_reaped() const {
+    return std::none_of(children_.begin(), children_.end(),
+                        [](const Child& c) { return c.running || c.out >= 0 || c.err >= 0; });
   }
-  return result;
+
+ private:
+  struct Child {
+    std::string name;
+    pid_t pid = -1;
+    int out = -1;  // stdout pipe
+    int err = -1;  // stderr pipe
+    std::string out_buf, err_buf;
+    bool running = true;
+  };
+  std::vector<std::string> command_;
+  std::vector<std::string> env_;
+  std::vector<Child> children_;
+};
+
+}  // namespace
+
+int launch_local(const LaunchOptions& options) {
+  Coordinator coordinator("127.0.0.1", options.port, options.timeout);
+  spdlog::info("[launch] coordinator on {}:{}, starting {} workers", coordinator.host(),
+               coordinator.port(), options.workers);
+  ControlPlane control(coordinator.host(), coordinator.port(), options.timeout);
+  ProcessGroup workers(options.command,
+                       {fmt::format("VFLOW_STORE={}:{}", coordinator.host(), coordinator.port()),
+                        fmt::format("VFLOW_LOCAL_WORLD_SIZE={}", options.workers)});
+  int next_member = 0;
+  auto start_worker = [&] {
+    const std::string name = std::to_string(next_member++);
+    workers.start(name);
+    return name;
+  };
+  ElasticOptions elastic = options.elastic;
+  elastic.timeout = options.timeout;
+  GenerationManager manager(control, elastic, start_worker);
+  std::vector<std::string> initial;
+  for (int k = 0; k < options.workers; ++k) initial.push_back(start_worker());
+  manager.start(initial);
+
+  int failure = 0;  // the first failure that ended the job
+  bool stop_sent = false;
+  std::optional<std::chrono::steady_clock::time_point> kill_at;
+  auto stop_workers = [&](int seconds) {
+    if (!kill_at) kill_at = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
+  };
+  while (workers.pump(20)) {
+    for (const auto& [name, code] : workers.reap()) {
+      const bool starting = manager.current().id == 0;
+      manager.on_exit(name, code);
+      if (code != 0 && starting && failure == 0) {
+        // A worker that cannot start fails the job: nothing has been trained yet.
+        spdlog::error("[launch] worker {} exited with status {} at start-up; stopping the others",
+                      name, code);
+        failure = code;
+        workers.signal_all(SIGTERM);
+        stop_workers(5);
+      }
+    }
+    if (failure == 0) {
+      try {
+        manager.tick();
+      } catch (const PeerFailure& e) {
+        spdlog::error("{}", e.what());
+      }
+    }
+    if (options.stop_flag && options.stop_flag->load() && !stop_sent) {
+      // Workers stop together after the same step; rank 0 writes the checkpoint.
+      spdlog::warn("[launch] stopping the job at the next step boundary");
+      control.request_stop();
+      stop_sent = true;
+      stop_workers(options.stop_grace_s);
+    }
+    if (kill_at && std::chrono::steady_clock::now() > *kill_at) workers.signal_all(SIGKILL);
+  }
+  if (failure != 0) return failure;
+  const std::string done = control.done();
+  if (done == "completed") return 0;
+  if (stop_sent) return 130;
+  spdlog::error("[launch] the job ended {}", done.empty() ? "without finishing" : done);
+  return 5;
 }
 
 }  // namespace vflow::comm

@@ -12,8 +12,11 @@
 namespace vflow::engine {
 
 std::unique_ptr<Trainer> make_trainer(const JobSpec& spec,
-                                      std::shared_ptr<comm::Communicator> communicator) {
-  const bool leader = !communicator || communicator->rank() == 0;
+                                      std::shared_ptr<comm::Communicator> communicator,
+                                      bool elastic) {
+  // In an elastic job ranks change between generations: every worker carries the
+  // observers and they act on whichever worker is rank 0 at the time.
+  const bool leader = elastic || !communicator || communicator->rank() == 0;
   const auto& sem = spec.semantic;
   const SpecNode no_name;
   const auto prepared =
@@ -36,19 +39,25 @@ std::unique_ptr<Trainer> make_trainer(const JobSpec& spec,
   auto trainer = std::make_unique<Trainer>(spec, model, splits, std::move(communicator));
 
   const auto& out = spec.output;
-  if (out.evaluation.enabled && splits.test && leader) {
-    trainer->add_observer(std::make_shared<EvaluationObserver>(out.evaluation));
+  auto attach = [&](std::shared_ptr<TrainingObserver> o) {
+    if (!leader) return;
+    trainer->add_observer(elastic ? std::make_shared<LeaderOnly>(std::move(o)) : std::move(o));
+  };
+  if (out.evaluation.enabled && splits.test) {
+    attach(std::make_shared<EvaluationObserver>(out.evaluation));
   }
-  if (out.logging.progress != "off" && leader) {
-    trainer->add_observer(
-        std::make_shared<ProgressObserver>(out.logging.progress, out.logging.every_steps));
+  if (out.logging.progress != "off") {
+    attach(std::make_shared<ProgressObserver>(out.logging.progress, out.logging.every_steps));
   }
-  if (!out.logging.metrics.empty() && leader) {
-    trainer->add_observer(
-        std::make_shared<MetricsObserver>(out.logging.metrics, out.logging.every_steps));
+  if (!out.logging.metrics.empty()) {
+    attach(std::make_shared<MetricsObserver>(out.logging.metrics, out.logging.every_steps));
   }
-  if (!out.checkpoint.dir.empty() && leader) {
-    trainer->add_observer(std::make_shared<CheckpointObserver>(out.checkpoint));
+  if (!out.checkpoint.dir.empty()) {
+    attach(std::make_shared<CheckpointObserver>(out.checkpoint));
+  }
+  if (!out.logging.examples.empty()) {
+    trainer->record_examples(true);
+    attach(std::make_shared<ExampleLogObserver>(out.logging.examples));
   }
   if (!out.checkpoint.resume.empty()) {
     const std::string path = out.checkpoint.resume == "latest"

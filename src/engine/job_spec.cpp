@@ -99,6 +99,9 @@ SpecNode full_tree(const JobSpec& spec) {
   res.set("threads", scalar(spec.resources.threads));
   res.set("prefetch", scalar(spec.resources.prefetch));
   res.set("timeout_s", scalar(spec.resources.timeout_s));
+  res.set("min_workers", scalar(spec.resources.min_workers));
+  res.set("max_workers", scalar(spec.resources.max_workers));
+  res.set("replace_failed", scalar(spec.resources.replace_failed));
   root.set("resources", res);
   const OutputSpec& o = spec.output;
   SpecNode out = SpecNode::map();
@@ -119,6 +122,7 @@ SpecNode full_tree(const JobSpec& spec) {
   log.set("progress", scalar(o.logging.progress));
   log.set("every_steps", scalar(o.logging.every_steps));
   log.set("level", scalar(o.logging.level));
+  log.set("examples", scalar(o.logging.examples));
   out.set("logging", log);
   root.set("output", out);
   root.relocate(SpecLocation{spec.source, 0, 0});
@@ -237,6 +241,23 @@ void parse_resources(const SpecNode& node, ResourcesSpec& res, const SemanticSpe
   res.threads = r.get_int("threads", res.threads, 0, 4096);
   res.prefetch = r.get_choice("prefetch", res.prefetch, {"auto", "true", "false"});
   res.timeout_s = r.get_double("timeout_s", res.timeout_s, 0.1, 86400.0);
+  res.min_workers = r.get_int("min_workers", res.min_workers, 1, kBig);
+  res.max_workers = r.get_int("max_workers", res.max_workers, 0, kBig);
+  if (res.max_workers > s.virtual_nodes) {
+    r.fail("max_workers", fmt::format("{} workers but only {} virtual nodes: every worker needs "
+                                      "at least one vnode",
+                                      res.max_workers, s.virtual_nodes));
+  }
+  const int64_t most = res.max_workers > 0 ? res.max_workers : s.virtual_nodes;
+  if (res.min_workers > most) {
+    r.fail("min_workers", fmt::format("min_workers {} is above the most workers allowed ({})",
+                                      res.min_workers, most));
+  }
+  if (res.workers < res.min_workers || res.workers > most) {
+    r.fail("workers", fmt::format("{} workers is outside min_workers..max_workers = {}..{}",
+                                  res.workers, res.min_workers, most));
+  }
+  res.replace_failed = r.get_bool("replace_failed", res.replace_failed);
   r.finish();
 }
 
@@ -270,6 +291,7 @@ void parse_output(const SpecNode& node, OutputSpec& out) {
     lg.progress = l.get_choice("progress", lg.progress, {"auto", "bar", "lines", "off"});
     lg.every_steps = l.get_int("every_steps", lg.every_steps, 1, kBig);
     lg.level = l.get_choice("level", lg.level, {"trace", "debug", "info", "warn", "error"});
+    lg.examples = l.get_string("examples", lg.examples);
     l.finish();
   }
   r.finish();

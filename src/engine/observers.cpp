@@ -1,6 +1,8 @@
 #include "vflow/engine/observers.h"
 
+#include <fcntl.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
@@ -14,6 +16,11 @@ namespace vflow::engine {
 
 namespace {
 using Clock = std::chrono::steady_clock;
+
+/// Wall-clock time, comparable across processes (for records several workers write).
+double unix_seconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
 
 std::string duration_text(double seconds) {
   const auto s = static_cast<int64_t>(seconds + 0.5);
@@ -135,10 +142,11 @@ void MetricsObserver::on_step_end(Trainer& trainer, const StepInfo& info) {
   const double steps = static_cast<double>(window_.steps);
   write(fmt::format(
       R"({{"event":"step","step":{},"epoch":{},"loss":{:.6g},"lr":{:.6g},"examples_per_second":{:.1f},)"
-      R"("compute_ms":{:.3f},"sync_ms":{:.3f},"update_ms":{:.3f}}})",
+      R"("compute_ms":{:.3f},"sync_ms":{:.3f},"update_ms":{:.3f},"workers":{},"time":{:.6f}}})",
       done, info.epoch, info.loss, info.lr,
       window_.seconds > 0 ? static_cast<double>(window_.examples) / window_.seconds : 0.0,
-      1e3 * window_.compute / steps, 1e3 * window_.sync / steps, 1e3 * window_.update / steps));
+      1e3 * window_.compute / steps, 1e3 * window_.sync / steps, 1e3 * window_.update / steps,
+      info.workers, unix_seconds()));
   window_ = Window{};
 }
 
@@ -170,5 +178,40 @@ void CheckpointObserver::on_step_end(Trainer& trainer, const StepInfo& info) {
 }
 
 void CheckpointObserver::on_train_end(Trainer& trainer) { save(trainer); }
+
+void LeaderOnly::on_step_end(Trainer& trainer, const StepInfo& info) {
+  if (trainer.rank() == 0) inner_->on_step_end(trainer, info);
+}
+void LeaderOnly::on_epoch_end(Trainer& trainer, int64_t epoch) {
+  if (trainer.rank() == 0) inner_->on_epoch_end(trainer, epoch);
+}
+void LeaderOnly::on_evaluation(Trainer& trainer, const EvalResult& result) {
+  if (trainer.rank() == 0) inner_->on_evaluation(trainer, result);
+}
+void LeaderOnly::on_train_end(Trainer& trainer) {
+  if (trainer.rank() == 0) inner_->on_train_end(trainer);
+}
+
+ExampleLogObserver::ExampleLogObserver(const std::string& path)
+    : path_(path), fd_(::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644)) {
+  if (fd_ < 0) {
+    throw SpecError(fmt::format("output.logging.examples: cannot open '{}' for writing: {}", path,
+                                std::strerror(errno)));
+  }
+}
+
+ExampleLogObserver::~ExampleLogObserver() { ::close(fd_); }
+
+void ExampleLogObserver::on_step_end(Trainer& trainer, const StepInfo& info) {
+  std::string text;
+  for (const auto& [vnode, indices] : info.examples_used) {
+    text += fmt::format("{} {} {}\n", info.step, vnode, fmt::join(indices, " "));
+  }
+  // One append per step: lines of concurrent workers never interleave.
+  if (!text.empty() &&
+      ::write(fd_, text.data(), text.size()) != static_cast<ssize_t>(text.size())) {
+    spdlog::warn("[engine] {}: short write: {}", path_, std::strerror(errno));
+  }
+}
 
 }  // namespace vflow::engine

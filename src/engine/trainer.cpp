@@ -32,6 +32,8 @@ constexpr int64_t kCheckpointFormat = 1;
 constexpr double kFixedPointScale = 68719476736.0;  // 2^36
 constexpr double kFixedPointLimit = 1048576.0;      // 2^20
 constexpr uint64_t kInitStream = 0x1417;
+// The control word after the loss: a stop flag and the generation to regroup into.
+constexpr int64_t kControlSlots = 2;
 
 using Clock = std::chrono::steady_clock;
 
@@ -116,8 +118,13 @@ struct Trainer::Impl {
   std::optional<EvalResult> last_eval;
   std::atomic<bool> stop_request{false};  // asked locally (request_stop, stop flag)
   bool stop_agreed = false;               // some worker asked: every worker stops now
+  int64_t regroup_agreed = 0;             // every worker regroups into this generation now
   const std::atomic<bool>* stop_flag = nullptr;
+  std::function<StepControl(const Trainer&)> step_control;
+  Trainer* self = nullptr;
   bool views_checked = false;
+  bool began = false;            // observers have seen on_train_begin
+  bool record_examples = false;  // fill StepInfo::examples_used
 
   // Epoch permutations, shared with the prefetch thread.
   mutable std::mutex perm_mutex;
@@ -184,6 +191,41 @@ struct Trainer::Impl {
     }
   }
 
+  /// Discards a background load (a new generation holds other vnodes).
+  void drain_loader() {
+    if (!loader.outstanding()) return;
+    try {
+      loader.wait();
+    } catch (const std::exception&) {
+      // The load is not needed any more; a real data error shows again when retried.
+    }
+  }
+
+  std::vector<int64_t> example_indices(int64_t s, int64_t v) const {
+    const auto pos = vnode_positions(s, v);
+    const auto idx = permutation(s / order.steps_per_epoch()).narrow(0, pos.offset, pos.size);
+    return std::vector<int64_t>(idx.data_ptr<int64_t>(), idx.data_ptr<int64_t>() + pos.size);
+  }
+
+  /// After the collective, the table's presence column counts the workers that ran each
+  /// vnode: lists each vnode's examples that many times (an audit of exactly-once use).
+  void record_use(int64_t s, StepInfo& info) const {
+    const auto flags = kernels->table().select(1, 0).to(torch::kCPU).contiguous();
+    for (int64_t v = 0; v < plan.virtual_nodes(); ++v) {
+      const auto runs = std::lround(flags[v].item<double>());
+      for (long k = 0; k < runs; ++k) info.examples_used.emplace_back(v, example_indices(s, v));
+    }
+  }
+
+  /// Undoes the local effects of a step whose collective failed: nothing was applied to
+  /// the parameters or the optimizer, but the stateful kernels hold partial updates.
+  void abandon_step() {
+    drain_loader();
+    kernels->abort_step();
+    grads->zero();
+    if (fixed_point.defined()) fixed_point.zero_();
+  }
+
   data::Batch take(const WorkItem& item) {
     data::Batch batch;
     if (loader.outstanding()) {
@@ -212,9 +254,12 @@ struct Trainer::Impl {
     grads->zero();
     kernels->begin_step();
 
-    // After the stateful-kernel table ride the loss and the control word (stop requests).
-    auto loss_sum = grads->extra().narrow(0, grads->extra().numel() - 2, 1);
-    auto control = grads->extra().narrow(0, grads->extra().numel() - 1, 1);
+    // After the stateful-kernel table ride the loss and the control word (stop, regroup).
+    const int64_t extra = grads->extra().numel();
+    auto loss_sum = grads->extra().narrow(0, extra - 1 - kControlSlots, 1);
+    auto stop_slot = grads->extra().narrow(0, extra - kControlSlots, 1);
+    auto regroup_slot = grads->extra().narrow(0, extra - kControlSlots + 1, 1);
+    StepInfo info;
     const bool exact = fixed_point.defined();
     if (exact) fixed_point.zero_();
     int64_t ordinal = 0;
@@ -237,10 +282,13 @@ struct Trainer::Impl {
       if (exact) accumulate_fixed_point();
     }
     const auto t_sync = Clock::now();
-    // A stop request anywhere stops every worker after this same step.
-    if (stop_requested()) {
-      control.fill_(1.0);
-      if (exact) accumulate_fixed_point();
+    // A stop request anywhere stops every worker after this same step; a pending
+    // generation (seen by one worker) regroups every worker after it.
+    const StepControl wanted = step_control ? step_control(*self) : StepControl{};
+    if (stop_requested() || wanted.stop) stop_slot.fill_(1.0);
+    if (wanted.next_generation > 0) regroup_slot.fill_(static_cast<double>(wanted.next_generation));
+    if (exact && (stop_slot.item<float>() > 0 || wanted.next_generation > 0)) {
+      accumulate_fixed_point();
     }
     // One collective: gradients, stateful-kernel table, loss and control word together.
     if (exact) {
@@ -250,8 +298,10 @@ struct Trainer::Impl {
       comm->allreduce_sum(grads->flat());
     }
     const auto t_update = Clock::now();
+    if (record_examples) record_use(s, info);
     kernels->apply();
-    if (control.item<float>() > 0) stop_agreed = true;
+    if (stop_slot.item<float>() > 0) stop_agreed = true;
+    regroup_agreed = std::llround(regroup_slot.item<double>());
     if (!views_checked) {
       grads->check_views();
       views_checked = true;
@@ -259,8 +309,8 @@ struct Trainer::Impl {
     optimizer->step();
     ++step;
 
-    StepInfo info;
     info.step = s;
+    info.workers = comm->size();
     info.epoch = s / order.steps_per_epoch();
     info.steps_per_epoch = order.steps_per_epoch();
     info.total_steps = total_steps;
@@ -302,20 +352,15 @@ Trainer::Trainer(JobSpec spec, std::shared_ptr<models::Model> model, data::DataS
   if (!data.train) throw SpecError("the job has no training data");
   validate(spec, /*check_components=*/false);
   impl_ = std::make_unique<Impl>(std::move(spec), std::move(model), std::move(data));
+  impl_->self = this;
   auto& m = *impl_->model;
   m.to(impl_->device);
-  impl_->comm = communicator ? std::move(communicator) : comm::make_local_communicator();
-  const int64_t workers = impl_->comm->size();
-  if (workers > impl_->plan.virtual_nodes()) {
-    throw SpecError(fmt::format("{} workers but only {} virtual nodes: every worker needs a vnode",
-                                workers, impl_->plan.virtual_nodes()));
-  }
-  impl_->held = vnode::vnodes_of(impl_->plan.virtual_nodes(), workers, impl_->comm->rank());
+  set_communicator(std::move(communicator));
   impl_->prefetch = prefetch_enabled(impl_->spec.resources.prefetch);
   impl_->kernels =
       std::make_unique<vnode::StatefulKernelSet>(m, impl_->plan.virtual_nodes(), impl_->device);
-  impl_->grads =
-      std::make_unique<vnode::GradientBuffer>(m.parameters(), impl_->kernels->table_numel() + 2);
+  impl_->grads = std::make_unique<vnode::GradientBuffer>(
+      m.parameters(), impl_->kernels->table_numel() + 1 + kControlSlots);
   impl_->kernels->bind_table(impl_->grads->extra().narrow(0, 0, impl_->kernels->table_numel()));
   if (impl_->spec.semantic.deterministic) {
     impl_->fixed_point = torch::zeros({impl_->grads->numel()},
@@ -353,14 +398,23 @@ TrainResult Trainer::run() {
   spdlog::info("[engine] worker {} of {} holds vnodes {}..{}, background prefetch {}",
                im.comm->rank(), im.comm->size(), im.held.first, im.held.last - 1,
                im.prefetch ? "on" : "off");
-  for (auto& o : im.observers) o->on_train_begin(*this);
+  if (!im.began) {
+    for (auto& o : im.observers) o->on_train_begin(*this);
+    im.began = true;
+  }
   const auto t0 = Clock::now();
   int64_t examples = 0;
   double last_loss = 0;
-  // Workers leave the loop together: a stop request takes effect through the
-  // control word of the step's collective, never on one worker alone.
-  while (im.step < im.total_steps && !im.stop_agreed) {
-    const StepInfo info = im.train_step();
+  // Workers leave the loop together: stop and regroup requests take effect through
+  // the control word of the step's collective, never on one worker alone.
+  while (im.step < im.total_steps && !im.stop_agreed && im.regroup_agreed == 0) {
+    StepInfo info;
+    try {
+      info = im.train_step();
+    } catch (const comm::PeerFailure&) {
+      im.abandon_step();
+      throw;
+    }
     examples += info.examples;
     last_loss = info.loss;
     for (auto& o : im.observers) o->on_step_end(*this, info);
@@ -371,7 +425,11 @@ TrainResult Trainer::run() {
   TrainResult result;
   result.seconds = seconds_since(t0);
   result.completed = im.step >= im.total_steps;
-  for (auto& o : im.observers) o->on_train_end(*this);
+  result.next_generation = result.completed ? 0 : im.regroup_agreed;
+  im.regroup_agreed = 0;
+  if (result.next_generation == 0) {
+    for (auto& o : im.observers) o->on_train_end(*this);
+  }
   result.steps = im.step;
   result.fingerprint = fingerprint();
   result.evaluation = im.last_eval;
@@ -417,9 +475,45 @@ void Trainer::publish_evaluation(const EvalResult& result) {
 
 const std::optional<EvalResult>& Trainer::last_evaluation() const { return impl_->last_eval; }
 
+namespace {
+/// Reads a required value of a vflow state archive.
+c10::IValue read_value(torch::serialize::InputArchive& archive, const std::string& source,
+                       const char* key) {
+  c10::IValue v;
+  if (!archive.try_read(key, v)) {
+    throw CheckpointError(fmt::format("{}: not a vflow checkpoint (no '{}')", source, key));
+  }
+  return v;
+}
+}  // namespace
+
 void Trainer::save_checkpoint(const std::string& path) const {
-  auto& im = *impl_;
   torch::serialize::OutputArchive archive;
+  write_state(archive);
+  write_atomically(path, [&](const std::string& tmp) { archive.save_to(tmp); });
+}
+
+std::string Trainer::state_bytes() const {
+  torch::serialize::OutputArchive archive;
+  write_state(archive);
+  std::ostringstream out;
+  archive.save_to(out);
+  return out.str();
+}
+
+void Trainer::load_state_bytes(const std::string& bytes) {
+  torch::serialize::InputArchive archive;
+  try {
+    archive.load_from(bytes.data(), bytes.size());
+  } catch (const c10::Error& e) {
+    throw CheckpointError(
+        fmt::format("transferred state: cannot read it: {}", compat::message_of(e)));
+  }
+  read_state(archive, "transferred state");
+}
+
+void Trainer::write_state(torch::serialize::OutputArchive& archive) const {
+  auto& im = *impl_;
   archive.write("vflow_format", c10::IValue(kCheckpointFormat));
   archive.write("vflow_step", c10::IValue(im.step));
   archive.write("vflow_semantic", c10::IValue(im.spec.semantic_yaml()));
@@ -430,39 +524,37 @@ void Trainer::save_checkpoint(const std::string& path) const {
   torch::serialize::OutputArchive optimizer_archive;
   im.optimizer->save(optimizer_archive);
   archive.write("optimizer", optimizer_archive);
-  write_atomically(path, [&](const std::string& tmp) { archive.save_to(tmp); });
 }
 
 void Trainer::load_checkpoint(const std::string& path) {
-  auto& im = *impl_;
   torch::serialize::InputArchive archive;
-  auto read_value = [&](const char* key) {
-    c10::IValue v;
-    if (!archive.try_read(key, v)) {
-      throw CheckpointError(fmt::format("{}: not a vflow checkpoint (no '{}')", path, key));
-    }
-    return v;
-  };
   try {
     archive.load_from(path);
   } catch (const c10::Error& e) {
     throw CheckpointError(
         fmt::format("{}: cannot read checkpoint: {}", path, compat::message_of(e)));
   }
-  const int64_t format = read_value("vflow_format").toInt();
+  read_state(archive, path);
+  spdlog::info("[engine] resumed from {} at step {} (fingerprint {})", path, step(), fingerprint());
+}
+
+void Trainer::read_state(torch::serialize::InputArchive& archive, const std::string& path) {
+  auto& im = *impl_;
+  auto read = [&](const char* key) { return read_value(archive, path, key); };
+  const int64_t format = read("vflow_format").toInt();
   if (format != kCheckpointFormat) {
     throw CheckpointError(fmt::format("{}: checkpoint format {} is not supported (expected {})",
                                       path, format, kCheckpointFormat));
   }
-  const std::string semantic = read_value("vflow_semantic").toStringRef();
+  const std::string semantic = read("vflow_semantic").toStringRef();
   if (semantic != im.spec.semantic_yaml()) {
     throw CheckpointError(fmt::format(
         "{}: written by a job with a different semantic part, so resuming would change the "
         "result: {}",
         path, first_difference(semantic, im.spec.semantic_yaml())));
   }
-  const int64_t saved_step = read_value("vflow_step").toInt();
-  const std::string saved_fingerprint = read_value("vflow_fingerprint").toStringRef();
+  const int64_t saved_step = read("vflow_step").toInt();
+  const std::string saved_fingerprint = read("vflow_fingerprint").toStringRef();
   if (saved_step < 0 || saved_step > im.total_steps) {
     throw CheckpointError(fmt::format("{}: step {} is outside this job's {} steps", path,
                                       saved_step, im.total_steps));
@@ -487,11 +579,30 @@ void Trainer::load_checkpoint(const std::string& path) {
                     "{} (corrupt file?)",
                     path, fingerprint(), saved_fingerprint));
   }
-  spdlog::info("[engine] resumed from {} at step {} (fingerprint {})", path, saved_step,
-               saved_fingerprint);
 }
 
 void Trainer::request_stop() { impl_->stop_request.store(true); }
+void Trainer::stop_now() { impl_->stop_agreed = true; }
+void Trainer::record_examples(bool on) { impl_->record_examples = on; }
+int Trainer::rank() const { return impl_->comm->rank(); }
+int Trainer::world_size() const { return impl_->comm->size(); }
+
+void Trainer::set_step_control(std::function<StepControl(const Trainer&)> control) {
+  impl_->step_control = std::move(control);
+}
+
+void Trainer::set_communicator(std::shared_ptr<comm::Communicator> communicator) {
+  auto& im = *impl_;
+  auto next = communicator ? std::move(communicator) : comm::make_local_communicator();
+  const int64_t workers = next->size();
+  if (workers > im.plan.virtual_nodes()) {
+    throw SpecError(fmt::format("{} workers but only {} virtual nodes: every worker needs a vnode",
+                                workers, im.plan.virtual_nodes()));
+  }
+  im.drain_loader();
+  im.comm = std::move(next);
+  im.held = vnode::vnodes_of(im.plan.virtual_nodes(), workers, im.comm->rank());
+}
 void Trainer::set_stop_flag(const std::atomic<bool>* flag) { impl_->stop_flag = flag; }
 std::string Trainer::fingerprint() const { return engine::fingerprint(*impl_->model); }
 int64_t Trainer::step() const { return impl_->step; }

@@ -182,4 +182,9 @@ void StatefulKernelSet::apply() {
   }
 }
 
+void StatefulKernelSet::abort_step() {
+  torch::NoGradGuard no_grad;
+  for (auto& k : kernels_) k->apply({});
+}
+
 }  // namespace vflow::vnode

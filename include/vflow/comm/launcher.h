@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "vflow/comm/communicator.h"
+#include "vflow/comm/elastic.h"
 
 namespace vflow::comm {
 
@@ -40,18 +41,25 @@ class Coordinator {
 };
 
 struct LaunchOptions {
-  int workers = 1;
+  int workers = 1;                   ///< workers of the first generation
   std::vector<std::string> command;  ///< program and arguments each worker runs
+  int port = 0;                      ///< the coordinator's port on 127.0.0.1; 0 = any free port
   std::chrono::milliseconds timeout{30000};
-  /// Set by the caller (e.g. a signal handler): forward SIGTERM to the workers.
+  ElasticOptions elastic;  ///< limits and failure handling (its timeout is `timeout`)
+  /// Set by the caller (e.g. a signal handler): stop the job at the next step boundary.
   const std::atomic<bool>* stop_flag = nullptr;
+  int stop_grace_s = 60;  ///< after a stop request, workers still running are killed
 };
 
-/// Hosts the coordinator, starts `workers` processes running `command` with
-/// VFLOW_RANK, VFLOW_WORLD_SIZE and VFLOW_STORE set, forwards their output line by
-/// line with a "[rank k] " prefix, and waits. When a worker fails, the others are
-/// stopped (SIGTERM, then SIGKILL after a grace period). Returns 0 when all
-/// workers succeed, else the first failing worker's exit code (128 + signal when killed).
+/// Runs an elastic job on this host: hosts the coordinator and its generation manager,
+/// starts `workers` processes running `command` with VFLOW_MEMBER (the worker's name)
+/// and VFLOW_STORE set, starts joiners when a resize asks for more workers (and
+/// replacements when options.elastic.replace_failed), forwards their output line by
+/// line with a "[worker name] " prefix, and waits until every worker has ended. A
+/// worker that dies during training is survived (DESIGN.md §4); one that fails at
+/// start-up stops the others. Returns 0 when the job completed, 130 when stopped by
+/// `stop_flag`, the failing worker's exit code (128 + signal when killed) for a failed
+/// start, else 5 (the job could not continue).
 int launch_local(const LaunchOptions& options);
 
 /// The rendezvous a launcher handed to this process through the environment, or
@@ -61,6 +69,15 @@ int launch_local(const LaunchOptions& options);
 /// Slurm's srun (SLURM_PROCID, SLURM_NTASKS). The last three need MASTER_ADDR and
 /// MASTER_PORT, and rank 0 hosts the store there (host_store).
 std::optional<Rendezvous> rendezvous_from_environment(std::chrono::milliseconds timeout);
+
+/// A worker of an elastic job, as vflow's launcher starts it (VFLOW_MEMBER and
+/// VFLOW_STORE=host:port), or nullopt.
+struct ElasticWorkerEnvironment {
+  std::string member;
+  std::string store_host;
+  int store_port = 0;
+};
+std::optional<ElasticWorkerEnvironment> elastic_worker_from_environment();
 
 /// Worker processes of this job on this host: VFLOW_LOCAL_WORLD_SIZE (vflow's
 /// launcher), LOCAL_WORLD_SIZE (torchrun), OMPI_COMM_WORLD_LOCAL_SIZE (mpirun),

@@ -23,8 +23,9 @@ TrainResult run_job(const JobSpec& spec, const JobRunOptions& options = {});
 /// Builds the trainer of a job spec (data loaded, model built, observers attached,
 /// checkpoint restored) without running it.
 /// Evaluation, progress, metrics and checkpoints are attached on rank 0 only (every
-/// rank holds the same state).
+/// rank holds the same state); with `elastic`, on every worker, acting while it is rank 0.
 std::unique_ptr<Trainer> make_trainer(const JobSpec& spec,
-                                      std::shared_ptr<comm::Communicator> communicator = nullptr);
+                                      std::shared_ptr<comm::Communicator> communicator = nullptr,
+                                      bool elastic = false);
 
 }  // namespace vflow::engine

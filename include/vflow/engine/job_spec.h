@@ -67,7 +67,10 @@ struct ResourcesSpec {
   /// Load the next vnode's batch on a background thread: on, off, or auto (on when this
   /// host has a core to spare: intra-op threads x local workers < cores).
   std::string prefetch = "auto";
-  double timeout_s = 30;  ///< rendezvous and collective timeout (a silent peer is dead after it)
+  double timeout_s = 30;    ///< rendezvous and collective timeout (a silent peer is dead after it)
+  int64_t min_workers = 1;  ///< an elastic job never runs on fewer; below it, it stops
+  int64_t max_workers = 0;  ///< resize requests above it are refused; 0 = virtual_nodes
+  bool replace_failed = false;  ///< the launcher starts a new worker for each one that dies
 };
 
 struct EvaluationSpec {
@@ -89,6 +92,9 @@ struct LoggingSpec {
   std::string progress = "auto";  ///< auto | bar | lines | off
   int64_t every_steps = 50;       ///< period of progress lines and metrics records
   std::string level = "info";     ///< trace | debug | info | warn | error
+  /// Every worker appends the example indices of the vnodes it ran to this file
+  /// ("step vnode index..." per line), for auditing exactly-once use; empty = none.
+  std::string examples;
 };
 
 struct OutputSpec {

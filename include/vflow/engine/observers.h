@@ -79,4 +79,33 @@ class CheckpointObserver final : public TrainingObserver {
   int64_t last_step_ = -1;
 };
 
+/// Forwards to another observer only while this worker is rank 0 (in an elastic job the
+/// leader can change between generations). on_train_begin always reaches it.
+class LeaderOnly final : public TrainingObserver {
+ public:
+  explicit LeaderOnly(std::shared_ptr<TrainingObserver> inner) : inner_(std::move(inner)) {}
+  void on_train_begin(Trainer& trainer) override { inner_->on_train_begin(trainer); }
+  void on_step_end(Trainer& trainer, const StepInfo& info) override;
+  void on_epoch_end(Trainer& trainer, int64_t epoch) override;
+  void on_evaluation(Trainer& trainer, const EvalResult& result) override;
+  void on_train_end(Trainer& trainer) override;
+
+ private:
+  std::shared_ptr<TrainingObserver> inner_;
+};
+
+/// Appends "step vnode index index ..." for every vnode of each completed step, as the
+/// step's collective counted them (StepInfo::examples_used), one write per step: an audit
+/// of exactly-once use of the data across resizes and failures, written by rank 0.
+class ExampleLogObserver final : public TrainingObserver {
+ public:
+  explicit ExampleLogObserver(const std::string& path);
+  ~ExampleLogObserver() override;
+  void on_step_end(Trainer& trainer, const StepInfo& info) override;
+
+ private:
+  std::string path_;
+  int fd_;
+};
+
 }  // namespace vflow::engine

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -18,6 +19,11 @@
 #include "vflow/data/dataset.h"
 #include "vflow/engine/job_spec.h"
 #include "vflow/models/registry.h"
+
+namespace torch::serialize {
+class InputArchive;
+class OutputArchive;
+}  // namespace torch::serialize
 
 namespace vflow::engine {
 
@@ -34,6 +40,18 @@ struct StepInfo {
   double compute_seconds = 0;  ///< forward, backward and accumulation of the held vnodes
   double sync_seconds = 0;     ///< the step's collective (waiting for peers included)
   double update_seconds = 0;   ///< stateful kernels and the optimizer step
+  int workers = 1;             ///< workers of the generation that ran the step
+  /// The example indices of the step's vnodes, as (vnode, indices), each vnode listed as
+  /// many times as workers ran it according to the step's collective (so exactly once
+  /// when all is well); filled only when Trainer::record_examples(true).
+  std::vector<std::pair<int64_t, std::vector<int64_t>>> examples_used;
+};
+
+/// What a worker adds to a step's control word (DESIGN.md §3.3): requests that every
+/// worker learns through the step's single collective, so all act after the same step.
+struct StepControl {
+  bool stop = false;            ///< stop training after this step
+  int64_t next_generation = 0;  ///< regroup into this generation after this step (0: none)
 };
 
 struct EvalResult {
@@ -51,6 +69,9 @@ struct TrainResult {
   double seconds = 0;                    ///< wall time of this run() call
   double examples_per_second = 0;
   double final_loss = 0;  ///< training loss of the last step
+  /// Non-zero when run() returned early because the workers agreed to regroup into
+  /// this generation; call run() again once the new communicator is installed.
+  int64_t next_generation = 0;
 };
 
 class Trainer;
@@ -93,7 +114,11 @@ class Trainer {
 
   void add_observer(std::shared_ptr<TrainingObserver> observer);
 
-  /// Trains from the current step to the end (or until request_stop()).
+  /// Trains from the current step to the end (or until request_stop(), or until the
+  /// workers agree to regroup: see TrainResult::next_generation). Observers see
+  /// on_train_begin once and on_train_end only when training ends. When a collective
+  /// fails, throws comm::PeerFailure with the interrupted step undone (parameters,
+  /// optimizer and stateful kernels as before the step), so it can be redone.
   TrainResult run();
   /// Runs exactly one step (the current one) and returns what it did; no observers.
   StepInfo train_step();
@@ -114,6 +139,25 @@ class Trainer {
   void request_stop();
   /// A flag that, once set, acts like request_stop() (e.g. set by a signal handler).
   void set_stop_flag(const std::atomic<bool>* flag);
+  /// Every worker of a generation calls this together: run() ends before the next step.
+  void stop_now();
+
+  /// Called on every worker before each step's collective; what it returns rides in the
+  /// control word (e.g. a pending generation, polled by rank 0 only).
+  void set_step_control(std::function<StepControl(const Trainer&)> control);
+  /// Installs the communicator of a new generation: this worker's vnodes follow its
+  /// rank (vnode::vnodes_of). The training state is unchanged.
+  void set_communicator(std::shared_ptr<comm::Communicator> communicator);
+  int rank() const;
+  int world_size() const;
+
+  /// The complete training state (as in a checkpoint) as bytes, for a joining worker.
+  std::string state_bytes() const;
+  /// Restores state_bytes() of a worker of the same job; throws CheckpointError.
+  void load_state_bytes(const std::string& bytes);
+
+  /// Fill StepInfo::examples_used from now on.
+  void record_examples(bool on);
 
   std::string fingerprint() const;
   int64_t step() const;  ///< steps completed so far
@@ -125,6 +169,8 @@ class Trainer {
   std::vector<int64_t> batch_indices(int64_t step) const;
 
  private:
+  void write_state(torch::serialize::OutputArchive& archive) const;
+  void read_state(torch::serialize::InputArchive& archive, const std::string& source);
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

@@ -58,6 +58,8 @@ class StatefulKernelSet {
   void end_vnode(int64_t vnode);
   /// Applies every present row of the table, in vnode order.
   void apply();
+  /// Restores the state saved by begin_step() (a step that will not complete).
+  void abort_step();
 
   /// [virtual_nodes, 1 + sum of contribution sizes]; column 0 marks a present row.
   /// Rows of vnodes held elsewhere are zero, so a sum across workers completes it.

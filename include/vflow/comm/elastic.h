@@ -1,0 +1,167 @@
+// Generations and the control plane of an elastic job (DESIGN.md §4).
+//
+// Everything elastic goes through the job's store, which the coordinator hosts:
+// resize, leave and stop requests; workers announcing that they are ready; the
+// generations the coordinator publishes; survivors reporting after a failed
+// collective. See docs/elasticity.md for the protocol.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "vflow/core/error.h"
+
+namespace vflow::comm {
+
+/// One membership of the job: who the workers are and in which rank order (a worker's
+/// vnodes follow from its rank, vnode::vnodes_of).
+struct Generation {
+  int64_t id = 0;                    ///< 1, 2, ...; each gets a fresh store prefix
+  std::vector<std::string> members;  ///< member names in rank order
+  std::string donor;                 ///< the member whose training state everyone takes
+  bool transfer_state = false;       ///< a member joined or a step was interrupted
+  bool stop = false;                 ///< too few workers remain: stop with a checkpoint
+  /// Rank of `member`, or -1 when it is not a member.
+  int rank_of(const std::string& member) const;
+  std::string describe() const;
+};
+
+/// Bounds every generation respects.
+struct JobLimits {
+  int64_t virtual_nodes = 1;
+  int64_t min_workers = 1;
+  int64_t max_workers = 1;
+};
+
+/// What `vflow-ctl status` shows.
+struct JobStatus {
+  JobLimits limits;
+  Generation generation;                ///< the latest published generation
+  int64_t step = 0;                     ///< steps completed, as rank 0 last published
+  int64_t target = 0;                   ///< the requested worker count
+  std::string state;                    ///< running | completed | stopped
+  std::map<std::string, int64_t> pids;  ///< process id of each member
+};
+
+/// A client of a job's store, typed for the elastic protocol. Every call talks to the
+/// coordinator; store errors surface as PeerFailure naming the coordinator.
+class ControlPlane {
+ public:
+  /// Connects to the job's store at host:port.
+  ControlPlane(const std::string& host, int port, std::chrono::milliseconds timeout);
+  ~ControlPlane();
+  ControlPlane(const ControlPlane&) = delete;
+  ControlPlane& operator=(const ControlPlane&) = delete;
+  const std::string& host() const { return host_; }
+  int port() const { return port_; }
+
+  // ---- requests (vflow-ctl, the library API, signals) ----
+  /// Asks for `workers` workers; throws Error when outside [min_workers, max_workers].
+  void request_resize(int64_t workers);
+  void request_stop();
+  bool stop_requested();
+  /// A worker asks to leave at the next step boundary (SIGTERM).
+  void request_leave(const std::string& member);
+  bool leave_requested(const std::string& member);
+
+  // ---- the coordinator's side ----
+  void publish_limits(const JobLimits& limits);
+  JobLimits limits();
+  /// The latest resize request as (sequence number, workers); sequence 0 when none.
+  std::pair<int64_t, int64_t> resize_request();
+  void publish(const Generation& generation);
+  void set_target(int64_t workers);
+
+  // ---- the workers' side ----
+  /// 0 before the first generation.
+  int64_t latest_generation();
+  Generation generation(int64_t id);
+  void mark_ready(const std::string& member, int64_t pid);
+  bool ready(const std::string& member);
+  void mark_joined(int64_t generation, const std::string& member);
+  bool joined(int64_t generation, const std::string& member);
+  /// After a failed collective: this member is alive at `step` (steps completed).
+  void report_survivor(int64_t generation, const std::string& member, int64_t step);
+  std::optional<int64_t> survivor_step(int64_t generation, const std::string& member);
+  bool failure_reported(int64_t generation);
+  void publish_step(int64_t step);
+  /// A counter that changes whenever a generation is published or a stop requested
+  /// (rank 0 polls it once per step).
+  int64_t news();
+  /// A counter that changes whenever something the coordinator acts on happens.
+  int64_t requests();
+  /// Marks the job finished: "completed" or "stopped".
+  void mark_done(const std::string& state);
+  /// Empty while the job runs.
+  std::string done();
+
+  JobStatus status();
+
+ private:
+  std::optional<std::string> get(const std::string& key);
+  void set(const std::string& key, const std::string& value);
+  int64_t add(const std::string& key, int64_t delta);
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  std::string host_;
+  int port_;
+};
+
+/// Options of the generation manager.
+struct ElasticOptions {
+  JobLimits limits;
+  std::chrono::milliseconds timeout{30000};  ///< how long survivors and joiners are awaited
+  bool replace_failed = false;               ///< start a joiner for each failed worker
+};
+
+/// Decides generations (runs inside the coordinator). Not thread-safe: one thread calls
+/// it, e.g. the launcher's loop every few milliseconds.
+class GenerationManager {
+ public:
+  /// `spawn` starts a joining worker process and returns its member name; null when this
+  /// coordinator cannot start processes (joiners then come from elsewhere).
+  GenerationManager(ControlPlane& control, ElasticOptions options,
+                    std::function<std::string()> spawn);
+
+  /// The first generation's members; published once all of them are ready.
+  void start(const std::vector<std::string>& members);
+  /// A member's process ended with `exit_code` (from a launcher that watches processes).
+  void on_exit(const std::string& member, int exit_code);
+  /// Publishes the next generation when one is due.
+  void tick();
+  const Generation& current() const { return current_; }
+  /// Members that joined the job but are not in the current generation any more.
+  bool is_member(const std::string& member) const { return current_.rank_of(member) >= 0; }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  void handle_failure();
+  void handle_requests();
+  std::vector<std::string> ready_joiners();
+  void spawn_joiners(int64_t wanted);
+  void publish(std::vector<std::string> members, std::string donor, bool transfer, bool stop);
+  bool established();
+
+  ControlPlane& control_;
+  ElasticOptions options_;
+  std::function<std::string()> spawn_;
+  Generation current_;
+  bool established_ = false;
+  int64_t target_ = 0;
+  int64_t resize_seq_ = 0;
+  std::set<std::string> dead_;
+  std::vector<std::string> joiners_;  // started, not yet members, alive
+  std::optional<Clock::time_point> failure_since_;
+  std::optional<Clock::time_point> short_since_;  // waiting for joiners to reach min_workers
+  int64_t seen_requests_ = -1;                    // the request counter at the last tick
+  bool dirty_ = false;                            // a member died since the last tick
+};
+
+}  // namespace vflow::comm

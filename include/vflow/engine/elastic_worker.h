@@ -1,0 +1,41 @@
+// A worker of an elastic job (DESIGN.md §4): trains through generations, regroups
+// at step boundaries, takes the training state from a donor when it joins, redoes a
+// step interrupted by a failed peer, and leaves when a generation no longer holds it.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <string>
+
+#include "vflow/engine/job_spec.h"
+#include "vflow/engine/trainer.h"
+
+namespace vflow::engine {
+
+struct ElasticWorkerOptions {
+  std::string store_host = "127.0.0.1";  ///< the coordinator's store
+  int store_port = 0;
+  std::string member;                        ///< this worker's name in the job
+  std::chrono::milliseconds timeout{30000};  ///< collectives, rendezvous, waiting for generations
+  const std::atomic<bool>* stop_flag = nullptr;   ///< set: stop the whole job (checkpoint)
+  const std::atomic<bool>* leave_flag = nullptr;  ///< set: leave at the next step boundary
+};
+
+struct ElasticOutcome {
+  enum class Kind {
+    kFinished,   ///< trained to the end, or stopped with the job
+    kLeft,       ///< a generation without this worker was published (scale-in, SIGTERM)
+    kNotNeeded,  ///< joined too late: the job finished before a generation took it in
+  };
+  Kind kind = Kind::kFinished;
+  TrainResult result;  ///< meaningful for kFinished
+};
+
+/// Runs one worker of an elastic job until it finishes or leaves. Throws PeerFailure
+/// when the coordinator is unreachable or never publishes a generation for a survivor.
+ElasticOutcome run_elastic_worker(const JobSpec& spec, const ElasticWorkerOptions& options);
+
+/// Copies the donor's complete training state to every rank of `communicator`.
+void transfer_state(Trainer& trainer, comm::Communicator& communicator, int donor);
+
+}  // namespace vflow::engine

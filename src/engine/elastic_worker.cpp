@@ -1,0 +1,176 @@
+#include "vflow/engine/elastic_worker.h"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <optional>
+#include <thread>
+
+#include "vflow/comm/elastic.h"
+#include "vflow/engine/job.h"
+
+namespace vflow::engine {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+/// Waits for a generation newer than `after` that holds `member`. Returns nullopt when
+/// the job is over, or when `member` was in the job and a newer generation left it out.
+std::optional<comm::Generation> await_generation(comm::ControlPlane& control, int64_t after,
+                                                 const std::string& member, bool was_member,
+                                                 std::chrono::milliseconds patience,
+                                                 const std::atomic<bool>* leave_flag) {
+  const auto start = Clock::now();
+  int64_t seen = after;
+  while (true) {
+    const int64_t latest = control.latest_generation();
+    if (latest > seen) {
+      auto g = control.generation(latest);
+      if (g.rank_of(member) >= 0) return g;
+      if (was_member) return std::nullopt;
+      seen = latest;  // a joiner not taken in yet keeps waiting
+    }
+    if (!control.done().empty()) return std::nullopt;
+    // A worker that holds no vnodes yet can leave at once.
+    if (!was_member && leave_flag && leave_flag->load()) return std::nullopt;
+    if (was_member && Clock::now() - start > patience) {
+      throw comm::PeerFailure(fmt::format(
+          "[elastic] worker {}: the coordinator published no generation after {} within {} s",
+          member, after, std::chrono::duration<double>(patience).count()));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+}
+
+}  // namespace
+
+void transfer_state(Trainer& trainer, comm::Communicator& communicator, int donor) {
+  const bool giving = communicator.rank() == donor;
+  std::string bytes = giving ? trainer.state_bytes() : std::string();
+  auto size = torch::tensor({static_cast<int64_t>(bytes.size())}, torch::kInt64);
+  communicator.broadcast(size, donor);
+  auto buffer = torch::empty({size.item<int64_t>()}, torch::kUInt8);
+  if (giving) std::memcpy(buffer.data_ptr<uint8_t>(), bytes.data(), bytes.size());
+  communicator.broadcast(buffer, donor);
+  if (!giving) {
+    trainer.load_state_bytes(
+        std::string(reinterpret_cast<const char*>(buffer.data_ptr<uint8_t>()), buffer.numel()));
+  }
+}
+
+ElasticOutcome run_elastic_worker(const JobSpec& spec, const ElasticWorkerOptions& options) {
+  comm::ControlPlane control(options.store_host, options.store_port, options.timeout);
+  const auto trainer = make_trainer(spec, nullptr, /*elastic=*/true);
+  trainer->set_stop_flag(options.stop_flag);
+  const std::string& me = options.member;
+
+  int64_t generation = 0;
+  bool leave_sent = false;
+  int64_t seen_news = -1;
+  Clock::time_point last_published;
+  trainer->set_step_control([&](const Trainer& t) {
+    StepControl c;
+    if (options.leave_flag && options.leave_flag->load() && !leave_sent) {
+      spdlog::info("[elastic] worker {} asked to leave at the next step boundary", me);
+      control.request_leave(me);
+      leave_sent = true;
+    }
+    if (t.rank() != 0) return c;
+    // Rank 0 polls the coordinator once per step (one round trip when nothing changed);
+    // everyone learns the outcome through the collective.
+    try {
+      const auto now = Clock::now();
+      if (now - last_published > std::chrono::milliseconds(200)) {
+        control.publish_step(t.step());
+        last_published = now;
+      }
+      const int64_t news = control.news();
+      if (news != seen_news) {
+        c.stop = control.stop_requested();
+        const int64_t latest = control.latest_generation();
+        if (latest > generation) c.next_generation = latest;
+        seen_news = news;
+      }
+    } catch (const comm::PeerFailure& e) {
+      spdlog::error("{}; stopping the job with a checkpoint", e.what());
+      c.stop = true;
+    }
+    return c;
+  });
+  control.mark_ready(me, static_cast<int64_t>(getpid()));
+  spdlog::info("[elastic] worker {} ready", me);
+
+  // Survivors wait for the coordinator to collect every report (up to its timeout).
+  const auto patience = 3 * options.timeout + std::chrono::seconds(5);
+  bool was_member = false;
+  while (true) {
+    const auto g =
+        await_generation(control, generation, me, was_member, patience, options.leave_flag);
+    if (!g) {
+      ElasticOutcome out;
+      out.kind = was_member ? ElasticOutcome::Kind::kLeft : ElasticOutcome::Kind::kNotNeeded;
+      spdlog::info("[elastic] worker {} {}", me,
+                   was_member ? "left the job" : "was not needed: the job is over");
+      return out;
+    }
+    const auto t0 = Clock::now();
+    generation = g->id;
+    std::shared_ptr<comm::Communicator> communicator;
+    try {
+      comm::Rendezvous r;
+      r.store_host = options.store_host;
+      r.store_port = options.store_port;
+      r.rank = g->rank_of(me);
+      r.world_size = static_cast<int>(g->members.size());
+      r.generation = std::to_string(g->id);
+      r.timeout = options.timeout;
+      communicator = comm::make_gloo_communicator(r);
+      control.mark_joined(g->id, me);
+      if (g->transfer_state) transfer_state(*trainer, *communicator, g->rank_of(g->donor));
+    } catch (const comm::PeerFailure& e) {
+      spdlog::warn("[elastic] worker {}: {}", me, e.what());
+      control.report_survivor(g->id, me, trainer->step());
+      continue;
+    }
+    trainer->set_communicator(communicator);
+    was_member = true;
+    spdlog::info("[elastic] worker {} is rank {} of {} in {} at step {} (regrouped in {:.3f} s)",
+                 me, communicator->rank(), communicator->size(), g->describe(), trainer->step(),
+                 seconds_since(t0));
+    if (g->stop) trainer->stop_now();
+    TrainResult result;
+    try {
+      result = trainer->run();
+    } catch (const comm::PeerFailure& e) {
+      spdlog::warn("[elastic] worker {}: {}; redoing step {} in the next generation", me, e.what(),
+                   trainer->step());
+      trainer->set_communicator(nullptr);
+      communicator.reset();  // closes this worker's connections, so peers notice at once
+      control.report_survivor(g->id, me, trainer->step());
+      continue;
+    }
+    if (result.next_generation > 0) continue;
+    if (trainer->rank() == 0) {
+      try {
+        control.publish_step(trainer->step());
+        control.mark_done(result.completed ? "completed" : "stopped");
+      } catch (const comm::PeerFailure& e) {
+        spdlog::warn("{}", e.what());  // the coordinator is gone; the result stands
+      }
+    }
+    ElasticOutcome out;
+    out.result = result;
+    return out;
+  }
+}
+
+}  // namespace vflow::engine

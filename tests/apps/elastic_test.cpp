@@ -1,0 +1,257 @@
+// Elasticity and failures (DESIGN.md §4), with real worker processes on loopback: a
+// deterministic job resized, killed into and preempted while it trains ends with the
+// fingerprint of an undisturbed run.
+#include "vflow/comm/elastic.h"
+
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <fstream>
+#include <map>
+#include <numeric>
+#include <sstream>
+#include <thread>
+
+#include "apps/multiworker_support.h"
+#include "support.h"
+
+using namespace vflow::testing;
+
+namespace {
+
+// Long enough (a few seconds) for several generations to come and go while it trains.
+const std::string kLongJob = kJob + kDeterministic +
+                             " --set semantic.steps=1500 --set resources.timeout_s=10" +
+                             " --set output.logging.every_steps=1";
+
+std::string reference_fingerprint(const std::string& extra = "") {
+  const auto r = run_command(kTrain + kLongJob + extra);
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  const auto fps = fingerprints_in(r.output);
+  REQUIRE(fps.size() == 1);
+  return *fps.begin();
+}
+
+/// Starts the job with `workers` workers on a known port, waits for its first step,
+/// runs the shell `actions` (with $CTL, $A = the job's address, and the helper
+/// `await_workers K`), waits for the launcher and prints "exit=<code>".
+CommandResult elastic_job(const TempDir& dir, int workers, const std::string& extra,
+                          const std::string& actions) {
+  const int port = free_port();
+  // The helpers give up as soon as the coordinator is gone (the job ended).
+  const std::string script =
+      "CTL=\"" + kCtl + " --timeout 2\"; A=127.0.0.1:" + std::to_string(port) +
+      "\nstatus() { $CTL status $A 2>/dev/null; }"
+      "\nawait_workers() { for i in $(seq 300); do out=$(status) || { echo \"GONE waiting for $1 "
+      "workers\"; return 1; }; echo \"$out\" | grep -qx \"workers $1\" && return 0; sleep 0.05; "
+      "done; echo \"TIMEOUT waiting for $1 workers\"; }"
+      "\nawait_step() { for i in $(seq 600); do s=$(status | sed -n 's/^step //p'); [ -n \"$s\" ] "
+      "&& [ \"$s\" -ge $1 ] && return 0; sleep 0.05; done; }\n" +
+      kTrain + kLongJob + extra + " --set output.logging.metrics=" + dir.file("m.jsonl") +
+      " --workers " + std::to_string(workers) + " --port " + std::to_string(port) +
+      " & pid=$!\nawait_step 20\n" + actions + "\nwait $pid; echo \"exit=$?\"\n";
+  write_file(dir.file("job.sh"), script);
+  return run_command("bash " + dir.file("job.sh"));
+}
+
+/// Shell: sends `signal` to the worker that has rank `rank` now.
+std::string kill_rank(int rank, const std::string& signal) {
+  return "kill -" + signal + " $(status | sed -n 's/^rank " + std::to_string(rank) +
+         " worker .* pid //p')";
+}
+
+/// No process of this job is left (its temp dir is in every worker's command line).
+bool nothing_left(const TempDir& dir) {
+  return run_command("ps -eo args | grep -c '[v]flow-train.*" + dir.path() + "'").output == "0\n";
+}
+
+/// The example log as {(step, vnode) -> indices}; fails on a duplicate (step, vnode).
+std::map<std::pair<int64_t, int64_t>, std::vector<int64_t>> read_example_log(
+    const std::string& path) {
+  std::map<std::pair<int64_t, int64_t>, std::vector<int64_t>> log;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream fields(line);
+    int64_t step = 0, vnode = 0, index = 0;
+    fields >> step >> vnode;
+    std::vector<int64_t> indices;
+    while (fields >> index) indices.push_back(index);
+    const bool fresh = log.emplace(std::make_pair(step, vnode), indices).second;
+    CAPTURE(step, vnode);
+    CHECK(fresh);  // no vnode of any step ran twice
+  }
+  return log;
+}
+
+}  // namespace
+
+TEST_CASE("a job resized 2 -> 3 -> 1 -> 4 ends with the undisturbed fingerprint",
+          "[multiproc][elastic]") {
+  const auto reference = reference_fingerprint();
+  TempDir dir;
+  const auto r = elastic_job(dir, 2, "",
+                             "$CTL resize $A 3; await_workers 3; $CTL resize $A 1; await_workers "
+                             "1; $CTL resize $A 4; await_workers 4");
+  INFO(r.output);
+  CHECK_THAT(r.output, Catch::Matchers::Contains("exit=0"));
+  CHECK_THAT(r.output, !Catch::Matchers::Contains("TIMEOUT") && !Catch::Matchers::Contains("GONE"));
+  CHECK_THAT(r.output, Catch::Matchers::Contains("published generation 4: 4 worker(s)"));
+  CHECK(fingerprints_in(r.output) == std::set<std::string>{reference});
+  CHECK(count_matches(r.output, "fingerprint ") == 4);  // the last generation's workers
+  CHECK(count_matches(r.output, "left the job") == 2);  // the scale-in to 1
+  CHECK(nothing_left(dir));
+}
+
+TEST_CASE("a SIGKILLed worker is survived: the step is redone, nothing is lost",
+          "[multiproc][elastic]") {
+  const auto reference = reference_fingerprint();
+  TempDir dir;
+  const auto r = elastic_job(dir, 3, " --set output.logging.examples=" + dir.file("examples.log"),
+                             kill_rank(1, "KILL") + "; await_workers 2");
+  INFO(r.output);
+  CHECK_THAT(r.output, Catch::Matchers::Contains("exit=0"));
+  CHECK_THAT(r.output, Catch::Matchers::Contains("died (status 137)"));
+  CHECK_THAT(r.output, Catch::Matchers::Contains("in the next generation"));
+  CHECK(fingerprints_in(r.output) == std::set<std::string>{reference});
+  CHECK(nothing_left(dir));
+
+  // Exactly once: every (step, vnode) ran once, and each epoch used every example once.
+  const auto log = read_example_log(dir.file("examples.log"));
+  CHECK(log.size() == 1500 * 12);
+  const int64_t steps_per_epoch = 13;  // 600 examples, B = 48: 12 full batches and a tail of 24
+  std::map<int64_t, std::vector<int64_t>> uses;  // epoch -> indices
+  for (const auto& [key, indices] : log) {
+    auto& u = uses[key.first / steps_per_epoch];
+    u.insert(u.end(), indices.begin(), indices.end());
+  }
+  for (auto& [epoch, indices] : uses) {
+    if (epoch == 1500 / steps_per_epoch) continue;  // the last epoch is cut short by steps
+    CAPTURE(epoch);
+    std::sort(indices.begin(), indices.end());
+    std::vector<int64_t> all(600);
+    std::iota(all.begin(), all.end(), 0);
+    CHECK(indices == all);
+  }
+}
+
+TEST_CASE("a failed worker is replaced when resources.replace_failed is set",
+          "[multiproc][elastic]") {
+  TempDir dir;
+  const auto r = elastic_job(dir, 2, " --set resources.replace_failed=true",
+                             kill_rank(1, "KILL") + "; await_workers 2");
+  INFO(r.output);
+  CHECK_THAT(r.output, Catch::Matchers::Contains("exit=0"));
+  CHECK_THAT(r.output, !Catch::Matchers::Contains("TIMEOUT") && !Catch::Matchers::Contains("GONE"));
+  CHECK_THAT(r.output, Catch::Matchers::Contains("2 worker(s) [0,2], state from 0"));
+  CHECK(fingerprints_in(r.output) == std::set<std::string>{reference_fingerprint()});
+}
+
+TEST_CASE("SIGTERM to a worker is a graceful leave, not a failure", "[multiproc][elastic]") {
+  TempDir dir;
+  const auto r = elastic_job(dir, 3, "", kill_rank(2, "TERM") + "; await_workers 2");
+  INFO(r.output);
+  CHECK_THAT(r.output, Catch::Matchers::Contains("exit=0"));
+  CHECK_THAT(r.output, Catch::Matchers::Contains("[worker 2] ") &&
+                           Catch::Matchers::Contains("worker 2 left the job"));
+  CHECK_THAT(r.output, !Catch::Matchers::Contains("died"));
+  CHECK(fingerprints_in(r.output) == std::set<std::string>{reference_fingerprint()});
+}
+
+TEST_CASE("a resize storm finishes without a hang or a leaked process", "[multiproc][elastic]") {
+  TempDir dir;
+  const int port = free_port();
+  CommandResult job;
+  std::thread launcher([&] {
+    job = run_command(kTrain + kLongJob + " --workers 2 --port " + std::to_string(port) +
+                      " --set output.logging.metrics=" + dir.file("m.jsonl"));
+  });
+  // Through the library API: a request at every step the job takes, for 50 steps,
+  // cycling through 1..4 workers.
+  int requests = 0;
+  try {
+    std::unique_ptr<vflow::comm::ControlPlane> control;
+    for (int attempt = 0; attempt < 100 && !control; ++attempt) {
+      try {
+        control =
+            std::make_unique<vflow::comm::ControlPlane>("127.0.0.1", port, std::chrono::seconds(2));
+        control->limits();  // the coordinator has published the job
+      } catch (const std::exception&) {
+        control.reset();
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      }
+    }
+    REQUIRE(control);
+    int64_t last = -1;
+    while (requests < 50 && control->done().empty()) {
+      const int64_t step = control->status().step;
+      if (step == last) continue;
+      control->request_resize(requests % 4 + 1);
+      last = step;
+      ++requests;
+    }
+  } catch (const std::exception& e) {
+    FAIL_CHECK(e.what());
+  }
+  launcher.join();
+  INFO(job.output);
+  CHECK(requests == 50);
+  CHECK(job.exit_code == 0);
+  CHECK(fingerprints_in(job.output) == std::set<std::string>{reference_fingerprint()});
+  CHECK(nothing_left(dir));
+}
+
+TEST_CASE("resize requests outside min_workers..max_workers are refused clearly",
+          "[multiproc][elastic]") {
+  TempDir dir;
+  const auto r =
+      elastic_job(dir, 2, " --set resources.min_workers=2 --set resources.max_workers=3",
+                  "$CTL resize $A 4; echo \"resize4=$?\"; $CTL resize $A 1; echo \"resize1=$?\"");
+  INFO(r.output);
+  CHECK_THAT(r.output,
+             Catch::Matchers::Contains("resize4=1") && Catch::Matchers::Contains("resize1=1"));
+  CHECK_THAT(r.output,
+             Catch::Matchers::Contains("cannot resize to 4 workers: this job allows 2 to 3"));
+  CHECK_THAT(r.output, Catch::Matchers::Contains("exit=0"));
+}
+
+TEST_CASE("below min_workers after a failure the job stops with a checkpoint",
+          "[multiproc][elastic]") {
+  TempDir dir;
+  const auto r = elastic_job(
+      dir, 2, " --set resources.min_workers=2 --set output.checkpoint.dir=" + dir.file("ck"),
+      kill_rank(1, "KILL"));
+  INFO(r.output);
+  CHECK_THAT(r.output, Catch::Matchers::Contains("below resources.min_workers = 2; stopping"));
+  CHECK_THAT(r.output, Catch::Matchers::Contains("[checkpoint] wrote"));
+  CHECK_THAT(r.output, Catch::Matchers::Contains("exit=5"));
+  CHECK(nothing_left(dir));
+}
+
+TEST_CASE("a checkpoint written on 3 workers resumes on 2 with the same trajectory",
+          "[multiproc][elastic]") {
+  const auto reference = reference_fingerprint();
+  TempDir dir;
+  const std::string ck = " --set output.checkpoint.dir=" + dir.path() +
+                         " --set output.checkpoint.every_steps=500 --set output.checkpoint.keep=5";
+  const auto first = run_command(kTrain + kLongJob + ck + " --workers 3");
+  INFO(first.output);
+  REQUIRE(first.exit_code == 0);
+  const auto resumed =
+      run_command(kTrain + kLongJob + ck + " --workers 2 --resume " + dir.file("step-00000500.pt"));
+  INFO(resumed.output);
+  CHECK(resumed.exit_code == 0);
+  CHECK_THAT(resumed.output, Catch::Matchers::Contains("resumed from"));
+  CHECK(fingerprints_in(resumed.output) == std::set<std::string>{reference});
+}
+
+TEST_CASE("when the coordinator dies the workers stop with a checkpoint, none hangs",
+          "[multiproc][elastic]") {
+  TempDir dir;
+  const auto r = elastic_job(dir, 3, " --set output.checkpoint.dir=" + dir.file("ck"),
+                             "kill -KILL $pid; sleep 8; ls " + dir.file("ck"));
+  INFO(r.output);
+  CHECK_THAT(r.output, Catch::Matchers::Contains("exit=137"));
+  CHECK_THAT(r.output, Catch::Matchers::Contains("step-"));
+  CHECK(nothing_left(dir));
+}
