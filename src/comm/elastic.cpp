@@ -351,12 +351,14 @@ void GenerationManager::handle_failure() {
   std::vector<std::string> alive;
   std::string donor;
   int64_t donor_step = -1;
+  std::set<int64_t> steps;
   size_t expected = 0;
   for (const auto& m : current_.members) {
     if (dead_.count(m) == 0) ++expected;
     const auto step = control_.survivor_step(current_.id, m);
     if (!step) continue;
     alive.push_back(m);
+    steps.insert(*step);
     if (*step > donor_step) {  // the member furthest ahead (first on ties)
       donor_step = *step;
       donor = m;
@@ -365,9 +367,14 @@ void GenerationManager::handle_failure() {
   if (alive.size() < expected && now - *failure_since_ < options_.timeout) return;
   if (!options_.replace_failed) target_ = std::max<int64_t>(1, static_cast<int64_t>(alive.size()));
   spawn_joiners(std::max<int64_t>(0, target_ - static_cast<int64_t>(alive.size())));
+  // Survivors at one step hold the same state; otherwise the ones behind take the donor's.
+  bool transfer = steps.size() > 1;
   // Joiners that are ready now come in; the rest join in a later generation.
   for (const auto& j : ready_joiners()) {
-    if (static_cast<int64_t>(alive.size()) < target_) alive.push_back(j);
+    if (static_cast<int64_t>(alive.size()) < target_) {
+      alive.push_back(j);
+      transfer = true;
+    }
   }
   if (alive.empty()) {
     spdlog::error("[elastic] no worker of generation {} survived", current_.id);
@@ -383,7 +390,7 @@ void GenerationManager::handle_failure() {
                   alive.size(), options_.limits.min_workers);
   }
   control_.set_target(target_);
-  publish(alive, donor, true, too_few);
+  publish(alive, donor, transfer, too_few);
 }
 
 void GenerationManager::handle_requests() {
