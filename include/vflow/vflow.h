@@ -18,6 +18,8 @@
 #include "vflow/engine/observers.h"
 #include "vflow/engine/optimizer.h"
 #include "vflow/engine/trainer.h"
+#include "vflow/hetero/planner.h"
+#include "vflow/hetero/profile.h"
 #include "vflow/models/convnet.h"
 #include "vflow/models/mlp.h"
 #include "vflow/models/registry.h"

@@ -396,6 +396,16 @@ const SpecNode& OptionReader::section(const std::string& key) {
   return *n;
 }
 
+const std::vector<SpecNode>& OptionReader::list(const std::string& key) {
+  static const std::vector<SpecNode> empty;
+  const SpecNode* n = lookup(key);
+  if (!n) return empty;
+  if (!n->is_sequence()) {
+    throw SpecError(fmt::format("{}: expected a list", n->describe()));
+  }
+  return n->items();
+}
+
 void OptionReader::finish() const {
   for (const auto& [k, v] : node_.entries()) {
     if (std::find(known_.begin(), known_.end(), k) == known_.end()) {

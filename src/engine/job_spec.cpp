@@ -301,6 +301,20 @@ void parse_output(const SpecNode& node, OutputSpec& out) {
 
 std::string JobSpec::semantic_yaml() const { return semantic_tree(semantic).to_yaml(); }
 
+std::string JobSpec::model_digest() const {
+  std::string text;
+  const SpecNode tree = semantic_tree(semantic);
+  for (const auto& [key, node] : tree.entries()) {
+    if (key == "model" || key == "data") text += key + ":\n" + node.to_yaml(2);
+  }
+  uint64_t hash = 14695981039346656037ULL;  // FNV-1a, stable across builds
+  for (const unsigned char c : text) {
+    hash ^= c;
+    hash *= 1099511628211ULL;
+  }
+  return fmt::format("{:016x}", hash);
+}
+
 JobSpec parse_job_spec(const SpecNode& root, bool check_components) {
   OptionReader r(root);
   JobSpec spec;

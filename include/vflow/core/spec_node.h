@@ -101,6 +101,8 @@ class OptionReader {
                                     int64_t min, int64_t max);
   /// A nested section (a map or absent); marks the key as known.
   const SpecNode& section(const std::string& key);
+  /// A nested list (empty when absent); marks the key as known.
+  const std::vector<SpecNode>& list(const std::string& key);
 
   /// Throws SpecError on the first key that no getter asked for.
   void finish() const;

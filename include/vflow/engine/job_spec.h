@@ -112,6 +112,8 @@ struct JobSpec {
   /// Canonical YAML of the semantic part, defaults included: two jobs with the same
   /// text follow the same trajectory. Stored in checkpoints to refuse a mismatched resume.
   std::string semantic_yaml() const;
+  /// A digest of the model and data parts alone: what a device profile was measured with.
+  std::string model_digest() const;
 };
 
 /// The built-in default job: a ConvNet on Fashion-MNIST.

@@ -1,0 +1,15 @@
+// CPU workers slowed by a CPU quota (Linux cgroup cpu controller), so that slower and
+// faster CPU "device types" can be profiled and trained with on one machine.
+#pragma once
+
+#include <string>
+
+namespace vflow::hetero {
+
+/// Moves this process into a cgroup of its own named `name` whose CPU time is limited
+/// to `cores` cores (e.g. 0.5). Uses cgroup v2 (cpu.max) or v1 (cpu.cfs_quota_us),
+/// whichever is mounted and writable. Throws Error naming what is missing when the
+/// machine does not allow it (no cpu controller, not root).
+void apply_cpu_quota(double cores, const std::string& name);
+
+}  // namespace vflow::hetero

@@ -1,0 +1,67 @@
+// The batch-split planner (DESIGN.md §5, "Plan"): how many vnodes each worker of a
+// heterogeneous inventory runs so that the predicted step time is smallest.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "vflow/hetero/profile.h"
+
+namespace vflow::hetero {
+
+/// Devices of one type.
+struct DeviceGroup {
+  std::string device_type;       ///< a key of PlanRequest::profiles
+  int64_t count = 1;             ///< devices (workers) of this type
+  int64_t memory_cap_bytes = 0;  ///< peak memory one vnode may use; 0 = no limit
+};
+
+struct PlanRequest {
+  int64_t global_batch = 0;   ///< B
+  int64_t virtual_nodes = 0;  ///< N; exact mode keeps every vnode at B / N examples
+  std::vector<DeviceGroup> inventory;
+  std::map<std::string, DeviceProfile> profiles;  ///< by device type
+  std::string model;  ///< when set, every profile must have been measured with it
+};
+
+/// One worker's share of the step.
+struct WorkerShare {
+  std::string device_type;
+  int64_t vnodes = 0;
+};
+
+struct Plan {
+  std::vector<WorkerShare> workers;   ///< workers with at least one vnode
+  double predicted_step_seconds = 0;  ///< slowest worker + optimizer step + allreduce
+  std::string describe() const;       ///< one line per device type
+};
+
+/// Predicted step time of an assignment: the slowest worker's vnodes and optimizer
+/// step, plus one allreduce when more than one worker takes part (the slowest type's
+/// measured allreduce).
+double predict_step_seconds(const PlanRequest& request, const std::vector<WorkerShare>& shares);
+
+/// Exact mode: equal vnode sizes (so DESIGN.md §2 holds bitwise), per-worker vnode
+/// counts that minimise the predicted step time. The smallest feasible step time is
+/// found by binary search over the candidate times (a worker of type t finishes k
+/// vnodes at optimizer_t + k·t_t(b)); a single worker is also considered, since it
+/// saves the allreduce. A device type may be left unused. Throws Error for an
+/// invalid request (a profile missing or for another model, no type whose memory
+/// cap fits a vnode, an empty inventory).
+Plan plan_exact(const PlanRequest& request);
+
+/// What simpler rules would predict, for comparison.
+struct Baselines {
+  double even_split = 0;    ///< every device, vnodes spread evenly in inventory order
+  double proportional = 0;  ///< counts proportional to each type's single-device throughput
+  double fastest_type_alone = 0;  ///< the best single device type, all its devices, even split
+  std::string fastest_type;
+};
+Baselines baselines(const PlanRequest& request);
+
+/// The worker list of an inventory, in inventory order (one entry per device).
+std::vector<std::string> expand_inventory(const std::vector<DeviceGroup>& inventory);
+
+}  // namespace vflow::hetero

@@ -1,0 +1,36 @@
+// Device profiles (DESIGN.md §5, "Profile"): what one vnode costs on one device type.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace vflow::hetero {
+
+/// The measured costs of one model on one device type. Written by vflow-profile, read
+/// by the planner; the file format is in docs/heterogeneous.md.
+struct DeviceProfile {
+  struct Point {
+    int64_t vnode_size = 0;  ///< examples in the vnode
+    double seconds = 0;      ///< forward + backward + accumulation of one vnode
+    int64_t peak_bytes = 0;  ///< peak memory while processing it (0 = not measured)
+  };
+  std::string device_type;       ///< e.g. "cpu-1t" or "cuda-H200"
+  std::string model;             ///< digest of the model and data part it was measured with
+  std::vector<Point> points;     ///< ascending vnode sizes
+  double optimizer_seconds = 0;  ///< one optimizer step (and the stateful-kernel update)
+  double allreduce_seconds = 0;  ///< one allreduce of the gradient buffer between 2 workers
+
+  /// Time of one vnode of `size` examples: linear between measured sizes, proportional
+  /// to the size below the smallest; throws Error above the largest measured size.
+  double vnode_seconds(int64_t size) const;
+  /// Peak memory for a vnode of `size` (same interpolation; 0 when not measured).
+  int64_t vnode_peak_bytes(int64_t size) const;
+};
+
+/// Reads a profile file; errors name the file, line and key.
+DeviceProfile load_profile(const std::string& path);
+/// Writes `profile` as YAML (atomically).
+void save_profile(const DeviceProfile& profile, const std::string& path);
+
+}  // namespace vflow::hetero

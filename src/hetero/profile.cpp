@@ -1,0 +1,104 @@
+#include "vflow/hetero/profile.h"
+
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <fstream>
+
+#include "vflow/core/error.h"
+#include "vflow/core/spec_node.h"
+
+namespace vflow::hetero {
+
+namespace {
+
+/// Linear interpolation of `value` over the measured sizes (through the origin below
+/// the smallest one).
+template <typename Value>
+double interpolate(const DeviceProfile& p, int64_t size, Value value) {
+  if (p.points.empty()) {
+    throw Error(fmt::format("profile of {} has no measurements", p.device_type));
+  }
+  const auto& first = p.points.front();
+  if (size <= first.vnode_size) {
+    return static_cast<double>(value(first)) * static_cast<double>(size) /
+           static_cast<double>(first.vnode_size);
+  }
+  for (size_t i = 1; i < p.points.size(); ++i) {
+    const auto& a = p.points[i - 1];
+    const auto& b = p.points[i];
+    if (size <= b.vnode_size) {
+      const double f = static_cast<double>(size - a.vnode_size) /
+                       static_cast<double>(b.vnode_size - a.vnode_size);
+      return static_cast<double>(value(a)) +
+             f * (static_cast<double>(value(b)) - static_cast<double>(value(a)));
+    }
+  }
+  throw Error(fmt::format(
+      "profile of {} was measured up to vnode size {}; profile again with larger sizes to plan "
+      "vnodes of {}",
+      p.device_type, p.points.back().vnode_size, size));
+}
+
+}  // namespace
+
+double DeviceProfile::vnode_seconds(int64_t size) const {
+  return interpolate(*this, size, [](const Point& p) { return p.seconds; });
+}
+
+int64_t DeviceProfile::vnode_peak_bytes(int64_t size) const {
+  return static_cast<int64_t>(
+      interpolate(*this, size, [](const Point& p) { return p.peak_bytes; }));
+}
+
+DeviceProfile load_profile(const std::string& path) {
+  const SpecNode root = load_yaml_file(path);
+  OptionReader r(root);
+  DeviceProfile p;
+  p.device_type = r.get_string("device_type", "");
+  p.model = r.get_string("model", "");
+  p.optimizer_seconds = r.get_double("optimizer_seconds", 0, 0, 1e9);
+  p.allreduce_seconds = r.get_double("allreduce_seconds", 0, 0, 1e9);
+  if (p.device_type.empty()) r.fail("device_type", "a profile names its device type");
+  const auto& points = r.list("points");
+  if (points.empty()) {
+    r.fail("points", "a profile needs a list of {vnode_size, seconds, peak_bytes} measurements");
+  }
+  for (const auto& item : points) {
+    OptionReader pr(item);
+    DeviceProfile::Point point;
+    point.vnode_size = pr.get_int("vnode_size", 0, 1, int64_t{1} << 40);
+    point.seconds = pr.get_double("seconds", 0, 0, 1e9);
+    point.peak_bytes = pr.get_int("peak_bytes", 0, 0, int64_t{1} << 62);
+    pr.finish();
+    if (!p.points.empty() && point.vnode_size <= p.points.back().vnode_size) {
+      pr.fail("vnode_size", "measurements must be in ascending vnode_size order");
+    }
+    p.points.push_back(point);
+  }
+  r.finish();
+  return p;
+}
+
+void save_profile(const DeviceProfile& p, const std::string& path) {
+  std::string text = fmt::format(
+      "# vflow device profile (docs/heterogeneous.md)\n"
+      "device_type: {}\nmodel: {}\noptimizer_seconds: {:.9g}\nallreduce_seconds: {:.9g}\n"
+      "points:\n",
+      p.device_type, p.model, p.optimizer_seconds, p.allreduce_seconds);
+  for (const auto& point : p.points) {
+    text += fmt::format("  - {{vnode_size: {}, seconds: {:.9g}, peak_bytes: {}}}\n",
+                        point.vnode_size, point.seconds, point.peak_bytes);
+  }
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp);
+    out << text;
+    if (!out.flush()) throw Error(fmt::format("cannot write profile {}", tmp));
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    throw Error(fmt::format("cannot rename {} to {}", tmp, path));
+  }
+}
+
+}  // namespace vflow::hetero

@@ -1,0 +1,161 @@
+// The exact-mode planner against brute force, its baselines and its errors.
+#include "vflow/hetero/planner.h"
+
+#include <catch2/catch.hpp>
+#include <functional>
+#include <limits>
+
+#include "support.h"
+#include "vflow/core/error.h"
+
+using namespace vflow::hetero;
+
+namespace {
+
+/// A profile whose vnode time is `fixed + per_example * size` (measured at a few sizes).
+DeviceProfile profile(const std::string& type, double fixed, double per_example, double optimizer,
+                      double allreduce, int64_t bytes_per_example = 0) {
+  DeviceProfile p;
+  p.device_type = type;
+  p.model = "m";
+  p.optimizer_seconds = optimizer;
+  p.allreduce_seconds = allreduce;
+  for (int64_t size : {1, 4, 16, 64, 256}) {
+    p.points.push_back(
+        {size, fixed + per_example * static_cast<double>(size), bytes_per_example * size});
+  }
+  return p;
+}
+
+/// The best predicted step time over every way to give N vnodes to the devices.
+double brute_force(const PlanRequest& r) {
+  const auto workers = expand_inventory(r.inventory);
+  std::vector<WorkerShare> shares;
+  for (const auto& w : workers) shares.push_back({w, 0});
+  double best = std::numeric_limits<double>::infinity();
+  std::function<void(size_t, int64_t)> go = [&](size_t i, int64_t left) {
+    if (i + 1 == shares.size()) {
+      shares[i].vnodes = left;
+      best = std::min(best, predict_step_seconds(r, shares));
+      return;
+    }
+    for (int64_t k = 0; k <= left; ++k) {
+      shares[i].vnodes = k;
+      go(i + 1, left - k);
+    }
+  };
+  go(0, r.virtual_nodes);
+  return best;
+}
+
+PlanRequest request(int64_t n, std::vector<DeviceGroup> inventory,
+                    std::vector<DeviceProfile> profiles) {
+  PlanRequest r;
+  r.virtual_nodes = n;
+  r.global_batch = 8 * n;
+  r.inventory = std::move(inventory);
+  for (auto& p : profiles) r.profiles[p.device_type] = p;
+  r.model = "m";
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("the exact planner matches brute force on small inventories", "[unit][hetero]") {
+  const std::vector<DeviceProfile> profiles = {profile("fast", 0.002, 0.001, 0.010, 0.004),
+                                               profile("slow", 0.003, 0.0035, 0.012, 0.006),
+                                               profile("tiny", 0.001, 0.009, 0.002, 0.001)};
+  int cases = 0;
+  for (int64_t n : {1, 2, 3, 5, 8, 12}) {
+    for (int64_t fast = 0; fast <= 2; ++fast) {
+      for (int64_t slow = 0; slow <= 3; ++slow) {
+        for (int64_t tiny = 0; tiny <= 1; ++tiny) {
+          std::vector<DeviceGroup> inv;
+          if (fast) inv.push_back({"fast", fast, 0});
+          if (slow) inv.push_back({"slow", slow, 0});
+          if (tiny) inv.push_back({"tiny", tiny, 0});
+          if (inv.empty()) continue;
+          const auto r = request(n, inv, profiles);
+          const auto plan = plan_exact(r);
+          CAPTURE(n, fast, slow, tiny, plan.describe());
+          int64_t total = 0;
+          for (const auto& w : plan.workers) total += w.vnodes;
+          CHECK(total == n);
+          CHECK(plan.predicted_step_seconds == Approx(predict_step_seconds(r, plan.workers)));
+          CHECK(plan.predicted_step_seconds == Approx(brute_force(r)).epsilon(1e-12));
+          ++cases;
+        }
+      }
+    }
+  }
+  CHECK(cases > 80);
+}
+
+TEST_CASE("the planner leaves out a type that only slows the step", "[unit][hetero]") {
+  // A very slow device would add its whole per-vnode time and the allreduce.
+  const auto r = request(4, {{"fast", 2, 0}, {"tiny", 1, 0}},
+                         {profile("fast", 0, 0.01, 0.001, 0.002), profile("tiny", 0, 1.0, 0, 0)});
+  const auto plan = plan_exact(r);
+  for (const auto& w : plan.workers) CHECK(w.device_type == "fast");
+  const auto base = baselines(r);
+  CHECK(base.fastest_type == "fast");
+  CHECK(plan.predicted_step_seconds < base.even_split);
+  CHECK(plan.predicted_step_seconds <= base.proportional);
+  CHECK(plan.predicted_step_seconds <= base.fastest_type_alone);
+}
+
+TEST_CASE("a mixed inventory beats its fastest type alone when the slow type helps",
+          "[unit][hetero]") {
+  // 2 fast + 8 slow devices, the slow ones 4x slower: VirtualFlow's 2 V100 + 8 P100 shape.
+  const auto r =
+      request(64, {{"fast", 2, 0}, {"slow", 8, 0}},
+              {profile("fast", 0, 0.001, 0.002, 0.003), profile("slow", 0, 0.004, 0.002, 0.003)});
+  const auto plan = plan_exact(r);
+  const auto base = baselines(r);
+  CHECK(plan.predicted_step_seconds < base.fastest_type_alone);
+  CHECK(plan.predicted_step_seconds < base.even_split);
+  int64_t on_slow = 0;
+  for (const auto& w : plan.workers) on_slow += w.device_type == "slow" ? w.vnodes : 0;
+  CHECK(on_slow > 0);
+}
+
+TEST_CASE("memory caps exclude device types; nothing fitting is an error", "[unit][hetero]") {
+  auto profiles = std::vector<DeviceProfile>{profile("big", 0, 0.001, 0, 0, 1000),
+                                             profile("small", 0, 0.0001, 0, 0, 1000)};
+  // vnodes of 8 examples need 8000 bytes: "small" (cap 4000) cannot run them.
+  const auto r = request(8, {{"big", 1, 0}, {"small", 2, 4000}}, profiles);
+  const auto plan = plan_exact(r);
+  for (const auto& w : plan.workers) CHECK(w.device_type == "big");
+  const auto none = request(8, {{"small", 2, 4000}}, profiles);
+  CHECK_THROWS_WITH(plan_exact(none),
+                    Catch::Matchers::Contains("no device type can hold a vnode of 8 examples"));
+}
+
+TEST_CASE("bad plan requests are refused clearly", "[unit][hetero]") {
+  auto r = request(8, {{"gpu", 1, 0}}, {profile("cpu", 0, 0.001, 0, 0)});
+  CHECK_THROWS_WITH(plan_exact(r), Catch::Matchers::Contains("no profile for device type 'gpu'"));
+  r = request(8, {{"cpu", 1, 0}}, {profile("cpu", 0, 0.001, 0, 0)});
+  r.model = "other";
+  CHECK_THROWS_WITH(plan_exact(r), Catch::Matchers::Contains("measured with model m but this "
+                                                             "job's model is other"));
+  r = request(8, {{"cpu", 1, 0}}, {profile("cpu", 0, 0.001, 0, 0)});
+  r.global_batch = 4096;  // vnodes of 512 examples: beyond the measured 256
+  CHECK_THROWS_WITH(plan_exact(r), Catch::Matchers::Contains("measured up to vnode size 256"));
+}
+
+TEST_CASE("profiles round-trip through their file and bad files name the line", "[unit][hetero]") {
+  vflow::testing::TempDir dir;
+  const auto p = profile("cpu-1t", 0.001, 0.0002, 0.003, 0.004, 4096);
+  save_profile(p, dir.file("p.yaml"));
+  const auto q = load_profile(dir.file("p.yaml"));
+  CHECK(q.device_type == "cpu-1t");
+  CHECK(q.points.size() == p.points.size());
+  CHECK(q.vnode_seconds(32) == Approx(p.vnode_seconds(32)));
+  CHECK(q.vnode_peak_bytes(32) == p.vnode_peak_bytes(32));
+  vflow::testing::write_file(dir.file("bad.yaml"),
+                             "device_type: cpu\npoints:\n  - {vnode_size: 8, seconds: 0.1}\n"
+                             "  - {vnode_size: 4, seconds: 0.2}\n");
+  CHECK_THROWS_WITH(
+      load_profile(dir.file("bad.yaml")),
+      Catch::Matchers::Contains("bad.yaml:4") && Catch::Matchers::Contains("ascending vnode_size"));
+}
