@@ -350,7 +350,8 @@ int launch_local(const LaunchOptions& options) {
   if (failure != 0) return failure;
   const std::string done = control.done();
   if (done == "completed") return 0;
-  if (stop_sent) return 130;
+  // Stopped on request: a signal to this launcher, or `vflow-ctl stop` (the control plane).
+  if (stop_sent || control.stop_requested()) return 130;
   spdlog::error("[launch] the job ended {}", done.empty() ? "without finishing" : done);
   return 5;
 }
