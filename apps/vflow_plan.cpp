@@ -70,6 +70,11 @@ int main(int argc, char** argv) {
         std::cout << t << " s (plan is " << t / plan.predicted_step_seconds << "x faster)\n";
       }
     };
+    std::cout << "as the job's resources part (add threads / cpu_quota per device type):\n"
+              << "resources:\n  workers: " << plan.workers.size() << "\n  layout:\n";
+    for (const auto& w : plan.workers) {
+      std::cout << "    - {vnodes: " << w.vnodes << "}  # " << w.device_type << "\n";
+    }
     std::cout << "baselines:\n";
     line("even split over every device", base.even_split);
     line("split proportional to throughput", base.proportional);

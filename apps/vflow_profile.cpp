@@ -120,6 +120,7 @@ int main(int argc, char** argv) {
     std::cerr << "optimizer step " << optimizer * 1e3 << " ms, allreduce of " << numel << " floats "
               << profile.allreduce_seconds * 1e3 << " ms\n";
     vflow::hetero::save_profile(profile, out);
+    if (cpu_quota > 0) vflow::hetero::release_cpu_quota("vflow-" + device_type);
     std::cout << "wrote " << out << " (model " << profile.model << ")\n";
     return 0;
   } catch (const vflow::SpecError& e) {

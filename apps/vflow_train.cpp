@@ -1,12 +1,15 @@
 // vflow-train: train a job spec. Parse, validate, build, run, map the outcome to an exit code.
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <atomic>
 #include <csignal>
+#include <cstdlib>
 #include <iostream>
 
+#include "vflow/hetero/cpu_quota.h"
 #include "vflow/vflow.h"
 
 namespace {
@@ -60,9 +63,28 @@ vflow::comm::JobLimits limits_of(const vflow::engine::JobSpec& spec) {
   return limits;
 }
 
-int run_as_elastic_worker(const vflow::engine::JobSpec& spec,
+/// A worker of a planned layout gets its own threads and CPU quota from the launcher.
+vflow::engine::JobSpec apply_worker_layout(vflow::engine::JobSpec spec,
+                                           const vflow::comm::ElasticWorkerEnvironment& env) {
+  if (const char* threads = std::getenv("VFLOW_THREADS"); threads && std::atoll(threads) > 0) {
+    spec.resources.threads = std::atoll(threads);
+  }
+  if (const char* quota = std::getenv("VFLOW_CPU_QUOTA"); quota && std::atof(quota) > 0) {
+    vflow::hetero::apply_cpu_quota(std::atof(quota),
+                                   fmt::format("vflow-{}-{}", env.store_port, env.member));
+    spdlog::info("[hetero] worker {} limited to {} cores", env.member, std::atof(quota));
+  }
+  return spec;
+}
+
+int run_as_elastic_worker(const vflow::engine::JobSpec& job,
                           const vflow::comm::ElasticWorkerEnvironment& env,
                           std::chrono::milliseconds timeout) {
+  const auto spec = apply_worker_layout(job, env);
+  struct Release {  // the worker's CPU-quota group, if any, goes with it
+    std::string name;
+    ~Release() { vflow::hetero::release_cpu_quota(name); }
+  } release{fmt::format("vflow-{}-{}", env.store_port, env.member)};
   vflow::engine::ElasticWorkerOptions options;
   options.store_host = env.store_host;
   options.store_port = env.store_port;
@@ -147,6 +169,11 @@ int main(int argc, char** argv) {
       launch.timeout = timeout;
       launch.elastic.limits = limits_of(spec);
       launch.elastic.replace_failed = spec.resources.replace_failed;
+      for (const auto& w : spec.resources.layout) {
+        launch.vnodes.push_back(w.vnodes);
+        launch.worker_env.push_back({fmt::format("VFLOW_THREADS={}", w.threads),
+                                     fmt::format("VFLOW_CPU_QUOTA={}", w.cpu_quota)});
+      }
       launch.stop_flag = &g_stop;
       return vflow::comm::launch_local(launch);
     }

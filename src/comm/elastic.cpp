@@ -65,7 +65,10 @@ int Generation::rank_of(const std::string& member) const {
 }
 
 std::string Generation::describe() const {
-  return fmt::format("generation {}: {} worker(s) [{}]{}{}", id, members.size(), join(members),
+  std::vector<std::string> counts;
+  for (const int64_t c : vnodes) counts.push_back(std::to_string(c));
+  return fmt::format("generation {}: {} worker(s) [{}]{}{}{}", id, members.size(), join(members),
+                     counts.empty() ? "" : fmt::format(" holding [{}] vnodes", join(counts)),
                      transfer_state ? fmt::format(", state from {}", donor) : "",
                      stop ? ", stopping" : "");
 }
@@ -168,8 +171,10 @@ std::pair<int64_t, int64_t> ControlPlane::resize_request() {
 }
 
 void ControlPlane::publish(const Generation& g) {
-  set(generation_key(g.id), fmt::format("{}|{}|{}|{}", g.donor, g.transfer_state ? 1 : 0,
-                                        g.stop ? 1 : 0, join(g.members)));
+  std::vector<std::string> counts;
+  for (const int64_t c : g.vnodes) counts.push_back(std::to_string(c));
+  set(generation_key(g.id), fmt::format("{}|{}|{}|{}|{}", g.donor, g.transfer_state ? 1 : 0,
+                                        g.stop ? 1 : 0, join(g.members), join(counts)));
   set(kLatest, std::to_string(g.id));
   add(kNews, 1);
 }
@@ -189,7 +194,7 @@ Generation ControlPlane::generation(int64_t id) {
   const auto parts = [&] {
     std::vector<std::string> out;
     std::string rest = *text;
-    for (int i = 0; i < 3; ++i) {
+    for (int i = 0; i < 4; ++i) {
       const auto bar = rest.find('|');
       out.push_back(rest.substr(0, bar));
       rest = bar == std::string::npos ? "" : rest.substr(bar + 1);
@@ -201,6 +206,7 @@ Generation ControlPlane::generation(int64_t id) {
   g.transfer_state = parts[1] == "1";
   g.stop = parts[2] == "1";
   g.members = split(parts[3], ',');
+  for (const auto& c : split(parts[4], ',')) g.vnodes.push_back(to_int(c, "vnodes"));
   return g;
 }
 
@@ -260,7 +266,9 @@ GenerationManager::GenerationManager(ControlPlane& control, ElasticOptions optio
                                      std::function<std::string()> spawn)
     : control_(control), options_(options), spawn_(std::move(spawn)) {}
 
-void GenerationManager::start(const std::vector<std::string>& members) {
+void GenerationManager::start(const std::vector<std::string>& members,
+                              std::vector<int64_t> vnodes) {
+  first_vnodes_ = std::move(vnodes);
   control_.publish_limits(options_.limits);
   target_ = static_cast<int64_t>(members.size());
   control_.set_target(target_);
@@ -302,13 +310,14 @@ void GenerationManager::spawn_joiners(int64_t wanted) {
 }
 
 void GenerationManager::publish(std::vector<std::string> members, std::string donor, bool transfer,
-                                bool stop) {
+                                bool stop, std::vector<int64_t> vnodes) {
   Generation next;
   next.id = current_.id + 1;
   next.members = std::move(members);
   next.donor = std::move(donor);
   next.transfer_state = transfer;
   next.stop = stop;
+  next.vnodes = std::move(vnodes);
   for (const auto& m : next.members) {
     joiners_.erase(std::remove(joiners_.begin(), joiners_.end(), m), joiners_.end());
   }
@@ -324,7 +333,8 @@ void GenerationManager::tick() {
   if (current_.id == 0) {
     // The first generation: every initial worker has loaded its data and built its model.
     if (ready_joiners().size() == joiners_.size() && !joiners_.empty()) {
-      publish(joiners_, joiners_.front(), false, false);
+      // The planned split (if any) holds for the first generation.
+      publish(joiners_, joiners_.front(), false, false, first_vnodes_);
     }
     return;
   }

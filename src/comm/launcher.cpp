@@ -198,14 +198,15 @@ class ProcessGroup {
   ProcessGroup(std::vector<std::string> command, std::vector<std::string> env)
       : command_(std::move(command)), env_(std::move(env)) {}
 
-  /// Starts a worker named `member`.
-  void start(const std::string& member) {
+  /// Starts a worker named `member` with `extra` environment variables.
+  void start(const std::string& member, const std::vector<std::string>& extra = {}) {
     int out[2], err[2];
     if (pipe(out) != 0 || pipe(err) != 0) throw Error("pipe failed");
     Child c;
     c.name = member;
     std::vector<std::string> env = env_;
     env.push_back("VFLOW_MEMBER=" + member);
+    env.insert(env.end(), extra.begin(), extra.end());
     c.pid = spawn(command_, env, out[1], err[1]);
     close(out[1]);
     close(err[1]);
@@ -309,8 +310,14 @@ int launch_local(const LaunchOptions& options) {
   elastic.timeout = options.timeout;
   GenerationManager manager(control, elastic, start_worker);
   std::vector<std::string> initial;
-  for (int k = 0; k < options.workers; ++k) initial.push_back(start_worker());
-  manager.start(initial);
+  for (int k = 0; k < options.workers; ++k) {
+    const std::string name = std::to_string(next_member++);
+    workers.start(name, k < static_cast<int>(options.worker_env.size())
+                            ? options.worker_env[static_cast<size_t>(k)]
+                            : std::vector<std::string>{});
+    initial.push_back(name);
+  }
+  manager.start(initial, options.vnodes);
 
   int failure = 0;  // the first failure that ended the job
   bool stop_sent = false;

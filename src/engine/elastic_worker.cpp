@@ -141,7 +141,7 @@ ElasticOutcome run_elastic_worker(const JobSpec& spec, const ElasticWorkerOption
       control.report_survivor(g->id, me, trainer->step());
       continue;
     }
-    trainer->set_communicator(communicator);
+    trainer->set_communicator(communicator, g->vnodes);
     was_member = true;
     spdlog::info("[elastic] worker {} is rank {} of {} in {} at step {} (regrouped in {:.3f} s)",
                  me, communicator->rank(), communicator->size(), g->describe(), trainer->step(),

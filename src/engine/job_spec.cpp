@@ -102,6 +102,17 @@ SpecNode full_tree(const JobSpec& spec) {
   res.set("min_workers", scalar(spec.resources.min_workers));
   res.set("max_workers", scalar(spec.resources.max_workers));
   res.set("replace_failed", scalar(spec.resources.replace_failed));
+  if (!spec.resources.layout.empty()) {
+    SpecNode layout = SpecNode::sequence();
+    for (const auto& w : spec.resources.layout) {
+      SpecNode item = SpecNode::map();
+      item.set("vnodes", scalar(w.vnodes));
+      item.set("threads", scalar(w.threads));
+      item.set("cpu_quota", scalar(w.cpu_quota));
+      layout.append(item);
+    }
+    res.set("layout", layout);
+  }
   root.set("resources", res);
   const OutputSpec& o = spec.output;
   SpecNode out = SpecNode::map();
@@ -225,6 +236,28 @@ void parse_semantic(const SpecNode& node, SemanticSpec& s, bool check_components
       models::ModelContext{prepared.info.input_shape, prepared.info.num_classes});
 }
 
+void parse_layout(OptionReader& r, ResourcesSpec& res, const SemanticSpec& s) {
+  const auto& items = r.list("layout");
+  if (items.empty()) return;
+  res.layout.clear();
+  int64_t total = 0;
+  for (const auto& item : items) {
+    OptionReader w(item);
+    ResourcesSpec::Worker worker;
+    worker.vnodes = w.get_int("vnodes", 0, 1, s.virtual_nodes);
+    worker.threads = w.get_int("threads", 0, 0, 4096);
+    worker.cpu_quota = w.get_double("cpu_quota", 0, 0, 4096);
+    w.finish();
+    total += worker.vnodes;
+    res.layout.push_back(worker);
+  }
+  if (static_cast<int64_t>(res.layout.size()) != res.workers || total != s.virtual_nodes) {
+    r.fail("layout", fmt::format("{} entries holding {} vnodes, but the job has {} workers and {} "
+                                 "virtual nodes",
+                                 res.layout.size(), total, res.workers, s.virtual_nodes));
+  }
+}
+
 void parse_resources(const SpecNode& node, ResourcesSpec& res, const SemanticSpec& s) {
   OptionReader r(node);
   res.workers = r.get_int("workers", res.workers, 1, kBig);
@@ -258,6 +291,7 @@ void parse_resources(const SpecNode& node, ResourcesSpec& res, const SemanticSpe
                                   res.workers, res.min_workers, most));
   }
   res.replace_failed = r.get_bool("replace_failed", res.replace_failed);
+  parse_layout(r, res, s);
   r.finish();
 }
 

@@ -603,6 +603,20 @@ void Trainer::set_communicator(std::shared_ptr<comm::Communicator> communicator)
   im.comm = std::move(next);
   im.held = vnode::vnodes_of(im.plan.virtual_nodes(), workers, im.comm->rank());
 }
+
+void Trainer::set_communicator(std::shared_ptr<comm::Communicator> communicator,
+                               const std::vector<int64_t>& counts) {
+  set_communicator(std::move(communicator));
+  if (counts.empty()) return;
+  auto& im = *impl_;
+  int64_t total = 0;
+  for (const int64_t c : counts) total += c;
+  if (static_cast<int>(counts.size()) != im.comm->size() || total != im.plan.virtual_nodes()) {
+    throw SpecError(fmt::format("a split of {} vnodes over {} workers does not fit {} vnodes on {}",
+                                total, counts.size(), im.plan.virtual_nodes(), im.comm->size()));
+  }
+  im.held = vnode::vnodes_of(counts, im.comm->rank());
+}
 void Trainer::set_stop_flag(const std::atomic<bool>* flag) { impl_->stop_flag = flag; }
 std::string Trainer::fingerprint() const { return engine::fingerprint(*impl_->model); }
 int64_t Trainer::step() const { return impl_->step; }

@@ -65,4 +65,14 @@ void apply_cpu_quota(double cores, const std::string& name) {
       "/sys/fs/cgroup/cpu/cpu.cfs_quota_us nor /sys/fs/cgroup/cgroup.controllers)");
 }
 
+void release_cpu_quota(const std::string& name) {
+  const std::string pid = std::to_string(::getpid());
+  for (const std::string root : {"/sys/fs/cgroup/cpu", "/sys/fs/cgroup"}) {
+    const std::string dir = root + "/" + name;
+    if (!exists(dir)) continue;
+    std::ofstream(root + "/cgroup.procs") << pid;
+    ::rmdir(dir.c_str());
+  }
+}
+
 }  // namespace vflow::hetero

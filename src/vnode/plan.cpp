@@ -23,6 +23,14 @@ VirtualNodePlan::VirtualNodePlan(int64_t global_batch, int64_t virtual_nodes)
   }
 }
 
+VnodeRange vnodes_of(const std::vector<int64_t>& counts, int64_t rank) {
+  VFLOW_ASSERT(rank >= 0 && rank < static_cast<int64_t>(counts.size()), "rank outside the counts");
+  VnodeRange r;
+  for (int64_t w = 0; w < rank; ++w) r.first += counts[static_cast<size_t>(w)];
+  r.last = r.first + counts[static_cast<size_t>(rank)];
+  return r;
+}
+
 VnodeRange vnodes_of(int64_t virtual_nodes, int64_t workers, int64_t rank) {
   const int64_t q = virtual_nodes / workers;
   const int64_t extra = virtual_nodes % workers;

@@ -255,3 +255,30 @@ TEST_CASE("when the coordinator dies the workers stop with a checkpoint, none ha
   CHECK_THAT(r.output, Catch::Matchers::Contains("step-"));
   CHECK(nothing_left(dir));
 }
+
+TEST_CASE("a planned uneven split over CPU-quota workers keeps the homogeneous fingerprint",
+          "[multiproc][hetero]") {
+  TempDir dir;
+  // Exact mode: worker 0 holds 6 vnodes, two workers limited to half a core hold 3 each.
+  write_file(dir.file("job.yaml"),
+             "resources:\n  workers: 3\n  layout:\n    - {vnodes: 6}\n"
+             "    - {vnodes: 3, cpu_quota: 0.5}\n    - {vnodes: 3, cpu_quota: 0.5}\n");
+  const std::string job = kTrain + " " + dir.file("job.yaml") + kJob + kDeterministic +
+                          " --set semantic.steps=60 --set output.logging.examples=";
+  const auto mixed = run_command(job + dir.file("examples.log"));
+  INFO(mixed.output);
+  REQUIRE(mixed.exit_code == 0);
+  CHECK_THAT(mixed.output, Catch::Matchers::Contains("holding [6,3,3] vnodes") &&
+                               Catch::Matchers::Contains("worker 1 limited to 0.5 cores"));
+  const auto alone =
+      run_command(job + dir.file("alone.log") + " --set resources.layout=null --workers 1");
+  INFO(alone.output);
+  REQUIRE(alone.exit_code == 0);
+  CHECK(fingerprints_in(mixed.output) == fingerprints_in(alone.output));
+  CHECK(fingerprints_in(mixed.output).size() == 1);
+  // Every vnode of every step ran exactly once with the uneven split.
+  CHECK(read_example_log(dir.file("examples.log")).size() == 60 * 12);
+  CHECK(
+      run_command("ls /sys/fs/cgroup/cpu /sys/fs/cgroup 2>/dev/null | grep -c '^vflow-'").output ==
+      "0\n");  // the quota groups went with their workers
+}

@@ -67,6 +67,16 @@ TEST_CASE("each class of bad job spec is rejected with file, line and key", "[un
         Contains("job.yaml:3:18: semantic.virtual_nodes: global_batch 100 is not divisible by "
                  "virtual_nodes 8"));
   }
+  SECTION("elastic limits and a planned layout that do not fit") {
+    CHECK_THAT(error_of("resources:\n  workers: 3\n  max_workers: 2\n"),
+               Contains("resources.workers: 3 workers is outside min_workers..max_workers = 1..2"));
+    CHECK_THAT(error_of("resources:\n  workers: 2\n  layout:\n    - {vnodes: 4}\n"
+                        "    - {vnodes: 3}\n"),
+               Contains("job.yaml:4:5: resources.layout: 2 entries holding 7 vnodes, but the job "
+                        "has 2 workers and 8 virtual nodes"));
+    CHECK_THAT(error_of("resources:\n  layout:\n    - {vnodes: 8, cores: 2}\n"),
+               Contains("job.yaml:3:19: resources.layout[0].cores: unknown key"));
+  }
   SECTION("unknown choice") {
     CHECK_THAT(error_of("semantic:\n  optimizer: {name: adam}\n"),
                Contains("semantic.optimizer.name: unknown value 'adam'; choices: sgd, adamw"));

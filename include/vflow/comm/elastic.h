@@ -28,6 +28,7 @@ struct Generation {
   std::string donor;                 ///< the member whose training state everyone takes
   bool transfer_state = false;       ///< a member joined or a step was interrupted
   bool stop = false;                 ///< too few workers remain: stop with a checkpoint
+  std::vector<int64_t> vnodes;       ///< vnodes per rank (a planned split); empty = even
   /// Rank of `member`, or -1 when it is not a member.
   int rank_of(const std::string& member) const;
   std::string describe() const;
@@ -130,8 +131,9 @@ class GenerationManager {
   GenerationManager(ControlPlane& control, ElasticOptions options,
                     std::function<std::string()> spawn);
 
-  /// The first generation's members; published once all of them are ready.
-  void start(const std::vector<std::string>& members);
+  /// The first generation's members, with `vnodes` per member for a planned split (empty:
+  /// even); published once all of them are ready. Later generations split evenly.
+  void start(const std::vector<std::string>& members, std::vector<int64_t> vnodes = {});
   /// A member's process ended with `exit_code` (from a launcher that watches processes).
   void on_exit(const std::string& member, int exit_code);
   /// Publishes the next generation when one is due.
@@ -146,7 +148,8 @@ class GenerationManager {
   void handle_requests();
   std::vector<std::string> ready_joiners();
   void spawn_joiners(int64_t wanted);
-  void publish(std::vector<std::string> members, std::string donor, bool transfer, bool stop);
+  void publish(std::vector<std::string> members, std::string donor, bool transfer, bool stop,
+               std::vector<int64_t> vnodes = {});
   bool established();
 
   ControlPlane& control_;
@@ -160,8 +163,9 @@ class GenerationManager {
   std::vector<std::string> joiners_;  // started, not yet members, alive
   std::optional<Clock::time_point> failure_since_;
   std::optional<Clock::time_point> short_since_;  // waiting for joiners to reach min_workers
-  int64_t seen_requests_ = -1;                    // the request counter at the last tick
-  bool dirty_ = false;                            // a member died since the last tick
+  std::vector<int64_t> first_vnodes_;
+  int64_t seen_requests_ = -1;  // the request counter at the last tick
+  bool dirty_ = false;          // a member died since the last tick
 };
 
 }  // namespace vflow::comm

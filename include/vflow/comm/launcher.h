@@ -49,6 +49,10 @@ struct LaunchOptions {
   /// Set by the caller (e.g. a signal handler): stop the job at the next step boundary.
   const std::atomic<bool>* stop_flag = nullptr;
   int stop_grace_s = 60;  ///< after a stop request, workers still running are killed
+  /// Per first-generation worker, in rank order (a planned split): its vnodes and extra
+  /// environment (e.g. VFLOW_THREADS, VFLOW_CPU_QUOTA). Empty: an even split.
+  std::vector<int64_t> vnodes;
+  std::vector<std::vector<std::string>> worker_env;
 };
 
 /// Runs an elastic job on this host: hosts the coordinator and its generation manager,

@@ -71,6 +71,14 @@ struct ResourcesSpec {
   int64_t min_workers = 1;  ///< an elastic job never runs on fewer; below it, it stops
   int64_t max_workers = 0;  ///< resize requests above it are refused; 0 = virtual_nodes
   bool replace_failed = false;  ///< the launcher starts a new worker for each one that dies
+  /// One worker of a planned first generation (vflow-plan prints them).
+  struct Worker {
+    int64_t vnodes = 0;    ///< vnodes this worker holds (exact mode: equal vnode sizes)
+    int64_t threads = 0;   ///< its intra-op threads; 0 = resources.threads
+    double cpu_quota = 0;  ///< cores it may use (cgroup cpu controller); 0 = no limit
+  };
+  /// Per-worker settings of the first generation, in rank order; empty = even split.
+  std::vector<Worker> layout;
 };
 
 struct EvaluationSpec {

@@ -148,6 +148,10 @@ class Trainer {
   /// Installs the communicator of a new generation: this worker's vnodes follow its
   /// rank (vnode::vnodes_of). The training state is unchanged.
   void set_communicator(std::shared_ptr<comm::Communicator> communicator);
+  /// The same with a planned, uneven split: this worker holds vnode counts[rank()]
+  /// consecutive vnodes (the counts of all ranks sum to the number of vnodes).
+  void set_communicator(std::shared_ptr<comm::Communicator> communicator,
+                        const std::vector<int64_t>& counts);
   int rank() const;
   int world_size() const;
 

@@ -12,4 +12,8 @@ namespace vflow::hetero {
 /// machine does not allow it (no cpu controller, not root).
 void apply_cpu_quota(double cores, const std::string& name);
 
+/// Moves this process back to the root cgroup and removes the group `name` made by
+/// apply_cpu_quota (best effort, never throws).
+void release_cpu_quota(const std::string& name);
+
 }  // namespace vflow::hetero

@@ -54,8 +54,8 @@ Plan plan_exact(const PlanRequest& request);
 
 /// What simpler rules would predict, for comparison.
 struct Baselines {
-  double even_split = 0;    ///< every device, vnodes spread evenly in inventory order
-  double proportional = 0;  ///< counts proportional to each type's single-device throughput
+  double even_split = 0;          ///< every device, vnodes spread evenly in inventory order
+  double proportional = 0;        ///< counts proportional to each type's single-device throughput
   double fastest_type_alone = 0;  ///< the best single device type, all its devices, even split
   std::string fastest_type;
 };
