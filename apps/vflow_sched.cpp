@@ -1,18 +1,55 @@
-// vflow-sched: simulate cluster scheduling policies on a synthetic workload or a trace.
-// Parse, run, map the outcome to an exit code.
+// vflow-sched: simulate cluster scheduling policies on a synthetic workload or a trace, or run
+// real jobs on a pool of worker slots (live mode). Parse, run, map the outcome to an exit code.
+#include <unistd.h>
+
 #include <CLI/CLI.hpp>
+#include <atomic>
+#include <csignal>
+#include <filesystem>
 #include <iostream>
 
 #include "vflow/core/error.h"
 #include "vflow/scheduler/experiment.h"
+#include "vflow/scheduler/live.h"
 
 namespace {
-enum ExitCode { kOk = 0, kFailure = 1, kBadInput = 2 };
+enum ExitCode { kOk = 0, kFailure = 1, kBadInput = 2, kInterrupted = 130 };
+
+std::atomic<bool> g_stop{false};
+void on_signal(int) {
+  g_stop.store(true);
+  std::signal(SIGINT, SIG_DFL);  // a second Ctrl-C ends the scheduler at once; its jobs
+                                 // still get SIGTERM (their parent-death signal) and stop
+}
+
+/// vflow-train next to this executable (the installed layout).
+std::string default_train_binary() {
+  char path[4096];
+  const ssize_t n = readlink("/proc/self/exe", path, sizeof path - 1);
+  if (n <= 0) return "vflow-train";
+  path[n] = '\0';
+  return (std::filesystem::path(path).parent_path() / "vflow-train").string();
+}
+
+int run_live_mode(const std::string& jobs_path, vflow::scheduler::LiveOptions options) {
+  namespace sched = vflow::scheduler;
+  if (options.train_binary.empty()) options.train_binary = default_train_binary();
+  const auto jobs = sched::read_live_jobs(jobs_path);
+  options.stop_flag = &g_stop;
+  options.log = [](const std::string& line) { std::cout << line << std::endl; };
+  std::signal(SIGINT, on_signal);
+  std::signal(SIGTERM, on_signal);
+  const auto result = sched::run_live(jobs, options);
+  std::cout << sched::comparison_table(result.experiment.summaries, "");
+  sched::write_experiment(result.experiment, "", options.out_dir);
+  if (result.interrupted) return kInterrupted;
+  return result.all_completed() ? kOk : kFailure;
+}
 }  // namespace
 
 int main(int argc, char** argv) {
   namespace sched = vflow::scheduler;
-  CLI::App app{"vflow-sched: elastic cluster scheduler (trace-driven simulator)"};
+  CLI::App app{"vflow-sched: elastic cluster scheduler (trace-driven simulator and live mode)"};
   app.require_subcommand(1);
   auto* simulate = app.add_subcommand("simulate", "run policies on a workload and compare them");
   sched::ExperimentOptions options;
@@ -40,6 +77,20 @@ int main(int argc, char** argv) {
                        "elastic jobs may grow to ceil(demand * f) workers");
   simulate->add_option("--measure", measure, "job-id window FROM:TO for JCT statistics");
   simulate->add_option("--out", out_dir, "write CSV/JSON results into this directory");
+
+  auto* live = app.add_subcommand("live", "run real elastic jobs on a pool of worker slots");
+  sched::LiveOptions live_options;
+  std::string jobs_path;
+  live->add_option("--slots", live_options.slots, "worker slots")
+      ->required()
+      ->check(CLI::PositiveNumber);
+  live->add_option("--jobs", jobs_path, "jobs file (YAML)")->required();
+  live->add_option("--policy", live_options.policy, "policy name");
+  live->add_option("--out", live_options.out_dir, "results, job logs and checkpoints")->required();
+  live->add_option("--train", live_options.train_binary,
+                   "vflow-train executable (default: next to vflow-sched)");
+  live->add_option("--poll", live_options.poll_s, "event-loop period, seconds")
+      ->check(CLI::PositiveNumber);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -47,6 +98,7 @@ int main(int argc, char** argv) {
     return code == 0 ? kOk : kBadInput;
   }
   try {
+    if (live->parsed()) return run_live_mode(jobs_path, live_options);
     // Config first, then flags given on the command line override it.
     auto flags = options.config;
     if (!config_path.empty()) sched::load_config(config_path, options.config);

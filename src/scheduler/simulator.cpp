@@ -51,14 +51,7 @@ class Simulation {
     result_.policy = policy.name();
     result_.total_devices = cluster.total_devices();
     for (const auto& job : workload.jobs) {
-      JobResult r;
-      r.id = job.id;
-      r.model = job.model;
-      r.weight = job.weight;
-      r.demand = job.demand;
-      r.arrival_s = job.arrival_s;
-      r.total_work = job.total_work;
-      result_.jobs.push_back(std::move(r));
+      result_.jobs.push_back(job_result_for(job));
       state_[job.id].remaining = job.total_work;
       events_.push({job.arrival_s, EventKind::kArrival, job.id, 0});
     }
@@ -252,6 +245,17 @@ class Simulation {
 };
 
 }  // namespace
+
+JobResult job_result_for(const Job& job) {
+  JobResult r;
+  r.id = job.id;
+  r.model = job.model;
+  r.weight = job.weight;
+  r.demand = job.demand;
+  r.arrival_s = job.arrival_s;
+  r.total_work = job.total_work;
+  return r;
+}
 
 SimResult simulate(const Cluster& cluster, const Workload& workload, Policy& policy,
                    const SimOptions& options) {

@@ -1,7 +1,7 @@
 // The simulator's YAML configuration file (every key optional; docs/scheduler.md, "Config"):
 //   cluster: "v100:36,p100:36,k80:36"   # or a map {v100: 36, ...} or a device count
 //   throughput: data/scheduler/throughput.tsv  # relative paths are relative to the file
-//   resize_pause_s: 10
+//   resize_pause_s: 0.1
 //   restart_s: 30
 //   startup_s: 0
 //   min_workers: 1

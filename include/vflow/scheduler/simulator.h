@@ -25,7 +25,7 @@ struct SimProgress {
 };
 
 struct SimOptions {
-  double resize_pause_s = 10;   ///< no progress after an elastic resize (assumed; see docs)
+  double resize_pause_s = 0.1;  ///< no progress after an elastic resize (measured; see docs)
   double restart_s = 30;        ///< no progress after a resume from preemption or a migration
   double startup_s = 0;         ///< no progress after a job's first start (every policy alike)
   bool record_timeline = true;  ///< keep the allocated-devices step function
@@ -64,6 +64,10 @@ struct SimResult {
   int64_t allocations = 0;              ///< policy calls
   double wall_s = 0;                    ///< host time spent simulating
 };
+
+/// A result that knows only the job (id, model, weight, demand, arrival, work), for a runner
+/// to fill in as the job runs.
+JobResult job_result_for(const Job& job);
 
 /// Runs the workload to completion. Throws vflow::InternalError if the policy returns an
 /// allocation that breaks the cluster's capacity or a job's bounds.

@@ -1,0 +1,82 @@
+// The scheduler's live mode (DESIGN.md §6): the same policies as the simulator, applied to
+// real elastic jobs (`vflow-train SPEC --workers K --port P`) on a pool of worker slots.
+// Allocation changes become control-plane requests (§4): a resize for a running job, a
+// stop with a checkpoint for a preempted one (it resumes from that checkpoint later).
+// Results use the simulator's types, so metrics, CSV and JSON are the same.
+//
+// Jobs file (YAML, a list; paths relative to the file):
+//   - name: resnet-a          # unique; names the log and checkpoint directory
+//     spec: jobs/a.yaml       # vflow-train job spec
+//     arrival_s: 0            # seconds after the start of the run (default 0)
+//     weight: 1               # priority weight (default 1)
+//     demand: 2               # workers requested (default 1)
+//     min_workers: 1          # elastic bounds (default 1 and demand)
+//     max_workers: 3
+//     steps: 400              # total steps, for remaining-work estimates (default: the spec's
+//                             #   semantic.steps when it is a number, else 1)
+//     args: [--set, semantic.seed=3]   # extra vflow-train arguments (default none)
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "vflow/scheduler/experiment.h"
+#include "vflow/scheduler/simulator.h"
+
+namespace vflow::scheduler {
+
+/// One job of a jobs file.
+struct LiveJob {
+  std::string name;
+  std::string spec;  ///< job spec path, resolved against the jobs file's directory
+  double arrival_s = 0;
+  double weight = 1;
+  int demand = 1;
+  int min_workers = 1;
+  int max_workers = 1;
+  double steps = 1;               ///< total steps (remaining-work estimates only)
+  std::vector<std::string> args;  ///< extra vflow-train arguments
+  std::string origin;             ///< "file:line" of the job's entry
+};
+
+/// Reads a jobs file. Throws vflow::SpecError "file:line:column: key: ..." on a bad entry.
+std::vector<LiveJob> read_live_jobs(const std::string& path);
+
+struct LiveOptions {
+  int slots = 4;                       ///< worker slots (one device type, "slot")
+  std::string policy = "wfs-elastic";  ///< make_policy name
+  PolicyOptions policy_options;        ///< round lengths, LAS buckets
+  std::string train_binary;            ///< vflow-train executable; required
+  std::string out_dir;                 ///< job logs (logs/NAME.log) and checkpoints; required
+  double poll_s = 0.15;                ///< event-loop period, seconds
+  double stop_grace_s = 30;            ///< after a stop request, SIGKILL the job's processes
+  double connect_timeout_s = 60;       ///< a started job must open its control plane by then
+  const std::atomic<bool>* stop_flag = nullptr;  ///< set (e.g. by SIGINT) to stop every job
+  std::function<void(const std::string&)> log;   ///< progress lines; optional
+};
+
+/// What happened to one job's processes.
+struct LiveJobOutcome {
+  std::string name;
+  int exit_code = -1;     ///< the last launcher's exit status; -1 when it never ended
+  int64_t last_step = 0;  ///< steps completed, as the control plane last reported
+  int launches = 0;       ///< processes started (1 + resumes after preemption)
+  std::string log_path;   ///< the job's stdout and stderr
+};
+
+struct LiveResult {
+  ExperimentResult experiment;           ///< one run; write_experiment writes it
+  std::vector<LiveJobOutcome> outcomes;  ///< by job id (arrival order)
+  bool interrupted = false;              ///< stop_flag ended the run early
+  /// Every job completed with exit status 0.
+  bool all_completed() const;
+};
+
+/// Runs the jobs in real time until all have ended (or stop_flag is set; then every job is
+/// stopped). No process outlives the call: jobs that ignore a stop request are killed after
+/// stop_grace_s, also when an error is thrown. Throws vflow::SpecError on bad options or jobs.
+LiveResult run_live(const std::vector<LiveJob>& jobs, const LiveOptions& options);
+
+}  // namespace vflow::scheduler

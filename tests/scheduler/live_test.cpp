@@ -1,0 +1,204 @@
+// The live mode with real vflow-train jobs on loopback: staggered arrivals on a small pool
+// make the elastic policy resize (or the priority policy preempt) running jobs, and every job
+// still ends with the fingerprint of the same job run alone (deterministic mode).
+#include "vflow/scheduler/live.h"
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <regex>
+#include <sstream>
+#include <string>
+
+namespace sched = vflow::scheduler;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+void write_text(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
+
+struct Output {
+  int exit_code = -1;
+  std::string text;
+};
+
+/// Runs a shell command with its stdout and stderr captured in the file `log`.
+Output run_command(const std::string& command, const std::string& log) {
+  const int status = std::system((command + " >'" + log + "' 2>&1").c_str());
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, read_text(log)};
+}
+
+/// The last "fingerprint <16 hex>" of a job's output (a resumed job prints one per launch).
+std::string last_fingerprint(const std::string& text) {
+  static const std::regex pattern("fingerprint ([0-9a-f]{16})");
+  std::string last;
+  for (auto it = std::sregex_iterator(text.begin(), text.end(), pattern);
+       it != std::sregex_iterator(); ++it) {
+    last = (*it)[1];
+  }
+  return last;
+}
+
+/// A fresh directory, removed with everything in it at the end of the test.
+struct TempDir {
+  std::string root = [] {
+    std::string pattern = (fs::temp_directory_path() / "vflow_live_XXXXXX").string();
+    return std::string(mkdtemp(pattern.data()));
+  }();
+  ~TempDir() { fs::remove_all(root); }
+  std::string file(const std::string& name) const { return root + "/" + name; }
+};
+
+// The small synthetic-data job of the engine's tests: a few seconds on one core.
+std::string job_spec(int seed, int steps) {
+  return "semantic:\n"
+         "  model: {name: convnet, options: {channels: [4, 8], hidden: 16, dropout: 0.25}}\n"
+         "  data: {name: synthetic, options: {train_size: 600, test_size: 64, shape: [1, 12, 12], "
+         "classes: 4, noise: 1.5}}\n"
+         "  global_batch: 48\n"
+         "  virtual_nodes: 12\n"
+         "  steps: " +
+         std::to_string(steps) +
+         "\n"
+         "  epochs: null\n"
+         "  seed: " +
+         std::to_string(seed) +
+         "\n"
+         "  deterministic: true\n"
+         "resources: {threads: 1}\n"
+         "output:\n"
+         "  logging: {progress: off}\n";
+}
+
+/// vflow-train processes of this test's jobs (every one has the directory in its arguments).
+int processes_left(const TempDir& dir) {
+  const auto out =
+      run_command("ps -eo args | grep -c '[v]flow-train.*" + dir.root + "'", dir.root + ".ps");
+  std::remove((dir.root + ".ps").c_str());
+  return std::atoi(out.text.c_str());
+}
+
+struct TestJob {
+  std::string name;
+  int seed = 1, steps = 200;
+  double arrival_s = 0;
+  int demand = 1, max_workers = 1;
+  double weight = 1;
+};
+
+/// Runs `jobs` in live mode on `slots` slots and checks what every scenario must keep: all
+/// jobs complete with exit 0 and the fingerprint of the same job run alone, the result files
+/// are written, and no process is left.
+sched::LiveResult run_and_check(const std::vector<TestJob>& jobs, int slots,
+                                const std::string& policy) {
+  TempDir dir;
+  std::string jobs_yaml;
+  for (const auto& j : jobs) {
+    write_text(dir.file(j.name + ".yaml"), job_spec(j.seed, j.steps));
+    jobs_yaml += "- {name: " + j.name + ", spec: " + j.name +
+                 ".yaml, arrival_s: " + std::to_string(j.arrival_s) +
+                 ", demand: " + std::to_string(j.demand) +
+                 ", min_workers: 1, max_workers: " + std::to_string(j.max_workers) +
+                 ", weight: " + std::to_string(j.weight) + "}\n";
+  }
+  write_text(dir.file("jobs.yaml"), jobs_yaml);
+
+  // The references: each job alone in one process.
+  std::vector<std::future<Output>> references;
+  for (const auto& j : jobs) {
+    references.push_back(std::async(std::launch::async, [&dir, name = j.name] {
+      return run_command(std::string(VFLOW_TRAIN_BINARY) + " " + dir.file(name + ".yaml"),
+                         dir.file(name + ".reference.log"));
+    }));
+  }
+  std::map<std::string, std::string> expected;
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    const Output ref = references[i].get();
+    INFO(ref.text);
+    REQUIRE(ref.exit_code == 0);
+    expected[jobs[i].name] = last_fingerprint(ref.text);
+    REQUIRE(expected[jobs[i].name].size() == 16);
+  }
+
+  sched::LiveOptions options;
+  options.slots = slots;
+  options.policy = policy;
+  options.train_binary = VFLOW_TRAIN_BINARY;
+  options.out_dir = dir.file("out");
+  std::string progress;
+  options.log = [&](const std::string& line) { progress += line + "\n"; };
+  auto result = sched::run_live(sched::read_live_jobs(dir.file("jobs.yaml")), options);
+  INFO(progress);
+  sched::write_experiment(result.experiment, "", options.out_dir);
+
+  CHECK(result.all_completed());
+  CHECK(result.experiment.summaries.at(0).jct.jobs == static_cast<int>(jobs.size()));
+  REQUIRE(result.outcomes.size() == jobs.size());
+  for (const auto& outcome : result.outcomes) {
+    INFO(outcome.name << ": " << read_text(outcome.log_path));
+    CHECK(outcome.exit_code == 0);
+    CHECK(last_fingerprint(read_text(outcome.log_path)) == expected[outcome.name]);
+  }
+  for (const auto& job : result.experiment.runs.at(0).jobs) {
+    CHECK(job.start_s >= job.arrival_s);
+    CHECK(job.finish_s > job.start_s);
+  }
+  CHECK(fs::exists(dir.file("out/summary.json")));
+  CHECK(fs::exists(dir.file("out/jobs_" + policy + ".csv")));
+  CHECK(processes_left(dir) == 0);
+  return result;
+}
+
+}  // namespace
+
+TEST_CASE("live mode resizes real jobs without changing their results", "[multiproc][scheduler]") {
+  // a fills the pool alone; b and c arrive while it trains, so a shrinks, then grows again.
+  const auto result = run_and_check(
+      {{"a", 1, 400, 0, 1, 3}, {"b", 2, 200, 1.5, 1, 2}, {"c", 3, 200, 3, 1, 2}}, 3, "wfs-elastic");
+  CHECK(result.experiment.summaries.at(0).resizes >= 1);
+}
+
+TEST_CASE("live mode preempts a job with a checkpoint and resumes it unchanged",
+          "[multiproc][scheduler]") {
+  // The heavier job b takes the whole pool from a, which stops, waits, and resumes from its
+  // checkpoint once b is done.
+  const auto result =
+      run_and_check({{"a", 1, 300, 0, 2, 2}, {"b", 2, 150, 1.5, 2, 2, 5}}, 2, "priority");
+  CHECK(result.experiment.summaries.at(0).preemptions == 1);
+  CHECK(result.outcomes.at(0).launches == 2);
+}
+
+TEST_CASE("vflow-sched live reports a bad jobs file with file:line and exit code 2",
+          "[multiproc][scheduler]") {
+  TempDir dir;
+  write_text(dir.file("spec.yaml"), job_spec(1, 10));
+  write_text(dir.file("jobs.yaml"),
+             "- {name: a, spec: spec.yaml}\n- {name: b, spec: spec.yaml, "
+             "demand: 2, max_workers: 1}\n");
+  const std::string sched = std::string(VFLOW_SCHED_BINARY) + " live --slots 2 --out " +
+                            dir.file("out") + " --train " + VFLOW_TRAIN_BINARY + " --jobs ";
+  auto out = run_command(sched + dir.file("jobs.yaml"), dir.file("sched.log"));
+  CHECK(out.exit_code == 2);
+  CHECK_THAT(out.text, Catch::Matchers::Contains("jobs.yaml:2:") &&
+                           Catch::Matchers::Contains("max_workers: must be >= demand"));
+  write_text(dir.file("jobs.yaml"), "- {name: a, spec: spec.yaml, demand: 3}\n");
+  out = run_command(sched + dir.file("jobs.yaml"), dir.file("sched.log"));
+  CHECK(out.exit_code == 2);  // demand larger than the pool
+  CHECK_THAT(out.text, Catch::Matchers::Contains("jobs.yaml:1"));
+  out = run_command(sched + dir.file("missing.yaml"), dir.file("sched.log"));
+  CHECK(out.exit_code == 2);
+  CHECK(processes_left(dir) == 0);
+}
