@@ -3,6 +3,7 @@
 #include <CLI/CLI.hpp>
 #include <iostream>
 
+#include "exit_code.h"
 #include "vflow/vflow.h"
 
 namespace {
@@ -45,7 +46,7 @@ int main(int argc, char** argv) {
       ->required();
   app.add_option("--devices", devices, "TYPE:COUNT[:CAP_MIB] (repeatable)")->required();
   CLI11_PARSE(app, argc, argv);
-  try {
+  return vflow::apps::run_reporting_errors([&] {
     const auto spec = vflow::engine::load_job_spec(spec_path, overrides);
     vflow::hetero::PlanRequest request;
     request.global_batch = spec.semantic.global_batch;
@@ -80,11 +81,5 @@ int main(int argc, char** argv) {
     line("split proportional to throughput", base.proportional);
     line("best single type alone (" + base.fastest_type + ")", base.fastest_type_alone);
     return 0;
-  } catch (const vflow::SpecError& e) {
-    std::cerr << "error: " << e.what() << "\n";
-    return 2;
-  } catch (const std::exception& e) {
-    std::cerr << "error: " << e.what() << "\n";
-    return 1;
-  }
+  });
 }

@@ -8,6 +8,7 @@
 #include <iostream>
 #include <thread>
 
+#include "exit_code.h"
 #include "vflow/hetero/cpu_quota.h"
 #include "vflow/vflow.h"
 
@@ -96,7 +97,7 @@ int main(int argc, char** argv) {
                  "slower CPU device type")
       ->check(CLI::PositiveNumber);
   CLI11_PARSE(app, argc, argv);
-  try {
+  return vflow::apps::run_reporting_errors([&] {
     const auto spec = vflow::engine::load_job_spec(spec_path, overrides);
     spdlog::set_level(spdlog::level::warn);
     if (cpu_quota > 0) vflow::hetero::apply_cpu_quota(cpu_quota, "vflow-" + device_type);
@@ -123,11 +124,5 @@ int main(int argc, char** argv) {
     if (cpu_quota > 0) vflow::hetero::release_cpu_quota("vflow-" + device_type);
     std::cout << "wrote " << out << " (model " << profile.model << ")\n";
     return 0;
-  } catch (const vflow::SpecError& e) {
-    std::cerr << "error: " << e.what() << "\n";
-    return 2;
-  } catch (const std::exception& e) {
-    std::cerr << "error: " << e.what() << "\n";
-    return 1;
-  }
+  });
 }
