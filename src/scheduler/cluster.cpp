@@ -4,24 +4,19 @@
 
 #include <set>
 
+#include "parse.h"
 #include "vflow/core/error.h"
 
 namespace vflow::scheduler {
 namespace {
 
 int parse_count(const std::string& text, const std::string& whole) {
-  size_t used = 0;
-  int value = 0;
-  try {
-    value = std::stoi(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used == 0 || used != text.size() || value < 1) {
+  const auto value = parse_whole<int>(text);
+  if (!value || *value < 1) {
     throw SpecError(
         fmt::format("cluster '{}': device count '{}' is not a positive integer", whole, text));
   }
-  return value;
+  return *value;
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "parse.h"
 #include "vflow/core/error.h"
 
 namespace vflow::scheduler {
@@ -47,18 +48,12 @@ double parse_rate(const std::string& text) {
   const auto slash = text.find('/');
   const std::string number = text.substr(0, slash);
   const std::string unit = slash == std::string::npos ? "h" : text.substr(slash + 1);
-  size_t used = 0;
-  double value = 0;
-  try {
-    value = std::stod(number, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
+  const auto value = parse_whole<double>(number);
   const double per_hour = unit == "h" ? 1 : unit == "min" ? 60 : unit == "s" ? 3600 : 0;
-  if (used == 0 || used != number.size() || !(value > 0) || per_hour == 0) {
+  if (!value || !(*value > 0) || per_hour == 0) {
     throw SpecError(fmt::format("rate '{}': expected e.g. 12/h, 0.5/min or 0.01/s", text));
   }
-  return value * per_hour;
+  return *value * per_hour;
 }
 
 ExperimentResult run_experiment(const ExperimentOptions& options,

@@ -9,6 +9,7 @@
 #include <limits>
 #include <ostream>
 
+#include "parse.h"
 #include "vflow/core/error.h"
 
 namespace vflow::scheduler {
@@ -63,17 +64,11 @@ const std::string& RowReader::text(size_t i, const char* name) const {
 
 double RowReader::number(size_t i, const char* name) const {
   const std::string& s = text(i, name);
-  size_t used = 0;
-  double value = 0;
-  try {
-    value = std::stod(s, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used != s.size() || !std::isfinite(value)) {
+  const auto value = parse_whole<double>(s);
+  if (!value || !std::isfinite(*value)) {
     fail(fmt::format("field {} ({}): '{}' is not a number", i + 1, name, s));
   }
-  return value;
+  return *value;
 }
 
 double RowReader::positive(size_t i, const char* name) const {
