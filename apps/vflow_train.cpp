@@ -38,6 +38,7 @@ enum ExitCode {
   kBadData = 3,
   kBadCheckpoint = 4,
   kPeerFailure = 5,
+  kOutOfMemory = 6,
   kStopped = 130
 };
 
@@ -195,6 +196,9 @@ int main(int argc, char** argv) {
   } catch (const vflow::comm::PeerFailure& e) {
     std::cerr << "peer failure: " << e.what() << "\n";
     return kPeerFailure;
+  } catch (const vflow::OutOfMemory& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return kOutOfMemory;
   } catch (const std::exception& e) {
     std::cerr << "error: " << e.what() << "\n";
     return kFailure;

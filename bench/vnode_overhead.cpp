@@ -6,7 +6,10 @@
 // steps between them, so drift in the machine's speed affects both alike; the
 // table reports the median over repeated children. Peak RSS: one child per
 // loop, so each process's high-water mark is its own.
-//   vnode_overhead [--vnodes 1,2,4,8,16,32] [--micro-batch 32] [--examples 8192] [--repeats 5]
+//   vnode_overhead [--model convnet|resnet18|bert-tiny] [--vnodes 1,2,4,8,16,32]
+//                  [--micro-batch 32] [--examples 8192] [--repeats 5]
+// Models: the ConvNet on synthetic 28x28 images, a thin ResNet-18 (width 16) on
+// synthetic 3x32x32 images, and BERT-tiny on the fortunes-langid sentences (64 tokens).
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 #include <sys/resource.h>
@@ -28,6 +31,7 @@ struct Config {
   int64_t examples = 8192;  // examples trained per measurement (after warm-up)
   int64_t threads = 1;
   std::vector<int64_t> channels = {16, 32};
+  std::string model = "convnet";
 };
 
 constexpr int64_t kDatasetSize = 8192;
@@ -35,11 +39,33 @@ constexpr int64_t kWarmupSteps = 2;
 constexpr int64_t kBlocks = 8;
 using Clock = std::chrono::steady_clock;
 
+// The model and data sections of each benchmarked workload.
+std::pair<std::string, std::string> workload(const Config& c) {
+  if (c.model == "resnet18") {
+    return {"{name: resnet, options: {depth: 18, width: 16}}",
+            fmt::format("{{name: synthetic, options: {{train_size: {}, test_size: 0, shape: [3, "
+                        "32, 32], classes: 10}}}}",
+                        kDatasetSize)};
+  }
+  if (c.model == "bert-tiny") {
+    return {"{name: bert, options: {preset: tiny}}",
+            "{name: fortunes-langid, options: {max_length: 64}}"};
+  }
+  return {fmt::format("{{name: convnet, options: {{channels: [{}], hidden: 128, dropout: 0.25, "
+                      "batch_norm: true}}}}",
+                      fmt::join(c.channels, ", ")),
+          fmt::format("{{name: synthetic, options: {{train_size: {}, test_size: 0, shape: [1, 28, "
+                      "28], classes: 10}}}}",
+                      kDatasetSize)};
+}
+
 vflow::engine::JobSpec job_for(const Config& c, int64_t steps) {
-  const std::string text = fmt::format(R"(
+  const auto [model, data] = workload(c);
+  const std::string text =
+      fmt::format(R"(
 semantic:
-  model: {{name: convnet, options: {{channels: [{}], hidden: 128, dropout: 0.25, batch_norm: true}}}}
-  data: {{name: synthetic, options: {{train_size: {}, test_size: 0, shape: [1, 28, 28], classes: 10}}}}
+  model: {}
+  data: {}
   global_batch: {}
   virtual_nodes: {}
   optimizer: {{name: sgd, lr: 0.01, momentum: 0.9, nesterov: false, weight_decay: 0}}
@@ -48,8 +74,7 @@ semantic:
 resources: {{threads: {}}}
 output: {{evaluation: {{enabled: false}}, logging: {{progress: off}}}}
 )",
-                                       fmt::join(c.channels, ", "), kDatasetSize,
-                                       c.vnodes * c.micro_batch, c.vnodes, steps, c.threads);
+                  model, data, c.vnodes * c.micro_batch, c.vnodes, steps, c.threads);
   return vflow::engine::parse_job_spec(vflow::parse_yaml(text, "<bench job>"));
 }
 
@@ -76,27 +101,28 @@ class PlainRunner {
   PlainRunner(const Config& c, int64_t steps) : c_(c) {
     const auto spec = job_for(c, steps + kWarmupSteps);
     vflow::engine::configure_runtime(spec);
-    vflow::data::SyntheticOptions data_options;
-    data_options.size = kDatasetSize;
-    data_ = vflow::data::make_synthetic(data_options);
-    vflow::engine::seed_initialisation(spec.semantic);
-    vflow::models::ConvNetOptions model_options;
-    model_options.channels = c.channels;
-    model_ = std::make_shared<vflow::models::ConvNet>(model_options,
-                                                      vflow::models::ModelContext{{1, 28, 28}, 10});
+    // The same data set and model as the engine builds, from the same registries.
+    const auto& sem = spec.semantic;
+    const vflow::SpecNode none;
+    auto prepared =
+        vflow::data::DataRegistry::global().prepare(sem.data.name, none, sem.data.options);
+    data_ = prepared.load().train;
+    vflow::engine::seed_initialisation(sem);
+    model_ = vflow::models::ModelRegistry::global().prepare(
+        sem.model.name, none, sem.model.options,
+        {prepared.info.input_shape, prepared.info.num_classes, prepared.info.vocab_size})();
     optimizer_ = std::make_unique<torch::optim::SGD>(model_->parameters(),
                                                      torch::optim::SGDOptions(0.01).momentum(0.9));
-    perm_ = torch::randperm(kDatasetSize, torch::kInt64);
+    perm_ = torch::randperm(data_->size(), torch::kInt64);
   }
 
   void step() {
     optimizer_->zero_grad();
     for (int64_t v = 0; v < c_.vnodes; ++v) {
-      if (cursor_ + c_.micro_batch > kDatasetSize) cursor_ = 0;
+      if (cursor_ + c_.micro_batch > data_->size()) cursor_ = 0;
       const auto batch = data_->get(perm_.narrow(0, cursor_, c_.micro_batch));
       cursor_ += c_.micro_batch;
-      const auto loss =
-          torch::nn::functional::cross_entropy(model_->forward(batch.input), batch.target);
+      const auto loss = vflow::models::prediction_loss(model_->forward(batch.input), batch.target);
       (loss / static_cast<double>(c_.vnodes)).backward();
     }
     optimizer_->step();
@@ -104,8 +130,8 @@ class PlainRunner {
 
  private:
   Config c_;
-  std::shared_ptr<vflow::data::TensorDataset> data_;
-  std::shared_ptr<vflow::models::ConvNet> model_;
+  std::shared_ptr<vflow::data::Dataset> data_;
+  std::shared_ptr<vflow::models::Model> model_;
   std::unique_ptr<torch::optim::SGD> optimizer_;
   torch::Tensor perm_;
   int64_t cursor_ = 0;
@@ -161,8 +187,10 @@ struct Pair {
 
 Pair run_child(const std::string& self, const std::string& mode, const Config& c) {
   const std::string cmd = fmt::format(
-      "{} --child {} --vnodes {} --micro-batch {} --examples {} --threads {} --channels {}", self,
-      mode, c.vnodes, c.micro_batch, c.examples, c.threads, fmt::join(c.channels, ","));
+      "{} --child {} --model {} --vnodes {} --micro-batch {} --examples {} --threads {} "
+      "--channels {}",
+      self, mode, c.model, c.vnodes, c.micro_batch, c.examples, c.threads,
+      fmt::join(c.channels, ","));
   FILE* pipe = popen(cmd.c_str(), "r");
   if (!pipe) throw std::runtime_error("cannot start " + cmd);
   Pair p;
@@ -195,6 +223,8 @@ int main(int argc, char** argv) {
   app.add_option("--examples", c.examples, "examples per loop per measurement");
   app.add_option("--threads", c.threads, "intra-op threads");
   app.add_option("--channels", c.channels, "ConvNet channels")->delimiter(',');
+  app.add_option("--model", c.model, "convnet, resnet18 or bert-tiny")
+      ->check(CLI::IsMember({"convnet", "resnet18", "bert-tiny"}));
   app.add_option("--repeats", repeats, "throughput measurements (processes) per configuration");
   CLI11_PARSE(app, argc, argv);
   spdlog::set_level(spdlog::level::warn);
@@ -205,10 +235,9 @@ int main(int argc, char** argv) {
   }
 
   std::cout << fmt::format(
-      "ConvNet channels [{}] with batch norm and dropout, micro-batch b={}, {} examples per loop "
-      "per measurement, {} intra-op thread(s), median of {} processes, each alternating {} "
-      "blocks of vflow and plain steps\n\n",
-      fmt::join(c.channels, ", "), c.micro_batch, c.examples, c.threads, repeats, kBlocks);
+      "model {}, micro-batch b={}, {} examples per loop per measurement, {} intra-op thread(s), "
+      "median of {} processes, each alternating {} blocks of vflow and plain steps\n\n",
+      workload(c).first, c.micro_batch, c.examples, c.threads, repeats, kBlocks);
   std::cout << "| V | B | vflow ex/s | plain ex/s | ratio | vflow peak RSS MiB | plain peak RSS "
                "MiB |\n|---|---|---|---|---|---|---|\n";
   double rss_first = 0, rss_last = 0, worst = 1e9;

@@ -26,6 +26,11 @@ ModelBuilder make_mlp_factory(OptionReader& opt, const ModelContext& ctx) {
   o.hidden = opt.get_int_list("hidden", o.hidden, 1, 1 << 20);
   o.dropout = opt.get_double("dropout", o.dropout, 0.0, 0.99);
   o.batch_norm = opt.get_bool("batch_norm", o.batch_norm);
+  if (ctx.vocab_size > 0) {
+    opt.fail("hidden",
+             "mlp needs float inputs; the data holds token ids (use bert or "
+             "transformer-lm)");
+  }
   return [o, ctx] { return std::make_shared<Mlp>(o, ctx); };
 }
 

@@ -1,8 +1,13 @@
 #include "vflow/models/registry.h"
 
+#include <torch/nn/functional/loss.h>
+
 #include "vflow/core/error.h"
 #include "vflow/models/convnet.h"
 #include "vflow/models/mlp.h"
+#include "vflow/models/resnet.h"
+#include "vflow/models/torchscript.h"
+#include "vflow/models/transformer.h"
 
 namespace vflow::models {
 
@@ -10,6 +15,24 @@ ModelRegistry::ModelRegistry() : Registry("model") {
   add("mlp", "multi-layer perceptron (options: hidden, dropout, batch_norm)", make_mlp_factory);
   add("convnet", "conv + batch norm + dropout (options: channels, hidden, dropout, batch_norm)",
       make_convnet_factory);
+  add("resnet", "ResNet-18/34/50/101 (options: depth, stem, width)", make_resnet_factory);
+  add("bert",
+      "BERT-style encoder classifying token sequences (options: preset, layers, hidden, heads, "
+      "intermediate, dropout)",
+      make_bert_factory);
+  add("transformer-lm",
+      "decoder-only Transformer language model (options: layers, hidden, heads, intermediate, "
+      "dropout)",
+      make_transformer_lm_factory);
+  add("torchscript", "a TorchScript module exported from Python (options: path)",
+      make_torchscript_factory);
+}
+
+torch::Tensor prediction_loss(const torch::Tensor& logits, const torch::Tensor& target, bool sum) {
+  namespace F = torch::nn::functional;
+  auto options = F::CrossEntropyFuncOptions();
+  if (sum) options.reduction(torch::kSum);
+  return F::cross_entropy(logits.reshape({-1, logits.size(-1)}), target.reshape({-1}), options);
 }
 
 ModelRegistry& ModelRegistry::global() {

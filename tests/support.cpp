@@ -1,12 +1,14 @@
 #include "support.h"
 
 #include <arpa/inet.h>
+#include <fmt/format.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <array>
+#include <catch2/catch.hpp>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -60,6 +62,16 @@ output:
   SpecNode root = parse_yaml(text, "<small test job>");
   for (const auto& o : overrides) apply_override(root, o);
   return engine::parse_job_spec(root);
+}
+
+std::string export_torchscript(const std::string& model, const std::string& path) {
+  const auto r =
+      run_command(fmt::format("/usr/bin/python3 {}/scripts/export_torchscript.py --model "
+                              "{} --out {} 2>&1",
+                              VFLOW_SOURCE_DIR, model, path));
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  return path;
 }
 
 int free_port() {

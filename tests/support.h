@@ -32,6 +32,10 @@ struct CommandResult {
   int exit_code = -1;
   std::string output;  ///< stdout and stderr together
 };
+/// Exports one of scripts/export_torchscript.py's example models to `path` with
+/// Python's torch (a test dependency) and returns `path`; fails the test if it cannot.
+std::string export_torchscript(const std::string& model, const std::string& path);
+
 /// A TCP port on 127.0.0.1 that was free a moment ago.
 int free_port();
 

@@ -396,6 +396,18 @@ const SpecNode& OptionReader::section(const std::string& key) {
   return *n;
 }
 
+std::vector<std::string> OptionReader::get_string_list(const std::string& key,
+                                                       std::vector<std::string> fallback) {
+  const SpecNode* n = lookup(key);
+  if (!n) return fallback;
+  if (n->is_scalar()) return {n->value()};
+  if (!n->is_sequence())
+    throw SpecError(fmt::format("{}: expected a list of strings", n->describe()));
+  std::vector<std::string> out;
+  for (const auto& item : n->items()) out.push_back(expect_scalar(item, "a string").value());
+  return out;
+}
+
 const std::vector<SpecNode>& OptionReader::list(const std::string& key) {
   static const std::vector<SpecNode> empty;
   const SpecNode* n = lookup(key);

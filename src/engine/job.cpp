@@ -23,7 +23,8 @@ std::unique_ptr<Trainer> make_trainer(const JobSpec& spec,
       data::DataRegistry::global().prepare(sem.data.name, no_name, sem.data.options);
   const auto builder = models::ModelRegistry::global().prepare(
       sem.model.name, no_name, sem.model.options,
-      models::ModelContext{prepared.info.input_shape, prepared.info.num_classes});
+      models::ModelContext{prepared.info.input_shape, prepared.info.num_classes,
+                           prepared.info.vocab_size});
   configure_runtime(spec);
 
   const auto t0 = std::chrono::steady_clock::now();
@@ -51,6 +52,9 @@ std::unique_ptr<Trainer> make_trainer(const JobSpec& spec,
   }
   if (!out.logging.metrics.empty()) {
     attach(std::make_shared<MetricsObserver>(out.logging.metrics, out.logging.every_steps));
+  }
+  if (!out.logging.tensorboard.empty()) {
+    attach(std::make_shared<TensorBoardObserver>(out.logging.tensorboard, out.logging.every_steps));
   }
   if (!out.checkpoint.dir.empty()) {
     attach(std::make_shared<CheckpointObserver>(out.checkpoint));

@@ -99,6 +99,7 @@ SpecNode full_tree(const JobSpec& spec) {
   res.set("threads", scalar(spec.resources.threads));
   res.set("prefetch", scalar(spec.resources.prefetch));
   res.set("timeout_s", scalar(spec.resources.timeout_s));
+  res.set("memory_limit_mb", scalar(spec.resources.memory_limit_mb));
   res.set("min_workers", scalar(spec.resources.min_workers));
   res.set("max_workers", scalar(spec.resources.max_workers));
   res.set("replace_failed", scalar(spec.resources.replace_failed));
@@ -130,6 +131,7 @@ SpecNode full_tree(const JobSpec& spec) {
   out.set("checkpoint", ckpt);
   SpecNode log = SpecNode::map();
   log.set("metrics", scalar(o.logging.metrics));
+  log.set("tensorboard", scalar(o.logging.tensorboard));
   log.set("progress", scalar(o.logging.progress));
   log.set("every_steps", scalar(o.logging.every_steps));
   log.set("level", scalar(o.logging.level));
@@ -147,8 +149,19 @@ void parse_semantic(const SpecNode& node, SemanticSpec& s, bool check_components
   {
     const SpecNode& m = r.section("model");
     OptionReader mr(m);
-    s.model.name = mr.get_string("name", s.model.name);
-    s.model.options = mr.section("options");
+    if (const SpecNode* script = m.find("torchscript")) {
+      // Shorthand: {torchscript: file.pt} = {name: torchscript, options: {path: file.pt}}.
+      if (m.find("name") || m.find("options")) {
+        mr.fail("torchscript", "the torchscript shorthand takes no name or options");
+      }
+      mr.get_string("torchscript", "");
+      s.model.name = "torchscript";
+      s.model.options = SpecNode::map(m.where(), m.path() + ".options");
+      s.model.options.set("path", *script, script->key_where());
+    } else {
+      s.model.name = mr.get_string("name", s.model.name);
+      s.model.options = mr.section("options");
+    }
     mr.finish();
   }
   const SpecNode* model_name = node.find("model") ? node.find("model")->find("name") : nullptr;
@@ -233,7 +246,8 @@ void parse_semantic(const SpecNode& node, SemanticSpec& s, bool check_components
       s.data.name, data_name ? *data_name : fallback_name, s.data.options);
   models::ModelRegistry::global().prepare(
       s.model.name, model_name ? *model_name : fallback_name, s.model.options,
-      models::ModelContext{prepared.info.input_shape, prepared.info.num_classes});
+      models::ModelContext{prepared.info.input_shape, prepared.info.num_classes,
+                           prepared.info.vocab_size});
 }
 
 void parse_layout(OptionReader& r, ResourcesSpec& res, const SemanticSpec& s) {
@@ -274,6 +288,7 @@ void parse_resources(const SpecNode& node, ResourcesSpec& res, const SemanticSpe
   res.threads = r.get_int("threads", res.threads, 0, 4096);
   res.prefetch = r.get_choice("prefetch", res.prefetch, {"auto", "true", "false"});
   res.timeout_s = r.get_double("timeout_s", res.timeout_s, 0.1, 86400.0);
+  res.memory_limit_mb = r.get_int("memory_limit_mb", res.memory_limit_mb, 0, int64_t{1} << 30);
   res.min_workers = r.get_int("min_workers", res.min_workers, 1, kBig);
   res.max_workers = r.get_int("max_workers", res.max_workers, 0, kBig);
   if (res.max_workers > s.virtual_nodes) {
@@ -322,6 +337,7 @@ void parse_output(const SpecNode& node, OutputSpec& out) {
     OptionReader l(r.section("logging"));
     auto& lg = out.logging;
     lg.metrics = l.get_string("metrics", lg.metrics);
+    lg.tensorboard = l.get_string("tensorboard", lg.tensorboard);
     lg.progress = l.get_choice("progress", lg.progress, {"auto", "bar", "lines", "off"});
     lg.every_steps = l.get_int("every_steps", lg.every_steps, 1, kBig);
     lg.level = l.get_choice("level", lg.level, {"trace", "debug", "info", "warn", "error"});

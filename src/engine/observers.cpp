@@ -11,6 +11,7 @@
 
 #include "vflow/core/error.h"
 #include "vflow/engine/checkpoint.h"
+#include "vflow/engine/tensorboard.h"
 
 namespace vflow::engine {
 
@@ -20,6 +21,11 @@ using Clock = std::chrono::steady_clock;
 /// Wall-clock time, comparable across processes (for records several workers write).
 double unix_seconds() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+// A JSON number; NaN and infinities (a diverged run) have no JSON form and become null.
+std::string json_number(double value) {
+  return std::isfinite(value) ? fmt::format("{:.6g}", value) : std::string("null");
 }
 
 std::string duration_text(double seconds) {
@@ -141,9 +147,9 @@ void MetricsObserver::on_step_end(Trainer& trainer, const StepInfo& info) {
   if (done % every_steps_ != 0 && done != info.total_steps) return;
   const double steps = static_cast<double>(window_.steps);
   write(fmt::format(
-      R"({{"event":"step","step":{},"epoch":{},"loss":{:.6g},"lr":{:.6g},"examples_per_second":{:.1f},)"
+      R"({{"event":"step","step":{},"epoch":{},"loss":{},"lr":{},"examples_per_second":{:.1f},)"
       R"("compute_ms":{:.3f},"sync_ms":{:.3f},"update_ms":{:.3f},"workers":{},"time":{:.6f}}})",
-      done, info.epoch, info.loss, info.lr,
+      done, info.epoch, json_number(info.loss), json_number(info.lr),
       window_.seconds > 0 ? static_cast<double>(window_.examples) / window_.seconds : 0.0,
       1e3 * window_.compute / steps, 1e3 * window_.sync / steps, 1e3 * window_.update / steps,
       info.workers, unix_seconds()));
@@ -151,13 +157,51 @@ void MetricsObserver::on_step_end(Trainer& trainer, const StepInfo& info) {
 }
 
 void MetricsObserver::on_evaluation(Trainer& trainer, const EvalResult& result) {
-  write(fmt::format(R"({{"event":"eval","step":{},"accuracy":{:.6g},"loss":{:.6g},"examples":{}}})",
-                    result.step, result.accuracy, result.loss, result.examples));
+  write(fmt::format(R"({{"event":"eval","step":{},"accuracy":{},"loss":{},"examples":{}}})",
+                    result.step, json_number(result.accuracy), json_number(result.loss),
+                    result.examples));
 }
 
 void MetricsObserver::on_train_end(Trainer& trainer) {
   write(fmt::format(R"({{"event":"end","step":{},"fingerprint":"{}"}})", trainer.step(),
                     trainer.fingerprint()));
+}
+
+// ---- TensorBoard -----------------------------------------------------------------------
+
+TensorBoardObserver::TensorBoardObserver(std::string dir, int64_t every_steps)
+    : dir_(std::move(dir)), every_steps_(every_steps) {}
+
+TensorBoardObserver::~TensorBoardObserver() = default;
+
+TensorBoardWriter& TensorBoardObserver::writer() {
+  if (!writer_) writer_ = std::make_unique<TensorBoardWriter>(dir_);
+  return *writer_;
+}
+
+void TensorBoardObserver::on_step_end(Trainer& trainer, const StepInfo& info) {
+  examples_ += info.examples;
+  seconds_ += info.seconds;
+  const int64_t done = info.step + 1;
+  if (done % every_steps_ != 0 && done != info.total_steps) return;
+  auto& w = writer();
+  w.scalar("train/loss", done, info.loss);
+  w.scalar("train/lr", done, info.lr);
+  if (seconds_ > 0) w.scalar("train/examples_per_second", done, examples_ / seconds_);
+  w.flush();
+  examples_ = 0;
+  seconds_ = 0;
+}
+
+void TensorBoardObserver::on_evaluation(Trainer& trainer, const EvalResult& result) {
+  auto& w = writer();
+  w.scalar("eval/loss", result.step, result.loss);
+  w.scalar("eval/accuracy", result.step, result.accuracy);
+  w.flush();
+}
+
+void TensorBoardObserver::on_train_end(Trainer& trainer) {
+  if (writer_) writer_->flush();
 }
 
 // ---- checkpoints -----------------------------------------------------------------------

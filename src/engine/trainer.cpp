@@ -2,9 +2,12 @@
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
+#include <sys/resource.h>
 #include <torch/torch.h>
 
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <sstream>
@@ -88,6 +91,23 @@ void configure_runtime(const JobSpec& spec) {
           : static_cast<int64_t>(std::max(1U, std::thread::hardware_concurrency()));
   torch::set_num_threads(static_cast<int>(threads));
   compat::set_deterministic_algorithms(spec.semantic.deterministic);
+  if (spec.resources.memory_limit_mb > 0) {
+    // OpenBLAS (0.3.21, Debian 12) retries a failed allocation of its per-thread work
+    // buffers forever instead of failing (OpenBLAS issue 5289): let it allocate them for
+    // the main thread and every intra-op thread before memory is capped.
+    const auto a = torch::ones({256, 256});
+    torch::mm(a, a);
+    at::parallel_for(0, threads, 1, [&](int64_t, int64_t) { torch::mm(a, a); });
+    // The soft limit only, so that a process running several jobs can lift it again.
+    rlimit limit{};
+    getrlimit(RLIMIT_DATA, &limit);
+    const auto bytes = static_cast<rlim_t>(spec.resources.memory_limit_mb) << 20;
+    limit.rlim_cur = limit.rlim_max == RLIM_INFINITY ? bytes : std::min(bytes, limit.rlim_max);
+    if (setrlimit(RLIMIT_DATA, &limit) != 0) {
+      throw Error(fmt::format("cannot limit memory to {} MiB: {}", spec.resources.memory_limit_mb,
+                              std::strerror(errno)));
+    }
+  }
 }
 
 /// One unit of vnode work: vnode `vnode` of step `step`.
@@ -243,6 +263,34 @@ struct Trainer::Impl {
     return batch;
   }
 
+  /// train_step(), with allocation failures turned into OutOfMemory naming the remedy.
+  StepInfo guarded_step() {
+    try {
+      return train_step();
+    } catch (const std::bad_alloc&) {
+      throw out_of_memory();
+    } catch (const c10::Error& e) {
+      // LibTorch's CPU allocator: "can't allocate memory" (malloc failed) or "not enough
+      // memory" (size checks); anything else is not ours to translate.
+      const auto& m = e.msg();
+      if (m.find("can't allocate memory") == std::string::npos &&
+          m.find("not enough memory") == std::string::npos) {
+        throw;
+      }
+      throw out_of_memory();
+    }
+  }
+
+  OutOfMemory out_of_memory() const {
+    const int64_t limit = spec.resources.memory_limit_mb;
+    return OutOfMemory(fmt::format(
+        "step {}: out of memory{}: a vnode of {} examples (global batch {} as {} vnodes) needs "
+        "more than this worker may use; more virtual_nodes make each vnode smaller",
+        step, limit > 0 ? fmt::format(" under resources.memory_limit_mb = {}", limit) : "",
+        spec.semantic.global_batch / spec.semantic.virtual_nodes, spec.semantic.global_batch,
+        spec.semantic.virtual_nodes));
+  }
+
   StepInfo train_step() {
     VFLOW_ASSERT(step < total_steps, "train_step() after the last step");
     const auto t0 = Clock::now();
@@ -274,7 +322,7 @@ struct Trainer::Impl {
           vnode::mix_seed(spec.semantic.seed, static_cast<uint64_t>(s), static_cast<uint64_t>(v)));
       kernels->begin_vnode(v, ordinal - 1);
       const auto logits = model->forward(b.input);
-      const auto loss = torch::nn::functional::cross_entropy(logits, b.target);
+      const auto loss = models::prediction_loss(logits, b.target);
       // Weight n_v / B: the accumulated gradient is the global batch's mean-loss gradient.
       (loss * (static_cast<double>(part.size) / static_cast<double>(batch.size))).backward();
       kernels->end_vnode(v);
@@ -384,7 +432,7 @@ void Trainer::add_observer(std::shared_ptr<TrainingObserver> observer) {
   impl_->observers.push_back(std::move(observer));
 }
 
-StepInfo Trainer::train_step() { return impl_->train_step(); }
+StepInfo Trainer::train_step() { return impl_->guarded_step(); }
 
 TrainResult Trainer::run() {
   auto& im = *impl_;
@@ -410,7 +458,7 @@ TrainResult Trainer::run() {
   while (im.step < im.total_steps && !im.stop_agreed && im.regroup_agreed == 0) {
     StepInfo info;
     try {
-      info = im.train_step();
+      info = im.guarded_step();
     } catch (const comm::PeerFailure&) {
       im.abandon_step();
       throw;
@@ -448,23 +496,23 @@ EvalResult Trainer::evaluate() {
   const int64_t chunk = im.spec.output.evaluation.batch;
   double loss_sum = 0;
   int64_t correct = 0;
+  int64_t predictions = 0;  // examples, or tokens of a sequence model
   for (int64_t begin = 0; begin < n; begin += chunk) {
     const int64_t size = std::min(chunk, n - begin);
     auto b = im.data.test->get(torch::arange(begin, begin + size, torch::kInt64));
     const auto logits = im.model->forward(b.input.to(im.device));
     const auto target = b.target.to(im.device);
-    loss_sum +=
-        torch::nn::functional::cross_entropy(
-            logits, target, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
-            .item<double>();
-    correct += logits.argmax(1).eq(target).sum().item<int64_t>();
+    loss_sum += models::prediction_loss(logits, target, /*sum=*/true).item<double>();
+    correct += logits.argmax(-1).eq(target).sum().item<int64_t>();
+    predictions += target.numel();
   }
   im.model->train();
   EvalResult r;
   r.step = im.step;
   r.examples = n;
-  r.loss = n > 0 ? loss_sum / static_cast<double>(n) : 0;
-  r.accuracy = n > 0 ? static_cast<double>(correct) / static_cast<double>(n) : 0;
+  r.loss = predictions > 0 ? loss_sum / static_cast<double>(predictions) : 0;
+  r.accuracy =
+      predictions > 0 ? static_cast<double>(correct) / static_cast<double>(predictions) : 0;
   return r;
 }
 

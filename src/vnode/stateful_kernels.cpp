@@ -84,6 +84,12 @@ std::unique_ptr<StatefulKernel> match_norm(torch::nn::Module& m) {
                                               momentum_of(norm->options.momentum()));
 }
 
+std::unique_ptr<StatefulKernel> match_view(torch::nn::Module& m) {
+  auto* view = dynamic_cast<RunningStatsViewImpl*>(&m);
+  if (!view) return nullptr;
+  return std::make_unique<RunningStatsKernel>(view->mean, view->var, view->count, view->momentum);
+}
+
 std::mutex& registry_mutex() {
   static std::mutex m;
   return m;
@@ -100,6 +106,7 @@ std::vector<StatefulKernelFactory> all_factories() {
     std::lock_guard<std::mutex> lock(registry_mutex());
     out = factories();
   }
+  out.emplace_back(match_view);
   out.emplace_back(match_norm<torch::nn::BatchNorm1dImpl>);
   out.emplace_back(match_norm<torch::nn::BatchNorm2dImpl>);
   out.emplace_back(match_norm<torch::nn::BatchNorm3dImpl>);

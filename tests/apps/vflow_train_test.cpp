@@ -101,3 +101,22 @@ TEST_CASE("SIGTERM stops vflow-train at a step boundary with a checkpoint", "[in
   CHECK_THAT(r.output, Contains("[checkpoint] wrote"));
   CHECK(vflow::engine::list_checkpoints(dir.path()).size() == 1);
 }
+
+TEST_CASE("a vnode too big for resources.memory_limit_mb fails with exit code 6; more vnodes fit",
+          "[integration]") {
+  // 512 examples of 64x64 through a 64-channel convolution: about 1 GiB per activation
+  // tensor as one vnode, 32 MiB as 32 vnodes of 16.
+  const std::string job =
+      " --set semantic.data='{name: synthetic, options: {train_size: 512, test_size: 0, shape: "
+      "[1, 64, 64], classes: 3}}'"
+      " --set semantic.model.options='{channels: [64], hidden: 8}' --set semantic.global_batch=512"
+      " --set semantic.steps=2 --set semantic.epochs=null --set resources.threads=1"
+      " --set resources.memory_limit_mb=1200";
+  const auto big = run_command(kTrain + job + " --set semantic.virtual_nodes=1");
+  CHECK(big.exit_code == 6);
+  CHECK_THAT(big.output, Contains("step 0: out of memory under resources.memory_limit_mb = 1200: "
+                                  "a vnode of 512 examples"));
+  const auto small = run_command(kTrain + job + " --set semantic.virtual_nodes=32");
+  INFO(small.output);
+  CHECK(small.exit_code == 0);
+}

@@ -32,6 +32,18 @@ JobSpec frozen_job(const std::string& model, int64_t virtual_nodes, bool batch_n
   });
 }
 
+/// As frozen_job, for any model section and data shape.
+JobSpec frozen_job_of(const std::string& model_yaml, const std::string& data_options,
+                      int64_t virtual_nodes) {
+  return vflow::testing::small_job({
+      "semantic.model=" + model_yaml,
+      "semantic.data.options=" + data_options,
+      "semantic.virtual_nodes=" + std::to_string(virtual_nodes),
+      "semantic.optimizer={name: sgd, lr: 0, momentum: 0, weight_decay: 0}",
+      "semantic.steps=3",
+  });
+}
+
 struct Setup {
   std::shared_ptr<vflow::models::Model> model;
   std::shared_ptr<vflow::models::Model> reference;
@@ -89,16 +101,17 @@ TEST_CASE("the gradient of N weighted vnodes equals the one-big-batch gradient",
   }
 }
 
-TEST_CASE("batch-norm running statistics follow sequential updates in vnode order", "[unit]") {
-  const int64_t n = 6;
-  // 108 examples: two full batches of 48, then a tail of 12 (2 per vnode).
-  const auto spec = frozen_job("mlp", n, true, 108);
+namespace {
+
+/// Trains 3 frozen steps and checks every buffer against torch's own modules running
+/// the vnode slices one after another (the stateful-kernel rule of DESIGN.md §2).
+void check_sequential_statistics(const JobSpec& spec, size_t buffers) {
+  const int64_t n = spec.semantic.virtual_nodes;
   auto s = build(spec);
   Trainer trainer(spec, s.model, s.data);
   for (int64_t step = 0; step < 3; ++step) {
     const auto indices = as_tensor(trainer.batch_indices(step));
     trainer.train_step();
-    // Reference: torch's own batch norm, vnode slices run one after another.
     s.reference->train();
     torch::NoGradGuard no_grad;
     const int64_t size = indices.size(0);
@@ -109,13 +122,43 @@ TEST_CASE("batch-norm running statistics follow sequential updates in vnode orde
     const auto got = s.model->named_buffers();
     const auto want = s.reference->named_buffers();
     REQUIRE(got.size() == want.size());
-    REQUIRE(got.size() == 6);  // two BatchNorm1d: mean, var, count each
+    REQUIRE(got.size() == buffers);
     for (size_t i = 0; i < got.size(); ++i) {
       CAPTURE(step, got[i].key());
       CHECK(torch::allclose(got[i].value().to(torch::kDouble), want[i].value().to(torch::kDouble),
                             1e-6, 1e-7));
     }
   }
+}
+
+}  // namespace
+
+TEST_CASE("batch-norm running statistics follow sequential updates in vnode order", "[unit]") {
+  // 108 examples: two full batches of 48, then a tail of 12 (2 per vnode).
+  check_sequential_statistics(frozen_job("mlp", 6, true, 108), 6);  // 2 BatchNorm1d x 3
+}
+
+TEST_CASE("ResNet's batch norms follow the stateful-kernel rule", "[unit]") {
+  // Stem + 8 basic blocks (2 norms each) + 3 projection shortcuts = 20 norms x 3 buffers.
+  check_sequential_statistics(frozen_job_of("{name: resnet, options: {depth: 18, width: 4}}",
+                                            "{train_size: 108, shape: [3, 8, 8], classes: 4}", 4),
+                              60);
+}
+
+TEST_CASE("batch norms inside a TorchScript model follow the stateful-kernel rule",
+          "[integration][torchscript]") {
+  vflow::testing::TempDir dir;
+  // Momentum 0.1 (ConvNet) and a cumulative average (momentum None).
+  const auto convnet = vflow::testing::export_torchscript("convnet", dir.file("convnet.pt"));
+  check_sequential_statistics(
+      frozen_job_of("{torchscript: " + convnet + "}",
+                    "{train_size: 108, shape: [1, 28, 28], classes: 10}", 6),
+      6);
+  const auto mlp = vflow::testing::export_torchscript("mlp-cumulative", dir.file("mlp.pt"));
+  check_sequential_statistics(
+      frozen_job_of("{torchscript: " + mlp + "}",
+                    "{train_size: 108, shape: [1, 28, 28], classes: 10}", 6),
+      3);
 }
 
 TEST_CASE("the contribution table reproduces cumulative-average batch norm too", "[unit]") {

@@ -36,6 +36,13 @@ class CheckpointError : public Error {
   using Error::Error;
 };
 
+/// A training step needed more memory than the worker may use (resources.memory_limit_mb
+/// or the machine's own limit). More vnodes make each vnode, and so its memory, smaller.
+class OutOfMemory : public Error {
+ public:
+  using Error::Error;
+};
+
 /// A violated internal invariant: a bug in vflow, not a user mistake.
 class InternalError : public Error {
  public:

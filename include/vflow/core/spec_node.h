@@ -99,6 +99,9 @@ class OptionReader {
                          const std::vector<std::string>& choices);
   std::vector<int64_t> get_int_list(const std::string& key, std::vector<int64_t> fallback,
                                     int64_t min, int64_t max);
+  /// A list of strings; a single scalar counts as a list of one.
+  std::vector<std::string> get_string_list(const std::string& key,
+                                           std::vector<std::string> fallback);
   /// A nested section (a map or absent); marks the key as known.
   const SpecNode& section(const std::string& key);
   /// A nested list (empty when absent); marks the key as known.

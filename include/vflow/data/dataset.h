@@ -14,7 +14,8 @@
 
 namespace vflow::data {
 
-/// A batch of examples: inputs [n, ...] (float) and integer class targets [n].
+/// A batch of examples: inputs [n, ...] (float features, or int64 token ids) and int64
+/// targets: a class per example [n], or a class per position [n, T] (language models).
 struct Batch {
   torch::Tensor input;
   torch::Tensor target;
@@ -24,6 +25,7 @@ struct Batch {
 struct DataInfo {
   std::vector<int64_t> input_shape;  ///< shape of one example, e.g. {1, 28, 28}
   int64_t num_classes = 0;
+  int64_t vocab_size = 0;  ///< inputs are token ids in [0, vocab_size); 0 = float inputs
 };
 
 /// A finite, indexable data set. get() must be safe to call from a background
@@ -40,7 +42,9 @@ class Dataset {
 /// Examples held as two tensors in memory.
 class TensorDataset final : public Dataset {
  public:
-  TensorDataset(torch::Tensor inputs, torch::Tensor targets, int64_t num_classes);
+  /// `vocab_size` > 0 marks integer token inputs (DataInfo::vocab_size).
+  TensorDataset(torch::Tensor inputs, torch::Tensor targets, int64_t num_classes,
+                int64_t vocab_size = 0);
   int64_t size() const override { return inputs_.size(0); }
   DataInfo info() const override;
   Batch get(const torch::Tensor& indices) const override;
@@ -51,6 +55,7 @@ class TensorDataset final : public Dataset {
   torch::Tensor inputs_;
   torch::Tensor targets_;
   int64_t num_classes_;
+  int64_t vocab_size_;
 };
 
 /// The training split and the (optional) evaluation split of a job.
@@ -72,7 +77,8 @@ using DataFactory = std::function<PreparedData(OptionReader& options)>;
 
 class DataRegistry : public Registry<DataFactory> {
  public:
-  /// The registry with vflow's data sets: "fashion-mnist" and "synthetic".
+  /// The registry with vflow's data sets: "fashion-mnist", "synthetic", "text-classes",
+  /// "text-lm" and the fortune-package presets "fortunes-langid" and "fortunes-lm".
   static DataRegistry& global();
 
   /// Validates `options` for data set `name`; unknown names and keys are SpecErrors.

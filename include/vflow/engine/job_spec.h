@@ -71,6 +71,9 @@ struct ResourcesSpec {
   int64_t min_workers = 1;  ///< an elastic job never runs on fewer; below it, it stops
   int64_t max_workers = 0;  ///< resize requests above it are refused; 0 = virtual_nodes
   bool replace_failed = false;  ///< the launcher starts a new worker for each one that dies
+  /// Each worker's data memory (heap and anonymous mappings, RLIMIT_DATA) in MiB; a step
+  /// that needs more ends the job with OutOfMemory. 0 = no limit.
+  int64_t memory_limit_mb = 0;
   /// One worker of a planned first generation (vflow-plan prints them).
   struct Worker {
     int64_t vnodes = 0;    ///< vnodes this worker holds (exact mode: equal vnode sizes)
@@ -97,6 +100,7 @@ struct CheckpointSpec {
 
 struct LoggingSpec {
   std::string metrics;            ///< JSON-lines metrics file; empty = none
+  std::string tensorboard;        ///< directory for TensorBoard event files; empty = none
   std::string progress = "auto";  ///< auto | bar | lines | off
   int64_t every_steps = 50;       ///< period of progress lines and metrics records
   std::string level = "info";     ///< trace | debug | info | warn | error

@@ -66,6 +66,28 @@ class MetricsObserver final : public TrainingObserver {
   } window_;
 };
 
+class TensorBoardWriter;
+
+/// TensorBoard scalars (train/loss, train/lr, train/examples_per_second, eval/loss,
+/// eval/accuracy) every k steps and at each evaluation, in an event file in `dir`
+/// (created on the first record, so a worker that never leads writes none).
+class TensorBoardObserver final : public TrainingObserver {
+ public:
+  TensorBoardObserver(std::string dir, int64_t every_steps);
+  ~TensorBoardObserver() override;
+  void on_step_end(Trainer& trainer, const StepInfo& info) override;
+  void on_evaluation(Trainer& trainer, const EvalResult& result) override;
+  void on_train_end(Trainer& trainer) override;
+
+ private:
+  TensorBoardWriter& writer();
+  std::string dir_;
+  int64_t every_steps_;
+  std::unique_ptr<TensorBoardWriter> writer_;
+  int64_t examples_ = 0;
+  double seconds_ = 0;
+};
+
 /// Writes checkpoints every k steps and at the end (also when stopped early).
 class CheckpointObserver final : public TrainingObserver {
  public:

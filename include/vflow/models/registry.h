@@ -19,9 +19,11 @@ namespace vflow::models {
 struct ModelContext {
   std::vector<int64_t> input_shape;  ///< one example, e.g. {1, 28, 28}
   int64_t num_classes = 0;
+  int64_t vocab_size = 0;  ///< inputs are int64 token ids in [0, vocab_size); 0 = float inputs
 };
 
-/// A classifier: maps a batch of inputs [n, ...] to logits [n, num_classes].
+/// A classifier: maps a batch of inputs [n, ...] to logits [n, num_classes], or a
+/// sequence model: maps [n, T] to per-position logits [n, T, num_classes].
 /// Any module that normalises with running statistics (batch norm) is handled
 /// by vflow's stateful-kernel mechanism; dropout draws from torch's default
 /// generator, which vflow seeds per (seed, step, vnode).
@@ -30,6 +32,12 @@ class Model : public torch::nn::Module {
   virtual torch::Tensor forward(const torch::Tensor& input) = 0;
 };
 
+/// Cross-entropy of logits [n, C] against targets [n], or of [n, T, C] against [n, T]
+/// (every position one prediction, all equally weighted). `sum`: the sum instead of
+/// the mean over predictions.
+torch::Tensor prediction_loss(const torch::Tensor& logits, const torch::Tensor& target,
+                              bool sum = false);
+
 using ModelBuilder = std::function<std::shared_ptr<Model>()>;
 /// Reads and validates a model's options (throwing SpecError through the reader) and
 /// returns a builder. Building happens later, after all validation has passed.
@@ -37,7 +45,8 @@ using ModelFactory = std::function<ModelBuilder(OptionReader& options, const Mod
 
 class ModelRegistry : public Registry<ModelFactory> {
  public:
-  /// The registry with vflow's models: "mlp" and "convnet".
+  /// The registry with vflow's models: "mlp", "convnet", "resnet", "bert",
+  /// "transformer-lm" and "torchscript".
   static ModelRegistry& global();
 
   /// Validates `options` for model `name`; unknown names and keys are SpecErrors.

@@ -11,10 +11,12 @@
 #pragma once
 
 #include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
 #include <torch/types.h>
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <vector>
 
 namespace vflow::vnode {
@@ -38,6 +40,22 @@ class StatefulKernel {
 
 /// Returns a kernel for modules it recognises, nullptr for the rest.
 using StatefulKernelFactory = std::function<std::unique_ptr<StatefulKernel>(torch::nn::Module&)>;
+
+/// Running statistics updated by code vflow cannot see as a torch::nn norm module,
+/// e.g. a batch norm inside a TorchScript graph. Register one as a child module of
+/// the model, holding the same tensors, and StatefulKernelSet treats them as it treats
+/// batch norm's. It registers no parameters or buffers itself: the tensors stay
+/// registered where they belong, so they are counted once.
+class RunningStatsViewImpl : public torch::nn::Module {
+ public:
+  /// `count` may be undefined (no counter); `momentum` empty = cumulative average.
+  RunningStatsViewImpl(torch::Tensor mean, torch::Tensor var, torch::Tensor count,
+                       std::optional<double> momentum)
+      : mean(std::move(mean)), var(std::move(var)), count(std::move(count)), momentum(momentum) {}
+  torch::Tensor mean, var, count;
+  std::optional<double> momentum;
+};
+TORCH_MODULE(RunningStatsView);
 
 /// All stateful kernels of a model and the per-step contribution table.
 class StatefulKernelSet {

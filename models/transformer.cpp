@@ -1,0 +1,163 @@
+#include "vflow/models/transformer.h"
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include <cmath>
+
+namespace vflow::models {
+
+namespace nn = torch::nn;
+
+namespace {
+// Added to the attention scores of masked positions: large enough to vanish under
+// softmax, finite so that a fully masked row cannot produce NaN.
+constexpr double kMasked = -1e9;
+
+int64_t intermediate_of(const TransformerOptions& o) {
+  return o.intermediate > 0 ? o.intermediate : 4 * o.hidden;
+}
+}  // namespace
+
+TransformerOptions bert_preset(const std::string& name) {
+  TransformerOptions o;
+  if (name == "tiny") o.layers = 2, o.hidden = 128, o.heads = 2;
+  if (name == "mini") o.layers = 4, o.hidden = 256, o.heads = 4;
+  if (name == "small") o.layers = 4, o.hidden = 512, o.heads = 8;
+  if (name == "medium") o.layers = 8, o.hidden = 512, o.heads = 8;
+  if (name == "base") o.layers = 12, o.hidden = 768, o.heads = 12;
+  return o;
+}
+
+TransformerBlockImpl::TransformerBlockImpl(const TransformerOptions& o, bool pre_norm)
+    : heads_(o.heads),
+      pre_norm_(pre_norm),
+      qkv_(register_module("qkv", nn::Linear(o.hidden, 3 * o.hidden))),
+      out_(register_module("out", nn::Linear(o.hidden, o.hidden))),
+      up_(register_module("up", nn::Linear(o.hidden, intermediate_of(o)))),
+      down_(register_module("down", nn::Linear(intermediate_of(o), o.hidden))),
+      norm1_(register_module("norm1", nn::LayerNorm(nn::LayerNormOptions({o.hidden})))),
+      norm2_(register_module("norm2", nn::LayerNorm(nn::LayerNormOptions({o.hidden})))),
+      dropout_(register_module("dropout", nn::Dropout(o.dropout))) {}
+
+torch::Tensor TransformerBlockImpl::attend(const torch::Tensor& x, const torch::Tensor& mask) {
+  const int64_t n = x.size(0), t = x.size(1), width = x.size(2), head = width / heads_;
+  auto qkv = qkv_->forward(x).view({n, t, 3, heads_, head}).permute({2, 0, 3, 1, 4});
+  const auto q = qkv[0], k = qkv[1], v = qkv[2];  // [n, heads, T, head]
+  auto scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(head));
+  if (mask.defined()) scores = scores + mask;
+  auto weights = dropout_->forward(torch::softmax(scores, -1));
+  auto y = torch::matmul(weights, v).transpose(1, 2).reshape({n, t, width});
+  return out_->forward(y);
+}
+
+torch::Tensor TransformerBlockImpl::forward(const torch::Tensor& x, const torch::Tensor& mask) {
+  auto feed_forward = [this](const torch::Tensor& h) {
+    return down_->forward(torch::gelu(up_->forward(h)));
+  };
+  if (pre_norm_) {
+    auto y = x + dropout_->forward(attend(norm1_->forward(x), mask));
+    return y + dropout_->forward(feed_forward(norm2_->forward(y)));
+  }
+  auto y = norm1_->forward(x + dropout_->forward(attend(x, mask)));
+  return norm2_->forward(y + dropout_->forward(feed_forward(y)));
+}
+
+TransformerStackImpl::TransformerStackImpl(const TransformerOptions& o, int64_t vocab,
+                                           int64_t positions, bool pre_norm)
+    : tokens_(register_module("tokens", nn::Embedding(vocab, o.hidden))),
+      positions_(register_module("positions", nn::Embedding(positions, o.hidden))),
+      norm_(register_module("norm", nn::LayerNorm(nn::LayerNormOptions({o.hidden})))),
+      dropout_(register_module("dropout", nn::Dropout(o.dropout))),
+      blocks_(register_module("blocks", nn::ModuleList())),
+      pre_norm_(pre_norm) {
+  for (int64_t i = 0; i < o.layers; ++i) blocks_->push_back(TransformerBlock(o, pre_norm));
+  // BERT's and GPT-2's initialisation of embeddings: N(0, 0.02).
+  torch::NoGradGuard no_grad;
+  tokens_->weight.normal_(0.0, 0.02);
+  positions_->weight.normal_(0.0, 0.02);
+}
+
+torch::Tensor TransformerStackImpl::forward(const torch::Tensor& tokens,
+                                            const torch::Tensor& mask) {
+  const auto where = torch::arange(tokens.size(1), tokens.options().dtype(torch::kInt64));
+  auto x = tokens_->forward(tokens) + positions_->forward(where).unsqueeze(0);
+  x = dropout_->forward(pre_norm_ ? x : norm_->forward(x));
+  for (const auto& block : *blocks_) x = block->as<TransformerBlock>()->forward(x, mask);
+  return pre_norm_ ? norm_->forward(x) : x;
+}
+
+BertClassifier::BertClassifier(const TransformerOptions& o, const ModelContext& ctx) {
+  encoder_ = register_module(
+      "encoder", TransformerStack(o, ctx.vocab_size, ctx.input_shape.at(0), /*pre_norm=*/false));
+  pooler_ = register_module("pooler", nn::Linear(o.hidden, o.hidden));
+  dropout_ = register_module("dropout", nn::Dropout(o.dropout));
+  classifier_ = register_module("classifier", nn::Linear(o.hidden, ctx.num_classes));
+}
+
+torch::Tensor BertClassifier::forward(const torch::Tensor& tokens) {
+  // Padding (id 0) is hidden from every query: [n, 1, 1, T] broadcasts over heads and queries.
+  const auto mask =
+      tokens.eq(0).to(torch::kFloat32).mul(kMasked).view({tokens.size(0), 1, 1, tokens.size(1)});
+  const auto h = encoder_->forward(tokens, mask);
+  const auto pooled = torch::tanh(pooler_->forward(h.select(1, 0)));
+  return classifier_->forward(dropout_->forward(pooled));
+}
+
+TransformerLm::TransformerLm(const TransformerOptions& o, const ModelContext& ctx) {
+  decoder_ = register_module(
+      "decoder", TransformerStack(o, ctx.vocab_size, ctx.input_shape.at(0), /*pre_norm=*/true));
+  head_ = register_module("head", nn::Linear(o.hidden, ctx.num_classes));
+}
+
+torch::Tensor TransformerLm::forward(const torch::Tensor& tokens) {
+  const int64_t t = tokens.size(1);
+  // Position i attends to positions 0..i only.
+  const auto causal =
+      torch::full({t, t}, kMasked, torch::TensorOptions().device(tokens.device())).triu(1);
+  return head_->forward(decoder_->forward(tokens, causal));
+}
+
+namespace {
+
+TransformerOptions read_transformer(OptionReader& opt, TransformerOptions o, const char* model,
+                                    const ModelContext& ctx) {
+  o.layers = opt.get_int("layers", o.layers, 1, 1024);
+  o.hidden = opt.get_int("hidden", o.hidden, 1, 1 << 16);
+  o.heads = opt.get_int("heads", o.heads, 1, 1024);
+  o.intermediate = opt.get_int("intermediate", o.intermediate, 0, 1 << 20);
+  o.dropout = opt.get_double("dropout", o.dropout, 0.0, 0.99);
+  if (o.hidden % o.heads != 0) {
+    opt.fail("heads", fmt::format("{} heads do not divide hidden size {}", o.heads, o.hidden));
+  }
+  if (ctx.vocab_size <= 0 || ctx.input_shape.size() != 1) {
+    opt.fail("layers",
+             fmt::format("{} needs token sequences (a text data set such as "
+                         "fortunes-langid or fortunes-lm); the data has {}",
+                         model, ctx.vocab_size > 0 ? "tokens of another shape" : "float inputs"));
+  }
+  return o;
+}
+
+}  // namespace
+
+ModelBuilder make_bert_factory(OptionReader& opt, const ModelContext& ctx) {
+  const std::string preset =
+      opt.get_choice("preset", "tiny", {"tiny", "mini", "small", "medium", "base"});
+  const TransformerOptions o = read_transformer(opt, bert_preset(preset), "bert", ctx);
+  return [o, ctx] { return std::make_shared<BertClassifier>(o, ctx); };
+}
+
+ModelBuilder make_transformer_lm_factory(OptionReader& opt, const ModelContext& ctx) {
+  TransformerOptions defaults;
+  defaults.heads = 4;
+  const TransformerOptions o = read_transformer(opt, defaults, "transformer-lm", ctx);
+  if (ctx.num_classes != ctx.vocab_size) {
+    opt.fail("layers",
+             "transformer-lm predicts the next token: the data's classes must be its "
+             "vocabulary (a language-modelling data set such as fortunes-lm)");
+  }
+  return [o, ctx] { return std::make_shared<TransformerLm>(o, ctx); };
+}
+
+}  // namespace vflow::models
