@@ -120,3 +120,20 @@ TEST_CASE("a vnode too big for resources.memory_limit_mb fails with exit code 6;
   INFO(small.output);
   CHECK(small.exit_code == 0);
 }
+
+TEST_CASE("the example jobs are valid", "[integration]") {
+  TempDir dir;
+  // The TorchScript example trains convnet.pt from the working directory.
+  vflow::testing::export_torchscript("convnet", dir.file("convnet.pt"));
+  int checked = 0;
+  for (const auto& entry :
+       std::filesystem::directory_iterator(std::string(VFLOW_SOURCE_DIR) + "/examples/jobs")) {
+    if (entry.path().extension() != ".yaml") continue;
+    const auto r = run_command("cd " + dir.path() + " && " + kTrain + " " + entry.path().string() +
+                               " --check 2>&1");
+    INFO(entry.path().string() << "\n" << r.output);
+    CHECK(r.exit_code == 0);
+    ++checked;
+  }
+  CHECK(checked >= 4);
+}
