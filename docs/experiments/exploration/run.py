@@ -64,6 +64,9 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from report_common import command_line, revision  # noqa: E402
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
 MIB = 1 << 20
@@ -405,25 +408,6 @@ def write_report(args, path, command, started, probes, runs, plot_name):
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
     return lines
-
-
-def command_line():
-    """The command that is running, with the script relative to the root."""
-    argv = list(sys.argv)
-    script = os.path.abspath(argv[0])
-    if script.startswith(ROOT + os.sep):
-        argv[0] = os.path.relpath(script, ROOT)
-    return shlex.join(argv)
-
-
-def revision():
-    """The checkout's commit, or None (read-only git query)."""
-    try:
-        out = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short",
-                              "HEAD"], capture_output=True, text=True)
-    except OSError:
-        return None
-    return out.stdout.strip() if out.returncode == 0 else None
 
 
 def engine_knows_cap(train, cap_mb):
