@@ -20,12 +20,23 @@ int64_t intermediate_of(const TransformerOptions& o) {
 }  // namespace
 
 TransformerOptions bert_preset(const std::string& name) {
+  struct Size {
+    const char* name;
+    int64_t layers, hidden, heads;
+  };
+  static constexpr Size kSizes[] = {{"tiny", 2, 128, 2},
+                                    {"mini", 4, 256, 4},
+                                    {"small", 4, 512, 8},
+                                    {"medium", 8, 512, 8},
+                                    {"base", 12, 768, 12}};
   TransformerOptions o;
-  if (name == "tiny") o.layers = 2, o.hidden = 128, o.heads = 2;
-  if (name == "mini") o.layers = 4, o.hidden = 256, o.heads = 4;
-  if (name == "small") o.layers = 4, o.hidden = 512, o.heads = 8;
-  if (name == "medium") o.layers = 8, o.hidden = 512, o.heads = 8;
-  if (name == "base") o.layers = 12, o.hidden = 768, o.heads = 12;
+  for (const auto& size : kSizes) {
+    if (name == size.name) {
+      o.layers = size.layers;
+      o.hidden = size.hidden;
+      o.heads = size.heads;
+    }
+  }
   return o;
 }
 
