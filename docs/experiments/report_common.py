@@ -24,3 +24,14 @@ def revision():
     except OSError:
         return None
     return out.stdout.strip() if out.returncode == 0 else None
+
+
+def check_out_and_train(parser, args, here):
+    """Refuses a --quick run writing over the committed report in `here`, and a
+    --train that is not an executable."""
+    if args.quick and os.path.realpath(args.out) == os.path.realpath(here):
+        parser.error("--quick needs --out DIR elsewhere: it must not "
+                     "overwrite the committed report")
+    if not os.access(args.train, os.X_OK):
+        parser.error(f"--train: {args.train} is not an executable "
+                     "(build vflow first)")

@@ -47,7 +47,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from report_common import command_line, revision  # noqa: E402
+from report_common import check_out_and_train, command_line, revision  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
@@ -258,12 +258,7 @@ def parse_args(argv):
         parser.error("--steps must be at least 1")
     if any(k < 1 or k > 12 for k in args.workers):
         parser.error("--workers: each K must be in 1..12 (N = 12 vnodes)")
-    if args.quick and os.path.realpath(args.out) == os.path.realpath(HERE):
-        parser.error("--quick needs --out DIR elsewhere: it must not "
-                     "overwrite the committed report")
-    if not os.access(args.train, os.X_OK):
-        parser.error(f"--train: {args.train} is not an executable "
-                     "(build vflow first)")
+    check_out_and_train(parser, args, HERE)
     return args
 
 
