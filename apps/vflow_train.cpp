@@ -159,7 +159,7 @@ int main(int argc, char** argv) {
       return coordinator.serve(static_cast<int>(spec.resources.workers), &g_stop) ? kOk : kStopped;
     }
     if (elastic_worker) return run_as_elastic_worker(spec, *elastic_worker, timeout);
-    const auto rendezvous = vflow::comm::rendezvous_from_environment(timeout);
+    auto rendezvous = vflow::comm::rendezvous_from_environment(timeout);
     if (!rendezvous && (workers > 0 || spec.resources.workers > 1)) {
       // This process becomes the coordinator and runs this same command line as each worker.
       vflow::comm::LaunchOptions launch;
@@ -180,7 +180,11 @@ int main(int argc, char** argv) {
     }
     vflow::engine::JobRunOptions options;
     options.stop_flag = &g_stop;
-    if (rendezvous) options.communicator = vflow::comm::make_gloo_communicator(*rendezvous);
+    if (rendezvous) {
+      vflow::engine::choose_backend(spec.resources, vflow::engine::worker_device(spec.resources),
+                                    *rendezvous);
+      options.communicator = vflow::comm::make_communicator(*rendezvous);
+    }
     const auto result = vflow::engine::run_job(spec, options);
     if (options.communicator) options.communicator->leave();
     return report(result);

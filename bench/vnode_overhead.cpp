@@ -7,9 +7,13 @@
 // table reports the median over repeated children. Peak RSS: one child per
 // loop, so each process's high-water mark is its own.
 //   vnode_overhead [--model convnet|resnet18|bert-tiny] [--vnodes 1,2,4,8,16,32]
-//                  [--micro-batch 32] [--examples 8192] [--repeats 5]
-// Models: the ConvNet on synthetic 28x28 images, a thin ResNet-18 (width 16) on
+//                  [--micro-batch 32] [--examples 8192] [--repeats 5] [--device cpu|cuda:0]
+// On a CUDA device the timed blocks end with a device synchronisation, and the memory
+// column is the device memory the process holds at the end (cudaMemGetInfo, which
+// counts LibTorch's caching allocator at its high-water mark) instead of the peak RSS.
+// Models: the ConvNet on synthetic 28x28 images, a ResNet-18 (width 16 unless --width) on
 // synthetic 3x32x32 images, and BERT-tiny on the fortunes-langid sentences (64 tokens).
+#include <dlfcn.h>
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 #include <sys/resource.h>
@@ -32,6 +36,8 @@ struct Config {
   int64_t threads = 1;
   std::vector<int64_t> channels = {16, 32};
   std::string model = "convnet";
+  std::string device = "cpu";
+  int64_t width = 16;  // resnet18: channels of the first stage (64 = the real ResNet-18)
 };
 
 constexpr int64_t kDatasetSize = 8192;
@@ -42,7 +48,7 @@ using Clock = std::chrono::steady_clock;
 // The model and data sections of each benchmarked workload.
 std::pair<std::string, std::string> workload(const Config& c) {
   if (c.model == "resnet18") {
-    return {"{name: resnet, options: {depth: 18, width: 16}}",
+    return {fmt::format("{{name: resnet, options: {{depth: 18, width: {}}}}}", c.width),
             fmt::format("{{name: synthetic, options: {{train_size: {}, test_size: 0, shape: [3, "
                         "32, 32], classes: 10}}}}",
                         kDatasetSize)};
@@ -71,10 +77,10 @@ semantic:
   optimizer: {{name: sgd, lr: 0.01, momentum: 0.9, nesterov: false, weight_decay: 0}}
   schedule: {{name: constant}}
   steps: {}
-resources: {{threads: {}}}
+resources: {{threads: {}, device: '{}'}}
 output: {{evaluation: {{enabled: false}}, logging: {{progress: off}}}}
 )",
-                  model, data, c.vnodes * c.micro_batch, c.vnodes, steps, c.threads);
+                  model, data, c.vnodes * c.micro_batch, c.vnodes, steps, c.threads, c.device);
   return vflow::engine::parse_job_spec(vflow::parse_yaml(text, "<bench job>"));
 }
 
@@ -82,6 +88,29 @@ int64_t peak_rss_kb() {
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
   return usage.ru_maxrss;
+}
+
+/// Device memory in use on the current CUDA device, in KiB (CUDA's runtime is looked up
+/// at run time, so the benchmark needs no CUDA headers); -1 when unavailable.
+int64_t device_memory_kb() {
+  void* cudart = dlopen("libcudart.so", RTLD_NOW | RTLD_NOLOAD);
+  for (const char* name : {"libcudart.so.13", "libcudart.so.12", "libcudart.so"}) {
+    if (!cudart) cudart = dlopen(name, RTLD_NOW);
+  }
+  if (!cudart) return -1;
+  using MemGetInfo = int (*)(size_t*, size_t*);
+  const auto get = reinterpret_cast<MemGetInfo>(dlsym(cudart, "cudaMemGetInfo"));
+  size_t free_bytes = 0, total_bytes = 0;
+  if (!get || get(&free_bytes, &total_bytes) != 0) return -1;
+  return static_cast<int64_t>((total_bytes - free_bytes) / 1024);
+}
+
+int64_t memory_kb(const Config& c) {
+  return c.device == "cpu" ? peak_rss_kb() : device_memory_kb();
+}
+
+void synchronize(const Config& c) {
+  if (c.device != "cpu") torch::cuda::synchronize();
 }
 
 /// vflow: the engine's own step.
@@ -113,6 +142,8 @@ class PlainRunner {
         {prepared.info.input_shape, prepared.info.num_classes, prepared.info.vocab_size})();
     optimizer_ = std::make_unique<torch::optim::SGD>(model_->parameters(),
                                                      torch::optim::SGDOptions(0.01).momentum(0.9));
+    device_ = vflow::engine::worker_device(spec.resources);
+    model_->to(device_);
     perm_ = torch::randperm(data_->size(), torch::kInt64);
   }
 
@@ -120,8 +151,12 @@ class PlainRunner {
     optimizer_->zero_grad();
     for (int64_t v = 0; v < c_.vnodes; ++v) {
       if (cursor_ + c_.micro_batch > data_->size()) cursor_ = 0;
-      const auto batch = data_->get(perm_.narrow(0, cursor_, c_.micro_batch));
+      auto batch = data_->get(perm_.narrow(0, cursor_, c_.micro_batch));
       cursor_ += c_.micro_batch;
+      if (device_.is_cuda()) {
+        batch.input = batch.input.pin_memory().to(device_, /*non_blocking=*/true);
+        batch.target = batch.target.pin_memory().to(device_, /*non_blocking=*/true);
+      }
       const auto loss = vflow::models::prediction_loss(model_->forward(batch.input), batch.target);
       (loss / static_cast<double>(c_.vnodes)).backward();
     }
@@ -134,13 +169,16 @@ class PlainRunner {
   std::shared_ptr<vflow::models::Model> model_;
   std::unique_ptr<torch::optim::SGD> optimizer_;
   torch::Tensor perm_;
+  torch::Device device_ = torch::kCPU;
   int64_t cursor_ = 0;
 };
 
 template <typename Runner>
-double timed_steps(Runner& runner, int64_t steps) {
+double timed_steps(Runner& runner, int64_t steps, const Config& c) {
+  synchronize(c);
   const auto t0 = Clock::now();
   for (int64_t i = 0; i < steps; ++i) runner.step();
+  synchronize(c);
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
@@ -149,31 +187,31 @@ int child_main(const std::string& mode, const Config& c) {
   const int64_t steps = std::max<int64_t>(1, c.examples / (c.vnodes * c.micro_batch));
   if (mode == "memory-vflow") {
     VflowRunner r(c, steps);
-    std::printf("RESULT %.6f %ld\n", timed_steps(r, steps + kWarmupSteps), peak_rss_kb());
+    std::printf("RESULT %.6f %ld\n", timed_steps(r, steps + kWarmupSteps, c), memory_kb(c));
     return 0;
   }
   if (mode == "memory-plain") {
     PlainRunner r(c, steps);
-    std::printf("RESULT %.6f %ld\n", timed_steps(r, steps + kWarmupSteps), peak_rss_kb());
+    std::printf("RESULT %.6f %ld\n", timed_steps(r, steps + kWarmupSteps, c), memory_kb(c));
     return 0;
   }
   if (mode == "plain") {
     // The plain loop alone (examples/s), e.g. as one of K loops run side by side.
     PlainRunner r(c, steps);
-    timed_steps(r, kWarmupSteps);
-    const double seconds = timed_steps(r, steps);
+    timed_steps(r, kWarmupSteps, c);
+    const double seconds = timed_steps(r, steps, c);
     std::printf("RESULT %.3f 0\n", static_cast<double>(steps * c.vnodes * c.micro_batch) / seconds);
     return 0;
   }
   VflowRunner vflow_runner(c, steps);
   PlainRunner plain_runner(c, steps);
-  timed_steps(vflow_runner, kWarmupSteps);
-  timed_steps(plain_runner, kWarmupSteps);
+  timed_steps(vflow_runner, kWarmupSteps, c);
+  timed_steps(plain_runner, kWarmupSteps, c);
   double tv = 0, tp = 0;
   for (int64_t b = 0; b < kBlocks; ++b) {
     const int64_t n = steps * (b + 1) / kBlocks - steps * b / kBlocks;
-    tv += timed_steps(vflow_runner, n);
-    tp += timed_steps(plain_runner, n);
+    tv += timed_steps(vflow_runner, n, c);
+    tp += timed_steps(plain_runner, n, c);
   }
   const double trained = static_cast<double>(steps * c.vnodes * c.micro_batch);
   std::printf("RESULT %.3f %.3f\n", trained / tv, trained / tp);
@@ -188,9 +226,9 @@ struct Pair {
 Pair run_child(const std::string& self, const std::string& mode, const Config& c) {
   const std::string cmd = fmt::format(
       "{} --child {} --model {} --vnodes {} --micro-batch {} --examples {} --threads {} "
-      "--channels {}",
+      "--channels {} --device {} --width {}",
       self, mode, c.model, c.vnodes, c.micro_batch, c.examples, c.threads,
-      fmt::join(c.channels, ","));
+      fmt::join(c.channels, ","), c.device, c.width);
   FILE* pipe = popen(cmd.c_str(), "r");
   if (!pipe) throw std::runtime_error("cannot start " + cmd);
   Pair p;
@@ -226,6 +264,8 @@ int main(int argc, char** argv) {
   app.add_option("--model", c.model, "convnet, resnet18 or bert-tiny")
       ->check(CLI::IsMember({"convnet", "resnet18", "bert-tiny"}));
   app.add_option("--repeats", repeats, "throughput measurements (processes) per configuration");
+  app.add_option("--device", c.device, "cpu, cuda or cuda:K (resources.device)");
+  app.add_option("--width", c.width, "resnet18: first-stage channels (64 = ResNet-18)");
   CLI11_PARSE(app, argc, argv);
   spdlog::set_level(spdlog::level::warn);
 
@@ -236,10 +276,13 @@ int main(int argc, char** argv) {
 
   std::cout << fmt::format(
       "model {}, micro-batch b={}, {} examples per loop per measurement, {} intra-op thread(s), "
-      "median of {} processes, each alternating {} blocks of vflow and plain steps\n\n",
-      workload(c).first, c.micro_batch, c.examples, c.threads, repeats, kBlocks);
-  std::cout << "| V | B | vflow ex/s | plain ex/s | ratio | vflow peak RSS MiB | plain peak RSS "
-               "MiB |\n|---|---|---|---|---|---|---|\n";
+      "median of {} processes, each alternating {} blocks of vflow and plain steps, on {}\n\n",
+      workload(c).first, c.micro_batch, c.examples, c.threads, repeats, kBlocks, c.device);
+  const std::string memory = c.device == "cpu" ? "peak RSS" : "device memory";
+  std::cout << fmt::format(
+      "| V | B | vflow ex/s | plain ex/s | ratio | vflow {0} MiB | plain {0} MiB |\n"
+      "|---|---|---|---|---|---|---|\n",
+      memory);
   double rss_first = 0, rss_last = 0, worst = 1e9;
   for (int64_t v : vnodes) {
     c.vnodes = v;
@@ -262,7 +305,7 @@ int main(int argc, char** argv) {
     std::cout.flush();
   }
   std::cout << fmt::format(
-      "\nlowest median throughput ratio {:.3f}; vflow peak RSS from V={} to V={}: {:+.2f}%\n",
-      worst, vnodes.front(), vnodes.back(), 100.0 * (rss_last - rss_first) / rss_first);
+      "\nlowest median throughput ratio {:.3f}; vflow {} from V={} to V={}: {:+.2f}%\n", worst,
+      memory, vnodes.front(), vnodes.back(), 100.0 * (rss_last - rss_first) / rss_first);
   return 0;
 }

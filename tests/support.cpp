@@ -64,6 +64,18 @@ output:
   return engine::parse_job_spec(root);
 }
 
+comm::Rendezvous rendezvous_at(const comm::Coordinator& coordinator, int rank, int size,
+                               const std::string& generation, int timeout_ms) {
+  comm::Rendezvous r;
+  r.store_host = coordinator.host();
+  r.store_port = coordinator.port();
+  r.rank = rank;
+  r.world_size = size;
+  r.generation = generation;
+  r.timeout = std::chrono::milliseconds(timeout_ms);
+  return r;
+}
+
 std::string export_torchscript(const std::string& model, const std::string& path) {
   const auto r =
       run_command(fmt::format("/usr/bin/python3 {}/scripts/export_torchscript.py --model "

@@ -206,6 +206,7 @@ class ProcessGroup {
     c.name = member;
     std::vector<std::string> env = env_;
     env.push_back("VFLOW_MEMBER=" + member);
+    env.push_back("VFLOW_LOCAL_RANK=" + member);  // picks the GPU of device "cuda"
     env.insert(env.end(), extra.begin(), extra.end());
     c.pid = spawn(command_, env, out[1], err[1]);
     close(out[1]);

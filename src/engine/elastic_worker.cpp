@@ -51,6 +51,23 @@ std::optional<comm::Generation> await_generation(comm::ControlPlane& control, in
   }
 }
 
+/// The ranks of `before` that `after` leaves out, when `after` keeps the others in their
+/// order and adds no one (so a backend's shrink numbers the survivors as `after` does).
+std::optional<std::vector<int>> excluded_ranks(const std::vector<std::string>& before,
+                                               const std::vector<std::string>& after) {
+  std::vector<int> excluded;
+  size_t kept = 0;
+  for (size_t i = 0; i < before.size(); ++i) {
+    if (kept < after.size() && before[i] == after[kept]) {
+      ++kept;
+    } else {
+      excluded.push_back(static_cast<int>(i));
+    }
+  }
+  if (kept != after.size()) return std::nullopt;
+  return excluded;
+}
+
 }  // namespace
 
 void transfer_state(Trainer& trainer, comm::Communicator& communicator, int donor) {
@@ -112,6 +129,11 @@ ElasticOutcome run_elastic_worker(const JobSpec& spec, const ElasticWorkerOption
   // Survivors wait for the coordinator to collect every report (up to its timeout).
   const auto patience = 3 * options.timeout + std::chrono::seconds(5);
   bool was_member = false;
+  // The last generation's communicator, kept where the backend can shrink it into the
+  // next one (NCCL); every member decides alike from the two member lists.
+  std::shared_ptr<comm::Communicator> previous;
+  std::vector<std::string> previous_members;
+  bool previous_failed = false;
   while (true) {
     const auto g =
         await_generation(control, generation, me, was_member, patience, options.leave_flag);
@@ -125,15 +147,24 @@ ElasticOutcome run_elastic_worker(const JobSpec& spec, const ElasticWorkerOption
     const auto t0 = Clock::now();
     generation = g->id;
     std::shared_ptr<comm::Communicator> communicator;
+    comm::Rendezvous r;
     try {
-      comm::Rendezvous r;
       r.store_host = options.store_host;
       r.store_port = options.store_port;
       r.rank = g->rank_of(me);
       r.world_size = static_cast<int>(g->members.size());
       r.generation = std::to_string(g->id);
       r.timeout = options.timeout;
-      communicator = comm::make_gloo_communicator(r);
+      choose_backend(spec.resources, trainer->device(), r);
+      if (previous) {
+        if (const auto excluded = excluded_ranks(previous_members, g->members)) {
+          communicator = previous->shrink(*excluded, previous_failed);
+          VFLOW_ASSERT(!communicator || communicator->rank() == r.rank,
+                       "a shrunk communicator numbers the survivors as the generation does");
+        }
+        previous.reset();
+      }
+      if (!communicator) communicator = comm::make_communicator(r);
       control.mark_joined(g->id, me);
       if (g->transfer_state) transfer_state(*trainer, *communicator, g->rank_of(g->donor));
     } catch (const comm::PeerFailure& e) {
@@ -143,9 +174,10 @@ ElasticOutcome run_elastic_worker(const JobSpec& spec, const ElasticWorkerOption
     }
     trainer->set_communicator(communicator, g->vnodes);
     was_member = true;
-    spdlog::info("[elastic] worker {} is rank {} of {} in {} at step {} (regrouped in {:.3f} s)",
-                 me, communicator->rank(), communicator->size(), g->describe(), trainer->step(),
-                 seconds_since(t0));
+    spdlog::info(
+        "[elastic] worker {} is rank {} of {} in {} at step {} (regrouped in {:.3f} s, {})", me,
+        communicator->rank(), communicator->size(), g->describe(), trainer->step(),
+        seconds_since(t0), r.backend);
     if (g->stop) trainer->stop_now();
     TrainResult result;
     try {
@@ -154,11 +186,23 @@ ElasticOutcome run_elastic_worker(const JobSpec& spec, const ElasticWorkerOption
       spdlog::warn("[elastic] worker {}: {}; redoing step {} in the next generation", me, e.what(),
                    trainer->step());
       trainer->set_communicator(nullptr);
-      communicator.reset();  // closes this worker's connections, so peers notice at once
+      if (r.backend == "nccl") {  // its survivors shrink it (or it is aborted)
+        previous = std::move(communicator);
+        previous_members = g->members;
+        previous_failed = true;
+      }
+      communicator.reset();  // Gloo: closes this worker's connections, so peers notice at once
       control.report_survivor(g->id, me, trainer->step());
       continue;
     }
-    if (result.next_generation > 0) continue;
+    if (result.next_generation > 0) {
+      if (r.backend == "nccl") {
+        previous = communicator;
+        previous_members = g->members;
+        previous_failed = false;
+      }
+      continue;
+    }
     if (trainer->rank() == 0) {
       try {
         control.publish_step(trainer->step());

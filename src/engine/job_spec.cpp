@@ -87,6 +87,9 @@ SpecNode semantic_tree(const SemanticSpec& s) {
   }
   root.set("seed", scalar(s.seed));
   root.set("deterministic", scalar(s.deterministic));
+  // Written only when not the default, so that earlier specs' text (kept in their
+  // checkpoints and profiles) stays put.
+  if (s.precision != "fp32") root.set("precision", scalar(s.precision));
   return root;
 }
 
@@ -96,6 +99,7 @@ SpecNode full_tree(const JobSpec& spec) {
   SpecNode res = SpecNode::map();
   res.set("workers", scalar(spec.resources.workers));
   res.set("device", scalar(spec.resources.device));
+  res.set("backend", scalar(spec.resources.backend));
   res.set("threads", scalar(spec.resources.threads));
   res.set("prefetch", scalar(spec.resources.prefetch));
   res.set("timeout_s", scalar(spec.resources.timeout_s));
@@ -236,6 +240,7 @@ void parse_semantic(const SpecNode& node, SemanticSpec& s, bool check_components
   if (s.steps == 0 && s.epochs == 0) r.fail("epochs", "training needs steps > 0 or epochs > 0");
   s.seed = static_cast<uint64_t>(r.get_int("seed", static_cast<int64_t>(s.seed), 0, INT64_MAX));
   s.deterministic = r.get_bool("deterministic", s.deterministic);
+  s.precision = r.get_choice("precision", s.precision, {"fp32", "bf16"});
   r.finish();
   if (!check_components) return;
 
@@ -281,9 +286,15 @@ void parse_resources(const SpecNode& node, ResourcesSpec& res, const SemanticSpe
                                   res.workers, s.virtual_nodes));
   }
   res.device = r.get_string("device", res.device);
-  const bool cuda = res.device == "cuda" || res.device.rfind("cuda:", 0) == 0;
+  const bool cuda =
+      res.device == "cuda" || (res.device.size() > 5 && res.device.rfind("cuda:", 0) == 0 &&
+                               res.device.find_first_not_of("0123456789", 5) == std::string::npos);
   if (res.device != "cpu" && !cuda) {
     r.fail("device", fmt::format("unknown device '{}'; choices: cpu, cuda, cuda:K", res.device));
+  }
+  res.backend = r.get_choice("backend", res.backend, {"auto", "gloo", "nccl"});
+  if (res.backend == "nccl" && !cuda) {
+    r.fail("backend", "nccl needs workers on CUDA devices: set resources.device to cuda or cuda:K");
   }
   res.threads = r.get_int("threads", res.threads, 0, 4096);
   res.prefetch = r.get_choice("prefetch", res.prefetch, {"auto", "true", "false"});
@@ -355,7 +366,10 @@ std::string JobSpec::model_digest() const {
   std::string text;
   const SpecNode tree = semantic_tree(semantic);
   for (const auto& [key, node] : tree.entries()) {
-    if (key == "model" || key == "data") text += key + ":\n" + node.to_yaml(2);
+    // Precision changes the speed too (absent, as in earlier profiles, for fp32).
+    if (key == "model" || key == "data" || key == "precision") {
+      text += key + ":\n" + node.to_yaml(2);
+    }
   }
   uint64_t hash = 14695981039346656037ULL;  // FNV-1a, stable across builds
   for (const unsigned char c : text) {

@@ -16,6 +16,7 @@
 #include "engine/background_task.h"
 #include "engine/torch_compat.h"
 #include "vflow/comm/launcher.h"
+#include "vflow/comm/nccl.h"
 #include "vflow/core/error.h"
 #include "vflow/engine/checkpoint.h"
 #include "vflow/engine/fingerprint.h"
@@ -42,17 +43,6 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
-}
-
-torch::Device parse_device(const std::string& name) {
-  torch::Device device(name == "cuda" ? std::string("cuda:0") : name);
-  if (device.is_cuda() && !torch::cuda::is_available()) {
-    throw SpecError(
-        fmt::format("resources.device: '{}' requested but this LibTorch build or "
-                    "machine has no CUDA device",
-                    name));
-  }
-  return device;
 }
 
 /// The first line where two texts differ, for a readable mismatch message.
@@ -82,6 +72,56 @@ bool prefetch_enabled(const std::string& setting) {
 
 void seed_initialisation(const SemanticSpec& semantic) {
   torch::manual_seed(vnode::mix_seed(semantic.seed, kInitStream, 0));
+}
+
+torch::Device worker_device(const ResourcesSpec& resources) {
+  const std::string& name = resources.device;
+  if (name == "cpu") return torch::Device(torch::kCPU);
+  if (!torch::cuda::is_available()) {
+    throw SpecError(
+        fmt::format("resources.device: '{}' requested but this LibTorch build or "
+                    "machine has no CUDA device",
+                    name));
+  }
+  const auto count = static_cast<int>(torch::cuda::device_count());
+  if (name != "cuda") {
+    torch::Device device(name);
+    if (device.index() >= count) {
+      throw SpecError(fmt::format("resources.device: {} does not exist ({} CUDA device{} visible)",
+                                  name, count, count == 1 ? "" : "s"));
+    }
+    return device;
+  }
+  int local = 0;
+  for (const char* var :
+       {"VFLOW_LOCAL_RANK", "LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"}) {
+    if (const char* value = std::getenv(var); value && *value) {
+      local = std::atoi(value);
+      break;
+    }
+  }
+  return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(local % count));
+}
+
+void choose_backend(const ResourcesSpec& resources, torch::Device device, comm::Rendezvous& r) {
+  r.cuda_device = device.is_cuda() ? device.index() : 0;
+  if (resources.backend == "gloo" || (resources.backend == "auto" && !device.is_cuda())) {
+    r.backend = "gloo";
+    return;
+  }
+  if (!device.is_cuda()) {
+    throw SpecError("resources.backend: nccl needs workers on CUDA devices (resources.device)");
+  }
+  const auto nccl = comm::nccl_status();
+  if (nccl.usable()) {
+    r.backend = "nccl";
+  } else if (resources.backend == "nccl") {
+    throw SpecError(fmt::format("resources.backend: nccl cannot be used: {}", nccl.reason));
+  } else {
+    spdlog::info("[comm] NCCL cannot be used ({}); the CUDA workers talk through Gloo",
+                 nccl.reason);
+    r.backend = "gloo";
+  }
 }
 
 void configure_runtime(const JobSpec& spec) {
@@ -122,6 +162,7 @@ struct Trainer::Impl {
   std::shared_ptr<models::Model> model;
   data::DataSplits data;
   torch::Device device;
+  bool bf16;  // semantic.precision: forward passes under bfloat16 autocast
   vnode::VirtualNodePlan plan;
   vnode::DataOrder order;
   int64_t total_steps;
@@ -158,7 +199,8 @@ struct Trainer::Impl {
       : spec(std::move(s)),
         model(std::move(m)),
         data(std::move(d)),
-        device(parse_device(spec.resources.device)),
+        device(worker_device(spec.resources)),
+        bf16(spec.semantic.precision == "bf16"),
         plan(spec.semantic.global_batch, spec.semantic.virtual_nodes),
         order(spec.semantic.seed, data.train ? data.train->size() : 0, spec.semantic.global_batch,
               spec.semantic.data.drop_last),
@@ -321,8 +363,11 @@ struct Trainer::Impl {
       torch::manual_seed(
           vnode::mix_seed(spec.semantic.seed, static_cast<uint64_t>(s), static_cast<uint64_t>(v)));
       kernels->begin_vnode(v, ordinal - 1);
-      const auto logits = model->forward(b.input);
-      const auto loss = models::prediction_loss(logits, b.target);
+      torch::Tensor loss;
+      {
+        const compat::AutocastGuard autocast(device.type(), bf16);
+        loss = models::prediction_loss(model->forward(b.input), b.target);
+      }
       // Weight n_v / B: the accumulated gradient is the global batch's mean-loss gradient.
       (loss * (static_cast<double>(part.size) / static_cast<double>(batch.size))).backward();
       kernels->end_vnode(v);
@@ -439,10 +484,10 @@ TrainResult Trainer::run() {
   const auto& sem = im.spec.semantic;
   spdlog::info(
       "[engine] {} steps ({} per epoch), global batch {} = {} vnodes x {}, {} stateful "
-      "kernel(s), {} threads{}",
+      "kernel(s), {} threads on {}{}{}",
       im.total_steps, im.order.steps_per_epoch(), sem.global_batch, sem.virtual_nodes,
-      im.plan.vnode_size(), im.kernels->size(), torch::get_num_threads(),
-      sem.deterministic ? ", deterministic" : "");
+      im.plan.vnode_size(), im.kernels->size(), torch::get_num_threads(), im.device.str(),
+      sem.deterministic ? ", deterministic" : "", im.bf16 ? ", bf16 autocast" : "");
   spdlog::info("[engine] worker {} of {} holds vnodes {}..{}, background prefetch {}",
                im.comm->rank(), im.comm->size(), im.held.first, im.held.last - 1,
                im.prefetch ? "on" : "off");
@@ -500,6 +545,7 @@ EvalResult Trainer::evaluate() {
   for (int64_t begin = 0; begin < n; begin += chunk) {
     const int64_t size = std::min(chunk, n - begin);
     auto b = im.data.test->get(torch::arange(begin, begin + size, torch::kInt64));
+    const compat::AutocastGuard autocast(im.device.type(), im.bf16);
     const auto logits = im.model->forward(b.input.to(im.device));
     const auto target = b.target.to(im.device);
     loss_sum += models::prediction_loss(logits, target, /*sum=*/true).item<double>();
@@ -667,6 +713,8 @@ void Trainer::set_communicator(std::shared_ptr<comm::Communicator> communicator,
 }
 void Trainer::set_stop_flag(const std::atomic<bool>* flag) { impl_->stop_flag = flag; }
 std::string Trainer::fingerprint() const { return engine::fingerprint(*impl_->model); }
+torch::Device Trainer::device() const { return impl_->device; }
+
 int64_t Trainer::step() const { return impl_->step; }
 int64_t Trainer::total_steps() const { return impl_->total_steps; }
 int64_t Trainer::steps_per_epoch() const { return impl_->order.steps_per_epoch(); }

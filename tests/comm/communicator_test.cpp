@@ -7,7 +7,9 @@
 #include <chrono>
 #include <thread>
 
+#include "support.h"
 #include "vflow/comm/launcher.h"
+#include "vflow/comm/nccl.h"
 
 using vflow::comm::Coordinator;
 using vflow::comm::Rendezvous;
@@ -15,14 +17,7 @@ using vflow::comm::Rendezvous;
 namespace {
 Rendezvous rendezvous(const Coordinator& c, int rank, int size, const std::string& generation,
                       int timeout_ms = 10000) {
-  Rendezvous r;
-  r.store_host = c.host();
-  r.store_port = c.port();
-  r.rank = rank;
-  r.world_size = size;
-  r.generation = generation;
-  r.timeout = std::chrono::milliseconds(timeout_ms);
-  return r;
+  return vflow::testing::rendezvous_at(c, rank, size, generation, timeout_ms);
 }
 }  // namespace
 
@@ -81,4 +76,25 @@ TEST_CASE("a peer that leaves mid-job makes the next collective fail, not hang",
   auto t = torch::ones({1024});
   CHECK_THROWS_AS(comm->allreduce_sum(t), vflow::comm::PeerFailure);
   CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10));
+}
+
+TEST_CASE("The NCCL backend loads only when used and says why it cannot run", "[unit]") {
+  const auto status = vflow::comm::nccl_status();
+  INFO(status.reason);
+  // Built by CMake wherever CUDA's runtime and NCCL are found (this project's machines
+  // have them even without a GPU); the loader must then find it next to libvflow.
+  CHECK(status.built == static_cast<bool>(VFLOW_NCCL_BUILT));
+  if (status.built) CHECK(status.version >= 22700);
+  if (!status.usable()) {
+    CHECK_FALSE(status.reason.empty());
+    Coordinator coordinator("127.0.0.1", 0, std::chrono::seconds(5));
+    auto r = rendezvous(coordinator, 0, 1, "nccl");
+    r.backend = "nccl";
+    CHECK_THROWS_WITH(vflow::comm::make_communicator(r),
+                      Catch::Contains("cannot use NCCL") && Catch::Contains(status.reason));
+  }
+  vflow::comm::Rendezvous unknown;
+  unknown.backend = "mpi";
+  CHECK_THROWS_WITH(vflow::comm::make_communicator(unknown),
+                    Catch::Contains("unknown backend 'mpi'") && Catch::Contains("gloo, nccl"));
 }

@@ -102,6 +102,14 @@ TEST_CASE("each class of bad job spec is rejected with file, line and key", "[un
                Contains("resources.workers: 3 workers but only 2 virtual nodes"));
     CHECK_THAT(error_of("resources: {device: tpu}\n"),
                Contains("resources.device: unknown device 'tpu'"));
+    CHECK_THAT(error_of("resources: {device: 'cuda:x'}\n"),
+               Contains("resources.device: unknown device 'cuda:x'"));
+  }
+  SECTION("a backend that does not fit the device") {
+    CHECK_THAT(error_of("resources: {backend: nccl}\n"),
+               Contains("job.yaml:1:22: resources.backend: nccl needs workers on CUDA devices"));
+    CHECK_THAT(error_of("resources: {backend: mpi}\n"),
+               Contains("resources.backend: unknown value 'mpi'"));
   }
   SECTION("YAML syntax error") {
     CHECK_THAT(error_of("semantic:\n  global_batch: [1,\n"), Contains("job.yaml:"));

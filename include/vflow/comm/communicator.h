@@ -35,6 +35,19 @@ class Communicator {
   virtual void barrier() = 0;
   /// Tells the coordinator that this rank has finished (best effort, never throws).
   virtual void leave() {}
+  /// The communicator of the next generation made from this one, when the backend can
+  /// derive it without a fresh rendezvous: `excluded` are this generation's ranks that
+  /// are not in the next one (the others keep their order); `after_failure` says a peer
+  /// died, so work in flight is abandoned first. Every remaining rank must call it
+  /// together. Returns nullptr when the backend cannot (the caller then rendezvouses
+  /// afresh); Gloo always does.
+  virtual std::unique_ptr<Communicator> shrink(const std::vector<int>& excluded,
+                                               bool after_failure) {
+    return nullptr;
+  }
+  /// Abandons every collective in flight and releases the connections at once (used
+  /// when a peer failed: NCCL cannot be destroyed cleanly then). Never throws.
+  virtual void abort() {}
 };
 
 /// Where and how a worker meets its peers.
@@ -48,11 +61,17 @@ struct Rendezvous {
   /// This process hosts the store itself (rank 0 under an external launcher such as
   /// torchrun, mpirun or srun, where no vflow coordinator runs).
   bool host_store = false;
+  std::string backend = "gloo";  ///< gloo | nccl (see make_communicator)
+  int cuda_device = 0;           ///< nccl: this rank's CUDA device index
 };
 
 /// A Gloo communicator on LibTorch's c10d (ProcessGroupGloo over a TCPStore client).
 /// Throws PeerFailure when the peers do not all arrive within the timeout.
 std::unique_ptr<Communicator> make_gloo_communicator(const Rendezvous& rendezvous);
+
+/// The communicator of `rendezvous.backend`: "gloo" (CPU tensors, and CUDA tensors where
+/// LibTorch has CUDA) or "nccl" (CUDA tensors; see vflow/comm/nccl.h).
+std::unique_ptr<Communicator> make_communicator(const Rendezvous& rendezvous);
 
 /// A communicator of one rank: every collective is the identity.
 std::unique_ptr<Communicator> make_local_communicator();

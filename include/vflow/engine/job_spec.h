@@ -58,12 +58,18 @@ struct SemanticSpec {
   int64_t epochs = 3;          ///< used when steps is 0
   uint64_t seed = 1;           ///< seeds initialisation, data order and dropout
   bool deterministic = false;  ///< bitwise reproducible kernels (slower)
+  /// fp32, or bf16: forward passes under autocast to bfloat16 on the worker's device
+  /// (matrix products and convolutions in bf16; parameters, gradients, optimizer in fp32).
+  std::string precision = "fp32";
 };
 
 struct ResourcesSpec {
   int64_t workers = 1;         ///< worker processes (1..virtual_nodes)
-  std::string device = "cpu";  ///< cpu | cuda | cuda:K
-  int64_t threads = 0;         ///< intra-op threads; 0 = all cores
+  std::string device = "cpu";  ///< cpu | cuda (the local rank's GPU) | cuda:K
+  /// Collectives: auto (nccl on CUDA devices when the NCCL backend is usable, else
+  /// gloo) | gloo | nccl.
+  std::string backend = "auto";
+  int64_t threads = 0;  ///< intra-op threads; 0 = all cores
   /// Load the next vnode's batch on a background thread: on, off, or auto (on when this
   /// host has a core to spare: intra-op threads x local workers < cores).
   std::string prefetch = "auto";

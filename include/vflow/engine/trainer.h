@@ -95,8 +95,19 @@ void seed_initialisation(const SemanticSpec& semantic);
 bool prefetch_enabled(const std::string& setting);
 
 /// Applies the resources part to this process: intra-op threads and, for a
-/// deterministic job, LibTorch's deterministic algorithms.
+/// deterministic job, LibTorch's deterministic algorithms (cuDNN's too).
 void configure_runtime(const JobSpec& spec);
+
+/// The device this worker trains on: resources.device, where plain "cuda" is the local
+/// rank's device (VFLOW_LOCAL_RANK, LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_RANK or
+/// SLURM_LOCALID) modulo the devices visible. Throws SpecError when CUDA is asked for
+/// and this LibTorch build or machine has none.
+torch::Device worker_device(const ResourcesSpec& resources);
+
+/// Sets the rendezvous's backend and CUDA device from the resources part: backend auto
+/// is nccl for a worker on a CUDA device when the NCCL backend is usable, gloo otherwise.
+/// Throws SpecError when nccl is asked for and cannot be used.
+void choose_backend(const ResourcesSpec& resources, torch::Device device, comm::Rendezvous& r);
 
 class Trainer {
  public:
@@ -164,7 +175,8 @@ class Trainer {
   void record_examples(bool on);
 
   std::string fingerprint() const;
-  int64_t step() const;  ///< steps completed so far
+  int64_t step() const;          ///< steps completed so far
+  torch::Device device() const;  ///< where the model and gradient buffer live
   int64_t total_steps() const;
   int64_t steps_per_epoch() const;
   const JobSpec& spec() const;

@@ -1,0 +1,170 @@
+#!/usr/bin/env python3
+"""vflow's virtual-node step on one GPU against PyTorch's own training loop.
+
+Same model (CIFAR-style ResNet-18: 3x3 stem, basic blocks [2, 2, 2, 2], first-stage
+width --width, batch norm, no biases in convolutions), same synthetic 3x32x32 data
+held on the CPU and copied per micro-batch from pinned memory, same micro-batch b,
+the same V micro-batches accumulated per step, SGD with momentum 0.9, eager mode.
+
+For each V the script runs, one after the other in this one run:
+  * PyTorch: the loop a PyTorch user writes (zero_grad; V x (forward, loss / V,
+    backward); step), timed after warm-up with torch.cuda.synchronize();
+  * vflow and a plain LibTorch loop: bench/vnode_overhead --device cuda (the engine's
+    own step, and the same accumulation hand-written in LibTorch, alternating blocks
+    in one process).
+Memory: device memory the process holds at the end (total minus free, CUDA context
+and caching allocator included), for all three measured alike.
+
+    bench/gpu_compare.py [--build build] [--vnodes 1,2,4,8,16] [--micro-batch 64]
+                         [--width 64] [--examples 8192] [--repeats 3]
+
+Prints a Markdown table and the lowest vflow / PyTorch throughput ratio.
+"""
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WARMUP = 3
+
+
+def resnet18(width, classes=10):
+    import torch.nn as nn
+
+    class Block(nn.Module):
+        def __init__(self, cin, cout, stride):
+            super().__init__()
+            self.c1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+            self.b1 = nn.BatchNorm2d(cout)
+            self.c2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+            self.b2 = nn.BatchNorm2d(cout)
+            self.down = None
+            if stride != 1 or cin != cout:
+                self.down = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False),
+                                          nn.BatchNorm2d(cout))
+
+        def forward(self, x):
+            y = self.b2(self.c2(self.b1(self.c1(x)).relu()))
+            return (y + (self.down(x) if self.down is not None else x)).relu()
+
+    layers = [nn.Conv2d(3, width, 3, 1, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU()]
+    cin = width
+    for stage, stride in enumerate([1, 2, 2, 2]):
+        cout = width * 2 ** stage
+        layers += [Block(cin, cout, stride), Block(cout, cout, 1)]
+        cin = cout
+    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(cin, classes)]
+    return nn.Sequential(*layers)
+
+
+def device_memory_mib(torch):
+    free, total = torch.cuda.mem_get_info()
+    return (total - free) / 2**20
+
+
+def pytorch_run(vnodes, micro, width, examples):
+    """One measurement in a fresh process: examples/s and device memory (MiB)."""
+    import torch
+    import torch.nn.functional as F
+
+    torch.manual_seed(1)
+    device = torch.device("cuda:0")
+    x_all = torch.randn(8192, 3, 32, 32)
+    y_all = torch.randint(0, 10, (8192,))
+    model = resnet18(width).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    perm = torch.randperm(x_all.shape[0])
+    cursor = 0
+
+    def step():
+        nonlocal cursor
+        opt.zero_grad(set_to_none=False)
+        for _ in range(vnodes):
+            if cursor + micro > x_all.shape[0]:
+                cursor = 0
+            idx = perm[cursor:cursor + micro]
+            cursor += micro
+            x = x_all[idx].pin_memory().to(device, non_blocking=True)
+            y = y_all[idx].pin_memory().to(device, non_blocking=True)
+            (F.cross_entropy(model(x), y) / vnodes).backward()
+        opt.step()
+
+    steps = max(1, examples // (vnodes * micro))
+    for _ in range(WARMUP):
+        step()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    torch.cuda.synchronize()
+    seconds = time.perf_counter() - t0
+    print(f"RESULT {steps * vnodes * micro / seconds:.3f} {device_memory_mib(torch):.1f}")
+
+
+def measure_pytorch(args, vnodes):
+    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", str(vnodes),
+                          "--micro-batch", str(args.micro_batch), "--width", str(args.width),
+                          "--examples", str(args.examples)],
+                         capture_output=True, text=True, check=True).stdout
+    m = re.search(r"RESULT ([0-9.]+) ([0-9.]+)", out)
+    return float(m.group(1)), float(m.group(2))
+
+
+def measure_vflow(args):
+    """Runs bench/vnode_overhead on the GPU; returns {V: (vflow, plain, vflow MiB)}."""
+    exe = os.path.join(args.build, "bench", "vnode_overhead")
+    cmd = [exe, "--device", "cuda:0", "--model", "resnet18", "--width", str(args.width),
+           "--vnodes", args.vnodes, "--micro-batch", str(args.micro_batch),
+           "--examples", str(args.examples), "--repeats", str(args.repeats)]
+    print("$ " + " ".join(cmd), flush=True)
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    rows = {}
+    for line in out.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 7 and cells[0].isdigit():
+            rows[int(cells[0])] = (float(cells[2]), float(cells[3]), float(cells[5]))
+    return rows
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--build", default=os.path.join(ROOT, "build"))
+    p.add_argument("--vnodes", default="1,2,4,8,16")
+    p.add_argument("--micro-batch", type=int, default=64)
+    p.add_argument("--width", type=int, default=64)
+    p.add_argument("--examples", type=int, default=8192)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--child", type=int, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.child:
+        pytorch_run(args.child, args.micro_batch, args.width, args.examples)
+        return
+
+    import torch
+    if not torch.cuda.is_available():
+        sys.exit("gpu_compare: PyTorch sees no CUDA device")
+    print(f"ResNet-18 width {args.width}, micro-batch {args.micro_batch}, {args.examples} "
+          f"examples per measurement, {torch.cuda.get_device_name(0)}, PyTorch "
+          f"{torch.__version__}\n", flush=True)
+    vflow = measure_vflow(args)
+    print("\n| V | vflow ex/s | LibTorch loop ex/s | PyTorch ex/s | vflow / PyTorch | "
+          "vflow MiB | PyTorch MiB |\n|---|---|---|---|---|---|---|")
+    worst = None
+    for v in [int(x) for x in args.vnodes.split(",")]:
+        runs = [measure_pytorch(args, v) for _ in range(args.repeats)]
+        py = statistics.median(r[0] for r in runs)
+        py_mem = statistics.median(r[1] for r in runs)
+        ev, ep, ev_mem = vflow[v]
+        ratio = ev / py
+        worst = ratio if worst is None else min(worst, ratio)
+        print(f"| {v} | {ev:.0f} | {ep:.0f} | {py:.0f} | {ratio:.3f} | {ev_mem:.0f} | "
+              f"{py_mem:.0f} |", flush=True)
+    print(f"\nlowest vflow / PyTorch throughput ratio: {worst:.3f} (target 0.98)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,37 @@
+// The NCCL backend (DESIGN.md §7): collectives between CUDA devices.
+//
+// The backend is a separate library (libvflow_nccl), built when CMake finds CUDA's
+// runtime and NCCL, and loaded on first use; a CPU-only build or machine never loads
+// CUDA. Nothing in this header depends on CUDA.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "vflow/comm/communicator.h"
+
+namespace vflow::comm {
+
+/// What this build and machine offer for NCCL. Never throws.
+struct NcclStatus {
+  bool built = false;  ///< the backend library was found and loaded
+  int version = 0;     ///< NCCL's version code of the loaded library (e.g. 22809)
+  int devices = 0;     ///< CUDA devices visible to this process
+  std::string reason;  ///< why it is not usable (empty when it is)
+  bool usable() const { return built && devices > 0; }
+};
+
+NcclStatus nccl_status();
+
+/// An NCCL communicator for `rendezvous.cuda_device`. The rank of generation g that is
+/// rank 0 creates NCCL's unique id and publishes it in the job's store under the
+/// generation's prefix; every rank initialises in non-blocking mode and gives up after
+/// `rendezvous.timeout` (PeerFailure, the communicator aborted). Tensors may live on the
+/// CUDA device (used in place) or on the CPU (staged through device memory). Collectives
+/// wait for completion, polling NCCL's asynchronous error state; a failure or timeout
+/// aborts the communicator and throws PeerFailure naming the call, file:line and NCCL's
+/// message. `shrink` uses ncclCommShrink (NCCL >= 2.27); growth needs a fresh rendezvous.
+/// Throws Error when the backend is not built or no CUDA device is visible.
+std::unique_ptr<Communicator> make_nccl_communicator(const Rendezvous& rendezvous);
+
+}  // namespace vflow::comm

@@ -1,0 +1,452 @@
+// The NCCL communicator (libvflow_nccl): collectives between CUDA devices on raw device
+// pointers and a CUDA stream of its own, so it compiles without a CUDA build of
+// LibTorch. Loaded by src/comm/nccl_loader.cpp through the three C entry points at the
+// end of this file.
+#include <cuda_runtime_api.h>
+#include <fmt/format.h>
+#include <nccl.h>
+#include <spdlog/spdlog.h>
+#include <torch/types.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <set>
+#include <thread>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+
+#include "comm/store.h"
+#include "vflow/comm/launcher.h"
+#include "vflow/comm/nccl.h"
+
+namespace vflow::comm {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string where(const char* file, int line) {
+  const char* slash = std::strrchr(file, '/');
+  return fmt::format("{}:{}", slash ? slash + 1 : file, line);
+}
+
+/// A CUDA runtime call that failed: the call, file:line and CUDA's message.
+void check_cuda(cudaError_t status, const char* call, const char* file, int line) {
+  if (status == cudaSuccess) return;
+  throw Error(fmt::format("[comm] {} failed at {}: {} ({})", call, where(file, line),
+                          cudaGetErrorString(status), cudaGetErrorName(status)));
+}
+
+#define VFLOW_CUDA_CHECK(call) check_cuda((call), #call, __FILE__, __LINE__)
+
+ncclDataType_t nccl_type(const torch::Tensor& t) {
+  switch (t.scalar_type()) {
+    case torch::kFloat32:
+      return ncclFloat32;
+    case torch::kFloat64:
+      return ncclFloat64;
+    case torch::kFloat16:
+      return ncclFloat16;
+    case torch::kBFloat16:
+      return ncclBfloat16;
+    case torch::kInt64:
+      return ncclInt64;
+    case torch::kInt32:
+      return ncclInt32;
+    case torch::kInt8:
+      return ncclInt8;
+    case torch::kUInt8:
+      return ncclUint8;
+    default:
+      throw Error(fmt::format("[comm] NCCL has no type for tensors of {}",
+                              std::string(c10::toString(t.scalar_type()))));
+  }
+}
+
+/// The UUIDs of the ranks' devices, exchanged through the store before NCCL starts, so
+/// that two ranks on one GPU get a clear message rather than NCCL's refusal or a hang.
+bool shares_a_device(c10d::Store& store, int rank, int size, int device) {
+  cudaDeviceProp props{};
+  VFLOW_CUDA_CHECK(cudaGetDeviceProperties(&props, device));
+  const auto* bytes = reinterpret_cast<const uint8_t*>(&props.uuid);
+  store.set(fmt::format("nccl/device/{}", rank), std::vector<uint8_t>(bytes, bytes + 16));
+  std::set<std::vector<uint8_t>> seen;
+  for (int r = 0; r < size; ++r) seen.insert(store.get(fmt::format("nccl/device/{}", r)));
+  return static_cast<int>(seen.size()) < size;
+}
+
+class NcclCommunicator final : public Communicator {
+ public:
+  /// A fresh communicator: the unique id travels through the generation's store prefix.
+  explicit NcclCommunicator(const Rendezvous& r)
+      : rank_(r.rank), size_(r.world_size), device_(r.cuda_device), timeout_(r.timeout) {
+    VFLOW_CUDA_CHECK(cudaSetDevice(device_));
+    c10::intrusive_ptr<c10d::Store> prefixed;
+    ncclUniqueId id{};
+    try {
+      store_ = open_store(r.store_host, r.store_port, r.timeout, r.host_store);
+      prefixed = c10::make_intrusive<c10d::PrefixStore>("gen/" + r.generation, store_);
+      if (size_ > 1 && shares_a_device(*prefixed, rank_, size_, device_)) allow_shared_device();
+      if (rank_ == 0) {
+        check("ncclGetUniqueId", ncclGetUniqueId(&id), __FILE__, __LINE__);
+        const auto* bytes = reinterpret_cast<const uint8_t*>(&id);
+        prefixed->set("nccl/unique_id", std::vector<uint8_t>(bytes, bytes + sizeof id));
+      } else {
+        const auto bytes = prefixed->get("nccl/unique_id");
+        if (bytes.size() != sizeof id) {
+          throw Error(fmt::format("the store holds an NCCL id of {} bytes, not {}", bytes.size(),
+                                  sizeof id));
+        }
+        std::memcpy(&id, bytes.data(), sizeof id);
+      }
+    } catch (const Error&) {
+      throw;
+    } catch (const std::exception& e) {
+      const std::string what = e.what();
+      throw PeerFailure(
+          fmt::format("[comm] rank {} of {} could not exchange the NCCL id of generation {} at "
+                      "{}:{} within {} ms: {}",
+                      rank_, size_, r.generation, r.store_host, r.store_port, timeout_.count(),
+                      what.substr(0, what.find('\n'))));
+    }
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    try {
+      check("ncclCommInitRankConfig", ncclCommInitRankConfig(&comm_, size_, id, rank_, &config),
+            __FILE__, __LINE__);
+      await_ready("ncclCommInitRankConfig", __FILE__, __LINE__);
+      create_stream();
+    } catch (...) {
+      abort_now();  // no destructor runs for a constructor that throws
+      if (ready_) cudaEventDestroy(ready_);
+      if (stream_) cudaStreamDestroy(stream_);
+      throw;
+    }
+    spdlog::debug("[comm] NCCL rank {} of {} on cuda:{} ready (generation {})", rank_, size_,
+                  device_, r.generation);
+  }
+
+  NcclCommunicator(const NcclCommunicator&) = delete;
+  NcclCommunicator& operator=(const NcclCommunicator&) = delete;
+
+  ~NcclCommunicator() override {
+    if (broken_) abort_now();  // destroy can hang after a peer failed; abort cannot
+    if (comm_ && !aborted_) {
+      // A healthy communicator finalizes (its peers are alive, or it would have failed);
+      // if even that does not finish in time, abort rather than hang in destroy.
+      try {
+        check("ncclCommFinalize", ncclCommFinalize(comm_), __FILE__, __LINE__);
+        await_ready("ncclCommFinalize", __FILE__, __LINE__);
+        ncclCommDestroy(comm_);
+      } catch (const std::exception& e) {
+        spdlog::warn("{}", e.what());
+        abort_now();
+      }
+    }
+    if (scratch_) cudaFree(scratch_);
+    if (ready_) cudaEventDestroy(ready_);
+    if (stream_) cudaStreamDestroy(stream_);
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+
+  void allreduce_sum(torch::Tensor& tensor) override {
+    const auto count = static_cast<size_t>(tensor.numel());
+    const auto type = nccl_type(tensor);
+    in_place("ncclAllReduce", tensor, [&](void* data) {
+      return ncclAllReduce(data, data, count, type, ncclSum, comm_, stream_);
+    });
+  }
+
+  void broadcast(torch::Tensor& tensor, int root) override {
+    const auto count = static_cast<size_t>(tensor.numel());
+    const auto type = nccl_type(tensor);
+    in_place("ncclBroadcast", tensor, [&](void* data) {
+      return ncclBroadcast(data, data, count, type, root, comm_, stream_);
+    });
+  }
+
+  std::vector<torch::Tensor> all_gather(const torch::Tensor& tensor) override {
+    const auto input = tensor.contiguous();
+    const auto count = static_cast<size_t>(input.numel());
+    const auto type = nccl_type(input);
+    auto sizes = input.sizes().vec();
+    sizes.insert(sizes.begin(), size_);
+    auto gathered = torch::empty(sizes, input.options());
+    if (input.is_cuda()) {
+      check_device(input);
+      collective("ncclAllGather", __FILE__, __LINE__, [&] {
+        return ncclAllGather(input.data_ptr(), gathered.data_ptr(), count, type, comm_, stream_);
+      });
+    } else {
+      const size_t bytes = input.nbytes();
+      auto* recv = static_cast<char*>(scratch(bytes * (size_ + 1)));
+      auto* send = recv + bytes * size_;
+      VFLOW_CUDA_CHECK(
+          cudaMemcpyAsync(send, input.data_ptr(), bytes, cudaMemcpyHostToDevice, stream_));
+      collective("ncclAllGather", __FILE__, __LINE__,
+                 [&] { return ncclAllGather(send, recv, count, type, comm_, stream_); });
+      VFLOW_CUDA_CHECK(
+          cudaMemcpy(gathered.data_ptr(), recv, bytes * size_, cudaMemcpyDeviceToHost));
+    }
+    std::vector<torch::Tensor> out;
+    for (int r = 0; r < size_; ++r) out.push_back(gathered[r]);
+    return out;
+  }
+
+  void barrier() override {
+    auto one = torch::ones({1});
+    allreduce_sum(one);
+  }
+
+  void leave() override {
+    try {
+      if (store_) store_->add(kLeftKey, 1);
+    } catch (const std::exception& e) {
+      spdlog::warn("[comm] rank {} could not tell the coordinator it left: {}", rank_, e.what());
+    }
+  }
+
+  std::unique_ptr<Communicator> shrink(const std::vector<int>& excluded,
+                                       bool after_failure) override {
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
+    std::lock_guard<std::mutex> lock(calls_);
+    if (aborted_) return nullptr;  // nothing left to shrink: rendezvous afresh
+    VFLOW_CUDA_CHECK(cudaSetDevice(device_));
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    std::vector<int> ranks(excluded);
+    ncclComm_t child = nullptr;
+    const auto status =
+        ncclCommShrink(comm_, ranks.data(), static_cast<int>(ranks.size()), &child, &config,
+                       after_failure ? NCCL_SHRINK_ABORT : NCCL_SHRINK_DEFAULT);
+    if (status != ncclSuccess && status != ncclInProgress) {
+      fail("ncclCommShrink", status, __FILE__, __LINE__);
+    }
+    auto next = std::unique_ptr<NcclCommunicator>(new NcclCommunicator(child, *this));
+    next->await_ready("ncclCommShrink", __FILE__, __LINE__);
+    int rank = 0;
+    int count = 0;
+    next->check("ncclCommUserRank", ncclCommUserRank(child, &rank), __FILE__, __LINE__);
+    next->check("ncclCommCount", ncclCommCount(child, &count), __FILE__, __LINE__);
+    next->rank_ = rank;
+    next->size_ = count;
+    next->create_stream();
+    return next;
+#else
+    return nullptr;  // NCCL before 2.27 has no shrink: the caller rendezvouses afresh
+#endif
+  }
+
+  void abort() override {
+    // No thread may be inside another NCCL call during ncclCommAbort: when a collective
+    // is being waited for, its waiting loop aborts on our behalf.
+    if (calls_.try_lock()) {
+      abort_now();
+      calls_.unlock();
+    } else {
+      abort_requested_ = true;
+    }
+  }
+
+ private:
+  /// The child of a shrink: shares the parent's device, timeout and store.
+  NcclCommunicator(ncclComm_t child, const NcclCommunicator& parent)
+      : comm_(child),
+        rank_(parent.rank_),
+        size_(parent.size_),
+        device_(parent.device_),
+        timeout_(parent.timeout_),
+        store_(parent.store_) {}
+
+  void create_stream() {
+    VFLOW_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    VFLOW_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
+  }
+
+  /// NCCL >= 2.30 takes two ranks on one GPU only when asked; older versions refuse.
+  void allow_shared_device() {
+    int version = 0;
+    ncclGetVersion(&version);
+    if (version < NCCL_VERSION(2, 30, 0)) {
+      throw Error(fmt::format(
+          "[comm] two ranks of this job are on one GPU (rank {} on cuda:{}), which NCCL {} "
+          "refuses (2.30 and later allow it); give each worker its own device, or use "
+          "resources.backend: gloo",
+          rank_, device_, version));
+    }
+    setenv("NCCL_MULTI_RANK_GPU_ENABLE", "1", /*overwrite=*/0);
+  }
+
+  void ensure_usable(const char* call) const {
+    if (aborted_ || broken_) {
+      throw PeerFailure(
+          fmt::format("[comm] {} on rank {} of {}: the NCCL communicator was "
+                      "aborted after an earlier failure",
+                      call, rank_, size_));
+    }
+  }
+
+  void check(const char* call, ncclResult_t status, const char* file, int line) {
+    if (status != ncclSuccess && status != ncclInProgress) fail(call, status, file, line);
+  }
+
+  /// Marks the communicator broken (no later collective runs on it; a shrink with
+  /// after_failure may still derive the survivors' communicator, else it is aborted when
+  /// destroyed) and throws: a failure of a peer or of the network is a PeerFailure; a
+  /// misuse (bad argument, CUDA error) is a plain Error.
+  [[noreturn]] void fail(const char* call, ncclResult_t status, const char* file, int line) {
+    const char* last = comm_ ? ncclGetLastError(comm_) : nullptr;
+    const auto message = fmt::format("[comm] {} failed on rank {} of {} at {}: {}{}{}", call, rank_,
+                                     size_, where(file, line), ncclGetErrorString(status),
+                                     last && *last ? ": " : "", last ? last : "");
+    broken_ = true;
+    if (status == ncclRemoteError || status == ncclSystemError || status == ncclInternalError) {
+      throw PeerFailure(message);
+    }
+    throw Error(message);
+  }
+
+  /// Polls the communicator's asynchronous state until it leaves ncclInProgress.
+  void await_ready(const char* call, const char* file, int line) {
+    const auto deadline = Clock::now() + timeout_;
+    while (true) {
+      ncclResult_t state = ncclSuccess;
+      const auto polled = ncclCommGetAsyncError(comm_, &state);
+      if (polled != ncclSuccess) fail("ncclCommGetAsyncError", polled, file, line);
+      if (state == ncclSuccess) return;
+      if (state != ncclInProgress) fail(call, state, file, line);
+      give_up_after(deadline, call, file, line);
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  }
+
+  void give_up_after(Clock::time_point deadline, const char* call, const char* file, int line) {
+    if (abort_requested_) {
+      abort_now();
+      throw PeerFailure(fmt::format("[comm] {} on rank {} of {} was aborted at {}", call, rank_,
+                                    size_, where(file, line)));
+    }
+    if (Clock::now() < deadline) return;
+    broken_ = true;
+    throw PeerFailure(
+        fmt::format("[comm] {} on rank {} of {} did not finish within {} ms at {}; "
+                    "a peer is dead or silent",
+                    call, rank_, size_, timeout_.count(), where(file, line)));
+  }
+
+  /// Enqueues a collective after the work the caller queued on the legacy default stream
+  /// (where LibTorch runs unless told otherwise) and waits for it to finish.
+  template <typename Enqueue>
+  void collective(const char* call, const char* file, int line, Enqueue enqueue) {
+    std::lock_guard<std::mutex> lock(calls_);
+    ensure_usable(call);
+    VFLOW_CUDA_CHECK(cudaSetDevice(device_));
+    VFLOW_CUDA_CHECK(cudaEventRecord(ready_, cudaStreamLegacy));
+    VFLOW_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_, 0));
+    check(call, enqueue(), file, line);
+    const auto deadline = Clock::now() + timeout_;
+    while (true) {
+      ncclResult_t state = ncclSuccess;
+      const auto polled = ncclCommGetAsyncError(comm_, &state);
+      if (polled != ncclSuccess) fail("ncclCommGetAsyncError", polled, file, line);
+      if (state != ncclSuccess && state != ncclInProgress) fail(call, state, file, line);
+      if (state == ncclSuccess) {
+        const auto done = cudaStreamQuery(stream_);
+        if (done == cudaSuccess) return;
+        if (done != cudaErrorNotReady) check_cuda(done, "cudaStreamQuery", file, line);
+      }
+      give_up_after(deadline, call, file, line);
+      std::this_thread::yield();
+    }
+  }
+
+  void check_device(const torch::Tensor& t) const {
+    if (t.device().index() != device_ || !t.is_contiguous()) {
+      throw Error(fmt::format(
+          "[comm] NCCL rank {} works on contiguous tensors of cuda:{}, got "
+          "a {}tensor on {}",
+          rank_, device_, t.is_contiguous() ? "" : "non-contiguous ", t.device().str()));
+    }
+  }
+
+  /// Runs an in-place collective on a CUDA tensor, or on a CPU tensor staged through
+  /// device memory.
+  template <typename Enqueue>
+  void in_place(const char* call, torch::Tensor& tensor, Enqueue enqueue) {
+    if (tensor.is_cuda()) {
+      check_device(tensor);
+      collective(call, __FILE__, __LINE__, [&] { return enqueue(tensor.data_ptr()); });
+      return;
+    }
+    auto host = tensor.contiguous();
+    const size_t bytes = host.nbytes();
+    void* device = scratch(bytes);
+    VFLOW_CUDA_CHECK(
+        cudaMemcpyAsync(device, host.data_ptr(), bytes, cudaMemcpyHostToDevice, stream_));
+    collective(call, __FILE__, __LINE__, [&] { return enqueue(device); });
+    VFLOW_CUDA_CHECK(cudaMemcpy(host.data_ptr(), device, bytes, cudaMemcpyDeviceToHost));
+    if (!tensor.is_contiguous()) tensor.copy_(host);
+  }
+
+  void* scratch(size_t bytes) {
+    if (bytes > scratch_bytes_) {
+      if (scratch_) VFLOW_CUDA_CHECK(cudaFree(scratch_));
+      scratch_ = nullptr;
+      VFLOW_CUDA_CHECK(cudaSetDevice(device_));
+      VFLOW_CUDA_CHECK(cudaMalloc(&scratch_, bytes));
+      scratch_bytes_ = bytes;
+    }
+    return scratch_;
+  }
+
+  void abort_now() noexcept {
+    if (comm_ && !aborted_) {
+      aborted_ = true;
+      ncclCommAbort(comm_);
+    }
+  }
+
+  ncclComm_t comm_ = nullptr;
+  int rank_;
+  int size_;
+  int device_;
+  std::chrono::milliseconds timeout_;
+  c10::intrusive_ptr<c10d::Store> store_;
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t ready_ = nullptr;
+  void* scratch_ = nullptr;
+  size_t scratch_bytes_ = 0;
+  std::mutex calls_;
+  std::atomic<bool> abort_requested_{false};
+  bool broken_ = false;  ///< a collective failed: only shrink or abort remain
+  bool aborted_ = false;
+};
+
+}  // namespace
+}  // namespace vflow::comm
+
+// The entry points the loader looks up (C names, so that dlsym finds them).
+extern "C" {
+
+__attribute__((visibility("default"))) int vflow_nccl_version() {
+  int version = 0;
+  return ncclGetVersion(&version) == ncclSuccess ? version : 0;
+}
+
+/// CUDA devices visible, or -1 with CUDA's reason in `why`.
+__attribute__((visibility("default"))) int vflow_nccl_devices(char* why, size_t capacity) {
+  int count = 0;
+  const auto status = cudaGetDeviceCount(&count);
+  if (status == cudaSuccess) return count;
+  std::snprintf(why, capacity, "%s (%s)", cudaGetErrorString(status), cudaGetErrorName(status));
+  return -1;
+}
+
+__attribute__((visibility("default"))) vflow::comm::Communicator* vflow_nccl_create(
+    const vflow::comm::Rendezvous* rendezvous) {
+  return new vflow::comm::NcclCommunicator(*rendezvous);
+}
+}

@@ -1,0 +1,103 @@
+// Loads the NCCL backend (libvflow_nccl) on first use, so that CPU-only programs and
+// machines never load CUDA or NCCL. The backend lives next to libvflow (build tree and
+// install tree alike); VFLOW_NCCL_BACKEND names another file.
+#include <dlfcn.h>
+#include <fmt/format.h>
+
+#include <cstdlib>
+#include <mutex>
+#include <string>
+
+#include "vflow/comm/nccl.h"
+
+namespace vflow::comm {
+namespace {
+
+struct Backend {
+  int (*version)() = nullptr;
+  int (*devices)(char*, size_t) = nullptr;
+  Communicator* (*create)(const Rendezvous*) = nullptr;
+  std::string error;  ///< why it could not be loaded
+};
+
+std::string beside_this_library(const std::string& name) {
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<void*>(&nccl_status), &info) == 0 || !info.dli_fname) return name;
+  const std::string self = info.dli_fname;
+  const auto slash = self.rfind('/');
+  return slash == std::string::npos ? name : self.substr(0, slash + 1) + name;
+}
+
+const Backend& backend() {
+  static Backend loaded;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    const char* chosen = std::getenv("VFLOW_NCCL_BACKEND");
+    std::string path = chosen && *chosen ? chosen : beside_this_library("libvflow_nccl.so");
+    void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (!handle && !(chosen && *chosen)) {
+      handle = dlopen("libvflow_nccl.so", RTLD_NOW | RTLD_LOCAL);  // the loader's search path
+    }
+    if (!handle) {
+      const char* why = dlerror();
+      loaded.error = fmt::format(
+          "the NCCL backend is not available: {} (vflow builds it when CMake finds CUDA's "
+          "runtime and NCCL; see docs/gpu.md)",
+          why ? why : path);
+      return;
+    }
+    loaded.version = reinterpret_cast<int (*)()>(dlsym(handle, "vflow_nccl_version"));
+    loaded.devices = reinterpret_cast<int (*)(char*, size_t)>(dlsym(handle, "vflow_nccl_devices"));
+    loaded.create =
+        reinterpret_cast<Communicator* (*)(const Rendezvous*)>(dlsym(handle, "vflow_nccl_create"));
+    if (!loaded.version || !loaded.devices || !loaded.create) {
+      loaded.error =
+          fmt::format("{} is not a vflow NCCL backend (its entry points are missing)", path);
+      loaded.create = nullptr;
+    }
+  });
+  return loaded;
+}
+
+}  // namespace
+
+NcclStatus nccl_status() {
+  NcclStatus status;
+  const auto& b = backend();
+  if (!b.create) {
+    status.reason = b.error;
+    return status;
+  }
+  status.built = true;
+  status.version = b.version();
+  char why[256] = {};
+  status.devices = b.devices(why, sizeof why);
+  if (status.devices < 0) {
+    status.devices = 0;
+    status.reason = fmt::format("no CUDA device: {}", why);
+  } else if (status.devices == 0) {
+    status.reason = "no CUDA device is visible to this process";
+  }
+  return status;
+}
+
+std::unique_ptr<Communicator> make_nccl_communicator(const Rendezvous& rendezvous) {
+  const auto status = nccl_status();
+  if (!status.usable()) {
+    throw Error(fmt::format("[comm] rank {}: cannot use NCCL: {}", rendezvous.rank, status.reason));
+  }
+  if (rendezvous.cuda_device < 0 || rendezvous.cuda_device >= status.devices) {
+    throw Error(fmt::format("[comm] rank {}: cuda:{} does not exist ({} CUDA device{} visible)",
+                            rendezvous.rank, rendezvous.cuda_device, status.devices,
+                            status.devices == 1 ? "" : "s"));
+  }
+  return std::unique_ptr<Communicator>(backend().create(&rendezvous));
+}
+
+std::unique_ptr<Communicator> make_communicator(const Rendezvous& rendezvous) {
+  if (rendezvous.backend == "nccl") return make_nccl_communicator(rendezvous);
+  if (rendezvous.backend == "gloo") return make_gloo_communicator(rendezvous);
+  throw Error(fmt::format("[comm] unknown backend '{}'; choices: gloo, nccl", rendezvous.backend));
+}
+
+}  // namespace vflow::comm
