@@ -129,11 +129,11 @@ ElasticOutcome run_elastic_worker(const JobSpec& spec, const ElasticWorkerOption
   // Survivors wait for the coordinator to collect every report (up to its timeout).
   const auto patience = 3 * options.timeout + std::chrono::seconds(5);
   bool was_member = false;
-  // The last generation's communicator, kept where the backend can shrink it into the
-  // next one (NCCL); every member decides alike from the two member lists.
+  // The last generation's communicator after a regroup without failure, kept where the
+  // backend can shrink it into the next one (NCCL); every member decides alike from the
+  // two member lists. After a failure the survivors initialise afresh.
   std::shared_ptr<comm::Communicator> previous;
   std::vector<std::string> previous_members;
-  bool previous_failed = false;
   while (true) {
     const auto g =
         await_generation(control, generation, me, was_member, patience, options.leave_flag);
@@ -156,13 +156,12 @@ ElasticOutcome run_elastic_worker(const JobSpec& spec, const ElasticWorkerOption
       r.generation = std::to_string(g->id);
       r.timeout = options.timeout;
       choose_backend(spec.resources, trainer->device(), r);
-      if (previous) {
+      if (const auto parent = std::move(previous)) {  // released whatever happens
         if (const auto excluded = excluded_ranks(previous_members, g->members)) {
-          communicator = previous->shrink(*excluded, previous_failed);
+          communicator = parent->shrink(*excluded, /*after_failure=*/false);
           VFLOW_ASSERT(!communicator || communicator->rank() == r.rank,
                        "a shrunk communicator numbers the survivors as the generation does");
         }
-        previous.reset();
       }
       if (!communicator) communicator = comm::make_communicator(r);
       control.mark_joined(g->id, me);
@@ -186,12 +185,7 @@ ElasticOutcome run_elastic_worker(const JobSpec& spec, const ElasticWorkerOption
       spdlog::warn("[elastic] worker {}: {}; redoing step {} in the next generation", me, e.what(),
                    trainer->step());
       trainer->set_communicator(nullptr);
-      if (r.backend == "nccl") {  // its survivors shrink it (or it is aborted)
-        previous = std::move(communicator);
-        previous_members = g->members;
-        previous_failed = true;
-      }
-      communicator.reset();  // Gloo: closes this worker's connections, so peers notice at once
+      communicator.reset();  // closes this worker's connections, so peers notice at once
       control.report_survivor(g->id, me, trainer->step());
       continue;
     }
@@ -199,7 +193,6 @@ ElasticOutcome run_elastic_worker(const JobSpec& spec, const ElasticWorkerOption
       if (r.backend == "nccl") {
         previous = communicator;
         previous_members = g->members;
-        previous_failed = false;
       }
       continue;
     }

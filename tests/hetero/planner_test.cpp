@@ -4,9 +4,13 @@
 #include <catch2/catch.hpp>
 #include <functional>
 #include <limits>
+#include <map>
+#include <set>
 
 #include "support.h"
 #include "vflow/core/error.h"
+#include "vflow/engine/job_spec.h"
+#include "vflow/hetero/profile.h"
 
 using namespace vflow::hetero;
 
@@ -158,4 +162,27 @@ TEST_CASE("profiles round-trip through their file and bad files name the line", 
   CHECK_THROWS_WITH(
       load_profile(dir.file("bad.yaml")),
       Catch::Matchers::Contains("bad.yaml:4") && Catch::Matchers::Contains("ascending vnode_size"));
+}
+
+TEST_CASE("From VirtualFlow's published V100/P100 figures the planner picks its split", "[unit]") {
+  // data/hetero: ResNet-50 at B = 8192 as 32 vnodes of 256, profiles derived from the
+  // published homogeneous runs (docs/heterogeneous.md).
+  const std::string dir = std::string(VFLOW_SOURCE_DIR) + "/data/hetero/";
+  const auto spec = vflow::engine::load_job_spec(dir + "resnet50-imagenet-8192.yaml");
+  PlanRequest r;
+  r.global_batch = spec.semantic.global_batch;
+  r.virtual_nodes = spec.semantic.virtual_nodes;
+  r.model = spec.model_digest();
+  for (const char* type : {"v100", "p100"}) {
+    auto p = load_profile(dir + "virtualflow-" + type + ".yaml");
+    CHECK(p.model == r.model);  // the profiles are keyed to this job's model
+    r.profiles[p.device_type] = p;
+  }
+  r.inventory = {{"v100", 2, 0}, {"p100", 8, 0}};
+  const auto plan = plan_exact(r);
+  std::map<std::string, std::set<int64_t>> vnodes;
+  for (const auto& w : plan.workers) vnodes[w.device_type].insert(w.vnodes);
+  CHECK(vnodes["v100"] == std::set<int64_t>{8});  // VirtualFlow's 8 and 2 vnodes of 256
+  CHECK(vnodes["p100"] == std::set<int64_t>{2});
+  CHECK(plan.predicted_step_seconds == Approx(2.2273).epsilon(1e-3));
 }

@@ -38,15 +38,15 @@ class Communicator {
   /// The communicator of the next generation made from this one, when the backend can
   /// derive it without a fresh rendezvous: `excluded` are this generation's ranks that
   /// are not in the next one (the others keep their order); `after_failure` says a peer
-  /// died, so work in flight is abandoned first. Every remaining rank must call it
-  /// together. Returns nullptr when the backend cannot (the caller then rendezvouses
-  /// afresh); Gloo always does.
+  /// died. Every remaining rank must call it together. Returns nullptr when the backend
+  /// cannot (the caller then rendezvouses afresh): Gloo always, NCCL after a failure
+  /// (its communicator was aborted) or for an empty exclusion list.
   virtual std::unique_ptr<Communicator> shrink(const std::vector<int>& excluded,
                                                bool after_failure) {
     return nullptr;
   }
-  /// Abandons every collective in flight and releases the connections at once (used
-  /// when a peer failed: NCCL cannot be destroyed cleanly then). Never throws.
+  /// Abandons every collective in flight and releases the connections at once (NCCL
+  /// cannot be destroyed cleanly after a peer failed). Never throws.
   virtual void abort() {}
 };
 

@@ -30,7 +30,8 @@ NcclStatus nccl_status();
 /// CUDA device (used in place) or on the CPU (staged through device memory). Collectives
 /// wait for completion, polling NCCL's asynchronous error state; a failure or timeout
 /// aborts the communicator and throws PeerFailure naming the call, file:line and NCCL's
-/// message. `shrink` uses ncclCommShrink (NCCL >= 2.27); growth needs a fresh rendezvous.
+/// message. `shrink` uses ncclCommShrink (NCCL >= 2.27) for a planned scale-in; after a
+/// failure, and for growth, the members initialise afresh.
 /// Throws Error when the backend is not built or no CUDA device is visible.
 std::unique_ptr<Communicator> make_nccl_communicator(const Rendezvous& rendezvous);
 

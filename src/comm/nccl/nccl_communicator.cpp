@@ -131,7 +131,7 @@ class NcclCommunicator final : public Communicator {
   NcclCommunicator& operator=(const NcclCommunicator&) = delete;
 
   ~NcclCommunicator() override {
-    if (broken_) abort_now();  // destroy can hang after a peer failed; abort cannot
+    if (abort_requested_) abort_now();
     if (comm_ && !aborted_) {
       // A healthy communicator finalizes (its peers are alive, or it would have failed);
       // if even that does not finish in time, abort rather than hang in destroy.
@@ -209,21 +209,56 @@ class NcclCommunicator final : public Communicator {
     }
   }
 
+  /// A healthy communicator shrinks to the ranks that stay (a planned scale-in). After a
+  /// failure the communicator was already aborted (a kernel waiting for a dead peer must
+  /// not keep writing into the caller's buffer), and an empty exclusion list is no shrink
+  /// for NCCL: both return nullptr, and the caller initialises afresh.
   std::unique_ptr<Communicator> shrink(const std::vector<int>& excluded,
                                        bool after_failure) override {
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
     std::lock_guard<std::mutex> lock(calls_);
-    if (aborted_) return nullptr;  // nothing left to shrink: rendezvous afresh
+    int version = 0;
+    ncclGetVersion(&version);
+    if (aborted_ || abort_requested_ || after_failure || excluded.empty() ||
+        version < NCCL_VERSION(2, 27, 0)) {
+      return nullptr;
+    }
     VFLOW_CUDA_CHECK(cudaSetDevice(device_));
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
-    std::vector<int> ranks(excluded);
+    std::vector<int> ranks(excluded);  // NCCL sorts the list in place
     ncclComm_t child = nullptr;
-    const auto status =
-        ncclCommShrink(comm_, ranks.data(), static_cast<int>(ranks.size()), &child, &config,
-                       after_failure ? NCCL_SHRINK_ABORT : NCCL_SHRINK_DEFAULT);
+    const auto status = ncclCommShrink(comm_, ranks.data(), static_cast<int>(ranks.size()), &child,
+                                       &config, NCCL_SHRINK_DEFAULT);
+    // In non-blocking mode the child's handle is written when the parent's asynchronous
+    // state leaves ncclInProgress: wait on the parent, never on `child` before that.
+    std::string why;
     if (status != ncclSuccess && status != ncclInProgress) {
-      fail("ncclCommShrink", status, __FILE__, __LINE__);
+      why = ncclGetErrorString(status);
+    } else {
+      const auto deadline = Clock::now() + timeout_;
+      while (why.empty()) {
+        ncclResult_t state = ncclSuccess;
+        const auto polled = ncclCommGetAsyncError(comm_, &state);
+        if (polled != ncclSuccess) {
+          why = ncclGetErrorString(polled);
+        } else if (state == ncclSuccess) {
+          break;
+        } else if (state != ncclInProgress) {
+          why = ncclGetErrorString(state);
+        } else if (Clock::now() > deadline) {
+          why = fmt::format("not done within {} ms", timeout_.count());
+        } else {
+          std::this_thread::sleep_for(std::chrono::microseconds(200));
+        }
+      }
+    }
+    if (!why.empty() || !child) {
+      spdlog::warn("[comm] ncclCommShrink on rank {} of {} failed ({}); initialising afresh", rank_,
+                   size_, why.empty() ? "no communicator" : why);
+      abort_now();  // joins NCCL's shrink job before `child` leaves scope
+      if (child) ncclCommAbort(child);
+      return nullptr;
     }
     auto next = std::unique_ptr<NcclCommunicator>(new NcclCommunicator(child, *this));
     next->await_ready("ncclCommShrink", __FILE__, __LINE__);
@@ -236,7 +271,7 @@ class NcclCommunicator final : public Communicator {
     next->create_stream();
     return next;
 #else
-    return nullptr;  // NCCL before 2.27 has no shrink: the caller rendezvouses afresh
+    return nullptr;  // NCCL before 2.27 has no shrink: the caller initialises afresh
 #endif
   }
 
@@ -277,11 +312,13 @@ class NcclCommunicator final : public Communicator {
           "resources.backend: gloo",
           rank_, device_, version));
     }
-    setenv("NCCL_MULTI_RANK_GPU_ENABLE", "1", /*overwrite=*/0);
+    // NCCL_MULTI_RANK_GPU_ENABLE is set by the loader before any NCCL call (NCCL reads
+    // its variables once per process).
   }
 
-  void ensure_usable(const char* call) const {
-    if (aborted_ || broken_) {
+  void ensure_usable(const char* call) {
+    if (abort_requested_) abort_now();
+    if (aborted_) {
       throw PeerFailure(
           fmt::format("[comm] {} on rank {} of {}: the NCCL communicator was "
                       "aborted after an earlier failure",
@@ -293,20 +330,17 @@ class NcclCommunicator final : public Communicator {
     if (status != ncclSuccess && status != ncclInProgress) fail(call, status, file, line);
   }
 
-  /// Marks the communicator broken (no later collective runs on it; a shrink with
-  /// after_failure may still derive the survivors' communicator, else it is aborted when
-  /// destroyed) and throws: a failure of a peer or of the network is a PeerFailure; a
-  /// misuse (bad argument, CUDA error) is a plain Error.
+  /// Aborts the communicator (no later call can hang on it, and no kernel keeps waiting
+  /// for a dead peer) and throws: a misuse (an invalid argument or usage) is a plain
+  /// Error, everything else (a peer, the network, CUDA under NCCL) a PeerFailure.
   [[noreturn]] void fail(const char* call, ncclResult_t status, const char* file, int line) {
     const char* last = comm_ ? ncclGetLastError(comm_) : nullptr;
     const auto message = fmt::format("[comm] {} failed on rank {} of {} at {}: {}{}{}", call, rank_,
                                      size_, where(file, line), ncclGetErrorString(status),
                                      last && *last ? ": " : "", last ? last : "");
-    broken_ = true;
-    if (status == ncclRemoteError || status == ncclSystemError || status == ncclInternalError) {
-      throw PeerFailure(message);
-    }
-    throw Error(message);
+    abort_now();
+    if (status == ncclInvalidArgument || status == ncclInvalidUsage) throw Error(message);
+    throw PeerFailure(message);
   }
 
   /// Polls the communicator's asynchronous state until it leaves ncclInProgress.
@@ -330,10 +364,10 @@ class NcclCommunicator final : public Communicator {
                                     size_, where(file, line)));
     }
     if (Clock::now() < deadline) return;
-    broken_ = true;
+    abort_now();
     throw PeerFailure(
         fmt::format("[comm] {} on rank {} of {} did not finish within {} ms at {}; "
-                    "a peer is dead or silent",
+                    "a peer is dead or silent (the communicator was aborted)",
                     call, rank_, size_, timeout_.count(), where(file, line)));
   }
 
@@ -421,7 +455,6 @@ class NcclCommunicator final : public Communicator {
   size_t scratch_bytes_ = 0;
   std::mutex calls_;
   std::atomic<bool> abort_requested_{false};
-  bool broken_ = false;  ///< a collective failed: only shrink or abort remain
   bool aborted_ = false;
 };
 
