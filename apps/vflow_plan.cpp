@@ -1,5 +1,8 @@
 // vflow-plan: choose how many vnodes each device of a heterogeneous inventory runs, from
 // device profiles, and print the plan against simpler splits (docs/heterogeneous.md).
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include <CLI/CLI.hpp>
 #include <iostream>
 
@@ -45,6 +48,10 @@ int main(int argc, char** argv) {
   app.add_option("--profile", profiles, "a profile file from vflow-profile (repeatable)")
       ->required();
   app.add_option("--devices", devices, "TYPE:COUNT[:CAP_MIB] (repeatable)")->required();
+  bool relaxed = false;
+  app.add_flag("--relaxed", relaxed,
+               "also plan relaxed mode: a vnode size per device type (changes the result: "
+               "batch norm sees other batches)");
   CLI11_PARSE(app, argc, argv);
   return vflow::apps::run_reporting_errors([&] {
     const auto spec = vflow::engine::load_job_spec(spec_path, overrides);
@@ -80,6 +87,22 @@ int main(int argc, char** argv) {
     line("even split over every device", base.even_split);
     line("split proportional to throughput", base.proportional);
     line("best single type alone (" + base.fastest_type + ")", base.fastest_type_alone);
+    if (relaxed) {
+      const auto r = vflow::hetero::plan_relaxed(request);
+      std::cout << "\nrelaxed mode: global batch " << request.global_batch << " in "
+                << r.vnode_sizes().size() << " vnodes\n"
+                << r.describe() << "  exact mode's plan: " << plan.predicted_step_seconds
+                << " s (relaxed is " << plan.predicted_step_seconds / r.predicted_step_seconds
+                << "x faster)\n"
+                << "as the job's semantic and resources parts (the sizes are part of the "
+                   "result):\nsemantic:\n  virtual_nodes: null\n  vnode_sizes: ["
+                << fmt::format("{}", fmt::join(r.vnode_sizes(), ", ")) << "]\nresources:\n"
+                << "  workers: " << r.workers.size() << "\n  layout:\n";
+      for (const auto& w : r.workers) {
+        std::cout << "    - {vnodes: " << w.vnodes << "}  # " << w.device_type << ", "
+                  << w.vnode_size << " examples each\n";
+      }
+    }
     return 0;
   });
 }

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <numeric>
+
 #include "vflow/core/error.h"
 #include "vflow/data/dataset.h"
 #include "vflow/models/registry.h"
@@ -55,6 +57,11 @@ SpecNode semantic_tree(const SemanticSpec& s) {
   root.set("data", data);
   root.set("global_batch", scalar(s.global_batch));
   root.set("virtual_nodes", scalar(s.virtual_nodes));
+  if (!s.vnode_sizes.empty()) {  // relaxed mode only, so exact-mode texts stay as they were
+    SpecNode sizes = SpecNode::sequence();
+    for (const int64_t size : s.vnode_sizes) sizes.append(scalar(size));
+    root.set("vnode_sizes", sizes);
+  }
   SpecNode opt = SpecNode::map();
   opt.set("name", scalar(s.optimizer.name));
   opt.set("lr", scalar(s.optimizer.lr));
@@ -178,12 +185,25 @@ void parse_semantic(const SpecNode& node, SemanticSpec& s, bool check_components
     dr.finish();
   }
   s.global_batch = r.get_int("global_batch", s.global_batch, 1, kBig);
+  const bool explicit_n = r.has("virtual_nodes");
   s.virtual_nodes = r.get_int("virtual_nodes", s.virtual_nodes, 1, kBig);
-  if (s.virtual_nodes > s.global_batch) {
+  s.vnode_sizes = r.get_int_list("vnode_sizes", {}, 1, kBig);
+  if (!s.vnode_sizes.empty()) {  // relaxed mode: the sizes decide N
+    const auto n = static_cast<int64_t>(s.vnode_sizes.size());
+    if (explicit_n && s.virtual_nodes != n) {
+      r.fail("vnode_sizes", fmt::format("{} sizes for virtual_nodes {}", n, s.virtual_nodes));
+    }
+    const int64_t total = std::accumulate(s.vnode_sizes.begin(), s.vnode_sizes.end(), int64_t{0});
+    if (total != s.global_batch) {
+      r.fail("vnode_sizes",
+             fmt::format("the sizes sum to {}, not to global_batch {}", total, s.global_batch));
+    }
+    s.virtual_nodes = n;
+  } else if (s.virtual_nodes > s.global_batch) {
     r.fail("virtual_nodes", fmt::format("virtual_nodes ({}) cannot exceed global_batch ({})",
                                         s.virtual_nodes, s.global_batch));
   }
-  if (s.global_batch % s.virtual_nodes != 0) {
+  if (s.vnode_sizes.empty() && s.global_batch % s.virtual_nodes != 0) {
     r.fail("virtual_nodes", fmt::format("global_batch {} is not divisible by virtual_nodes {} "
                                         "(every vnode must hold B/N examples)",
                                         s.global_batch, s.virtual_nodes));

@@ -201,7 +201,9 @@ struct Trainer::Impl {
         data(std::move(d)),
         device(worker_device(spec.resources)),
         bf16(spec.semantic.precision == "bf16"),
-        plan(spec.semantic.global_batch, spec.semantic.virtual_nodes),
+        plan(spec.semantic.vnode_sizes.empty()
+                 ? vnode::VirtualNodePlan(spec.semantic.global_batch, spec.semantic.virtual_nodes)
+                 : vnode::VirtualNodePlan(spec.semantic.global_batch, spec.semantic.vnode_sizes)),
         order(spec.semantic.seed, data.train ? data.train->size() : 0, spec.semantic.global_batch,
               spec.semantic.data.drop_last),
         total_steps(spec.semantic.steps > 0 ? spec.semantic.steps
@@ -483,10 +485,12 @@ TrainResult Trainer::run() {
   auto& im = *impl_;
   const auto& sem = im.spec.semantic;
   spdlog::info(
-      "[engine] {} steps ({} per epoch), global batch {} = {} vnodes x {}, {} stateful "
+      "[engine] {} steps ({} per epoch), global batch {} = {} vnodes {}, {} stateful "
       "kernel(s), {} threads on {}{}{}",
       im.total_steps, im.order.steps_per_epoch(), sem.global_batch, sem.virtual_nodes,
-      im.plan.vnode_size(), im.kernels->size(), torch::get_num_threads(), im.device.str(),
+      im.plan.uniform() ? fmt::format("x {}", im.plan.vnode_size())
+                        : fmt::format("of sizes [{}]", fmt::join(sem.vnode_sizes, ", ")),
+      im.kernels->size(), torch::get_num_threads(), im.device.str(),
       sem.deterministic ? ", deterministic" : "", im.bf16 ? ", bf16 autocast" : "");
   spdlog::info("[engine] worker {} of {} holds vnodes {}..{}, background prefetch {}",
                im.comm->rank(), im.comm->size(), im.held.first, im.held.last - 1,

@@ -26,14 +26,10 @@ struct TypeCost {
   bool fits = true;  // a vnode's peak memory is within the type's cap
 };
 
-std::vector<TypeCost> type_costs(const PlanRequest& r) {
-  if (r.global_batch <= 0 || r.virtual_nodes <= 0 || r.global_batch % r.virtual_nodes != 0) {
-    throw Error(fmt::format("global batch {} must be a positive multiple of the {} virtual nodes",
-                            r.global_batch, r.virtual_nodes));
-  }
+/// The checks both modes share: devices listed, a profile for each type, measured with
+/// this model.
+void check_profiles(const PlanRequest& r) {
   if (r.inventory.empty()) throw Error("the inventory lists no devices");
-  const int64_t size = r.global_batch / r.virtual_nodes;
-  std::vector<TypeCost> costs;
   for (const auto& g : r.inventory) {
     const auto it = r.profiles.find(g.device_type);
     if (it == r.profiles.end()) {
@@ -49,6 +45,19 @@ std::vector<TypeCost> type_costs(const PlanRequest& r) {
     }
     if (g.count < 1)
       throw Error(fmt::format("device type '{}' has count {}", g.device_type, g.count));
+  }
+}
+
+std::vector<TypeCost> type_costs(const PlanRequest& r) {
+  if (r.global_batch <= 0 || r.virtual_nodes <= 0 || r.global_batch % r.virtual_nodes != 0) {
+    throw Error(fmt::format("global batch {} must be a positive multiple of the {} virtual nodes",
+                            r.global_batch, r.virtual_nodes));
+  }
+  check_profiles(r);
+  const int64_t size = r.global_batch / r.virtual_nodes;
+  std::vector<TypeCost> costs;
+  for (const auto& g : r.inventory) {
+    const auto& p = r.profiles.at(g.device_type);
     TypeCost c{g.device_type,       g.count, p.vnode_seconds(size), p.optimizer_seconds,
                p.allreduce_seconds, true};
     c.fits = g.memory_cap_bytes == 0 || p.vnode_peak_bytes(size) <= g.memory_cap_bytes;
@@ -226,20 +235,246 @@ Baselines baselines(const PlanRequest& request) {
   return b;
 }
 
-std::string Plan::describe() const {
+// ---- relaxed mode ---------------------------------------------------------
+
+namespace {
+
+const DeviceProfile& profile_for(const PlanRequest& r, const std::string& type) {
+  const auto it = r.profiles.find(type);
+  if (it == r.profiles.end()) {
+    throw Error(
+        fmt::format("no profile for device type '{}'; run vflow-profile on it first", type));
+  }
+  return it->second;
+}
+
+/// One device type with a chosen vnode size.
+struct SizedType {
+  std::string type;
+  int64_t count = 0;
+  int64_t size = 0;
+  double per_vnode = 0;
+  double optimizer = 0;
+  double allreduce = 0;
+};
+
+/// Vnodes one worker finishes within `target`.
+int64_t relaxed_capacity(const SizedType& t, double target, int64_t most) {
+  if (target < t.optimizer + t.per_vnode) return 0;
+  const double k = std::floor((target - t.optimizer) / t.per_vnode * (1 + 1e-12));
+  return static_cast<int64_t>(std::min<double>(static_cast<double>(most), k));
+}
+
+/// Vnode totals K_t (each at most `most[t]`) with sum_t K_t · size_t == b, or empty when
+/// none exists: a bounded subset-sum over 0..b, with the coins each sum used kept for
+/// reconstruction.
+std::vector<int64_t> exact_totals(const std::vector<SizedType>& types,
+                                  const std::vector<int64_t>& most, int64_t b) {
+  const auto width = static_cast<size_t>(b + 1);
+  std::vector<std::vector<int64_t>> used(types.size(), std::vector<int64_t>(width, -1));
+  std::vector<bool> reach(width, false);
+  reach[0] = true;
+  for (size_t t = 0; t < types.size(); ++t) {
+    const int64_t size = types[t].size;
+    std::vector<bool> next(width, false);
+    for (int64_t sum = 0; sum <= b; ++sum) {
+      const auto i = static_cast<size_t>(sum);
+      if (reach[i]) {
+        next[i] = true;
+        used[t][i] = 0;
+      } else if (sum >= size && next[i - static_cast<size_t>(size)] &&
+                 used[t][i - static_cast<size_t>(size)] < most[t]) {
+        next[i] = true;
+        used[t][i] = used[t][i - static_cast<size_t>(size)] + 1;
+      }
+    }
+    reach.swap(next);
+  }
+  if (!reach[static_cast<size_t>(b)]) return {};
+  std::vector<int64_t> totals(types.size(), 0);
+  int64_t sum = b;
+  for (size_t t = types.size(); t-- > 0;) {
+    totals[t] = used[t][static_cast<size_t>(sum)];
+    sum -= totals[t] * types[t].size;
+  }
+  return totals;
+}
+
+/// The best assignment for fixed per-type sizes, all of `types` allowed to take part.
+std::vector<RelaxedShare> best_sized(const std::vector<SizedType>& types, int64_t b) {
+  std::vector<double> candidates;
+  for (const auto& t : types) {
+    for (int64_t k = 1; k * t.size <= b; ++k) {
+      candidates.push_back(t.optimizer + static_cast<double>(k) * t.per_vnode);
+    }
+  }
+  if (candidates.empty()) return {};
+  std::sort(candidates.begin(), candidates.end());
+  auto totals_at = [&](double target) {
+    std::vector<int64_t> most;
+    for (const auto& t : types) most.push_back(t.count * relaxed_capacity(t, target, b / t.size));
+    return exact_totals(types, most, b);
+  };
+  if (totals_at(candidates.back()).empty()) return {};
+  size_t lo = 0, hi = candidates.size() - 1;
+  while (lo < hi) {
+    const size_t mid = lo + (hi - lo) / 2;
+    if (totals_at(candidates[mid]).empty()) {
+      lo = mid + 1;
+    } else {
+      hi = mid;
+    }
+  }
+  const auto totals = totals_at(candidates[lo]);
+  std::vector<RelaxedShare> shares;
+  for (size_t t = 0; t < types.size(); ++t) {
+    // Spread evenly: the largest share, ceil(K / count), is within each worker's capacity.
+    const int64_t count = types[t].count;
+    for (int64_t d = 0; d < count; ++d) {
+      const int64_t k = totals[t] / count + (d < totals[t] % count ? 1 : 0);
+      if (k > 0) shares.push_back({types[t].type, k, types[t].size});
+    }
+  }
+  return shares;
+}
+
+}  // namespace
+
+std::vector<int64_t> candidate_sizes(const PlanRequest& request, const DeviceGroup& group) {
+  const auto& p = profile_for(request, group.device_type);
+  std::vector<int64_t> sizes;
+  for (const auto& point : p.points) sizes.push_back(point.vnode_size);
+  if (request.virtual_nodes > 0 && request.global_batch % request.virtual_nodes == 0) {
+    sizes.push_back(request.global_batch / request.virtual_nodes);
+  }
+  std::sort(sizes.begin(), sizes.end());
+  sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
+  std::vector<int64_t> out;
+  for (const int64_t size : sizes) {
+    if (size < 1 || size > request.global_batch || p.points.empty() ||
+        size > p.points.back().vnode_size) {
+      continue;
+    }
+    if (group.memory_cap_bytes > 0 && p.vnode_peak_bytes(size) > group.memory_cap_bytes) continue;
+    out.push_back(size);
+  }
+  return out;
+}
+
+double predict_relaxed_seconds(const PlanRequest& request,
+                               const std::vector<RelaxedShare>& shares) {
+  double slowest = 0;
+  double allreduce = 0;
+  int64_t taking_part = 0;
+  for (const auto& s : shares) {
+    if (s.vnodes == 0) continue;
+    const auto& p = profile_for(request, s.device_type);
+    slowest = std::max(slowest, p.optimizer_seconds +
+                                    static_cast<double>(s.vnodes) * p.vnode_seconds(s.vnode_size));
+    allreduce = std::max(allreduce, p.allreduce_seconds);
+    ++taking_part;
+  }
+  return slowest + (taking_part > 1 ? allreduce : 0.0);
+}
+
+RelaxedPlan plan_relaxed(const PlanRequest& request) {
+  check_profiles(request);
+  const int64_t b = request.global_batch;
+  if (b <= 0) throw Error(fmt::format("global batch {} must be positive", b));
+  std::vector<std::pair<const DeviceGroup*, std::vector<int64_t>>> options;
+  for (const auto& g : request.inventory) {
+    auto sizes = candidate_sizes(request, g);
+    if (!sizes.empty()) options.emplace_back(&g, std::move(sizes));
+  }
+  if (options.empty()) {
+    throw Error(
+        "no device type can hold any profiled vnode size within its memory cap; "
+        "profile smaller vnode sizes or raise the caps");
+  }
+  RelaxedPlan best;
+  best.predicted_step_seconds = kInfinity;
+  auto consider = [&](std::vector<RelaxedShare> shares) {
+    if (shares.empty()) return;
+    const double t = predict_relaxed_seconds(request, shares);
+    if (t < best.predicted_step_seconds) {
+      best.workers = std::move(shares);
+      best.predicted_step_seconds = t;
+    }
+  };
+  const size_t subsets = size_t{1} << options.size();
+  for (size_t mask = 1; mask < subsets; ++mask) {
+    std::vector<size_t> chosen;
+    for (size_t i = 0; i < options.size(); ++i) {
+      if (mask & (size_t{1} << i)) chosen.push_back(i);
+    }
+    // Every combination of one candidate size per chosen type (an odometer).
+    std::vector<size_t> pick(chosen.size(), 0);
+    while (true) {
+      std::vector<SizedType> types;
+      for (size_t j = 0; j < chosen.size(); ++j) {
+        const auto& [group, sizes] = options[chosen[j]];
+        const auto& p = request.profiles.at(group->device_type);
+        const int64_t size = sizes[pick[j]];
+        types.push_back({group->device_type, group->count, size, p.vnode_seconds(size),
+                         p.optimizer_seconds, p.allreduce_seconds});
+        if (b % size == 0) consider({{group->device_type, b / size, size}});  // alone
+      }
+      consider(best_sized(types, b));
+      size_t j = 0;
+      while (j < pick.size() && ++pick[j] == options[chosen[j]].second.size()) pick[j++] = 0;
+      if (j == pick.size()) break;
+    }
+  }
+  if (best.workers.empty()) {
+    throw Error(fmt::format(
+        "no combination of the profiled vnode sizes adds up to the global batch {}; profile "
+        "more sizes",
+        b));
+  }
+  return best;
+}
+
+std::vector<int64_t> RelaxedPlan::vnode_sizes() const {
+  std::vector<int64_t> sizes;
+  for (const auto& w : workers)
+    sizes.insert(sizes.end(), static_cast<size_t>(w.vnodes), w.vnode_size);
+  return sizes;
+}
+
+namespace {
+
+/// One line per device type, in order of first appearance, with each worker's share as
+/// `share` writes it ("what" names the shares), then the predicted step.
+template <typename Share, typename Write>
+std::string describe_by_type(const std::vector<Share>& workers, const char* what, Write share,
+                             double step_seconds) {
   std::vector<std::string> order;
-  std::map<std::string, std::vector<int64_t>> by_type;
+  std::map<std::string, std::vector<std::string>> by_type;
   for (const auto& w : workers) {
     if (!by_type.count(w.device_type)) order.push_back(w.device_type);
-    by_type[w.device_type].push_back(w.vnodes);
+    by_type[w.device_type].push_back(share(w));
   }
   std::string text;
   for (const auto& type : order) {
-    const auto& counts = by_type[type];
-    text += fmt::format("{}: {} worker(s), vnodes {}\n", type, counts.size(),
-                        fmt::format("{}", fmt::join(counts, " ")));
+    text += fmt::format("{}: {} worker(s), {} {}\n", type, by_type[type].size(), what,
+                        fmt::join(by_type[type], " "));
   }
-  return text + fmt::format("predicted step time {:.4f} s\n", predicted_step_seconds);
+  return text + fmt::format("predicted step time {:.4f} s\n", step_seconds);
+}
+
+}  // namespace
+
+std::string RelaxedPlan::describe() const {
+  return describe_by_type(
+      workers, "vnodes x examples",
+      [](const RelaxedShare& w) { return fmt::format("{}x{}", w.vnodes, w.vnode_size); },
+      predicted_step_seconds);
+}
+
+std::string Plan::describe() const {
+  return describe_by_type(
+      workers, "vnodes", [](const WorkerShare& w) { return std::to_string(w.vnodes); },
+      predicted_step_seconds);
 }
 
 }  // namespace vflow::hetero

@@ -9,8 +9,28 @@
 
 namespace vflow::vnode {
 
+VirtualNodePlan::VirtualNodePlan(int64_t global_batch, std::vector<int64_t> sizes)
+    : global_batch_(global_batch),
+      virtual_nodes_(static_cast<int64_t>(sizes.size())),
+      smallest_(sizes.empty() ? 0 : *std::min_element(sizes.begin(), sizes.end())),
+      sizes_(std::move(sizes)) {
+  if (sizes_.empty()) throw SpecError("vnode_sizes lists no vnodes");
+  if (smallest_ < 1) throw SpecError(fmt::format("vnode_sizes holds a size of {}", smallest_));
+  int64_t total = 0;
+  for (const int64_t size : sizes_) {
+    offsets_.push_back(total);
+    total += size;
+  }
+  if (total != global_batch_) {
+    throw SpecError(
+        fmt::format("vnode_sizes sum to {}, not to global_batch {}", total, global_batch_));
+  }
+}
+
 VirtualNodePlan::VirtualNodePlan(int64_t global_batch, int64_t virtual_nodes)
-    : global_batch_(global_batch), virtual_nodes_(virtual_nodes) {
+    : global_batch_(global_batch),
+      virtual_nodes_(virtual_nodes),
+      smallest_(virtual_nodes > 0 ? global_batch / virtual_nodes : 0) {
   if (global_batch < 1)
     throw SpecError(fmt::format("global_batch must be >= 1, got {}", global_batch));
   if (virtual_nodes < 1 || virtual_nodes > global_batch) {
@@ -41,6 +61,9 @@ VnodeRange vnodes_of(int64_t virtual_nodes, int64_t workers, int64_t rank) {
 Slice VirtualNodePlan::slice(int64_t v, int64_t batch_size) const {
   VFLOW_ASSERT(v >= 0 && v < virtual_nodes_, fmt::format("vnode {} out of range", v));
   VFLOW_ASSERT(batch_size >= 0 && batch_size <= global_batch_, "batch larger than global_batch");
+  if (!sizes_.empty() && batch_size == global_batch_) {
+    return Slice{offsets_[static_cast<size_t>(v)], sizes_[static_cast<size_t>(v)]};
+  }
   // Non-empty vnodes hold at least two examples where the batch allows it, so that
   // batch norm can normalise a short last batch; a full batch always uses all N.
   const int64_t min_size = std::min<int64_t>(2, vnode_size());

@@ -282,3 +282,39 @@ TEST_CASE("a planned uneven split over CPU-quota workers keeps the homogeneous f
       run_command("ls /sys/fs/cgroup/cpu /sys/fs/cgroup 2>/dev/null | grep -c '^vflow-'").output ==
       "0\n");  // the quota groups went with their workers
 }
+
+TEST_CASE("relaxed vnode sizes over a planned uneven split keep the one-worker fingerprint",
+          "[multiproc][hetero]") {
+  TempDir dir;
+  // Relaxed mode: worker 0 holds 4 vnodes of 9 examples, worker 1 (half a core) 2 of 6.
+  const std::string job = kTrain + kJob + kDeterministic +
+                          " --set semantic.virtual_nodes=null"
+                          " --set 'semantic.vnode_sizes=[9, 9, 9, 9, 6, 6]'"
+                          " --set semantic.steps=30 --set output.logging.examples=";
+  const auto mixed =
+      run_command(job + dir.file("examples.log") +
+                  " --set 'resources.layout=[{vnodes: 4}, {vnodes: 2, cpu_quota: 0.5}]'"
+                  " --set resources.workers=2");
+  INFO(mixed.output);
+  REQUIRE(mixed.exit_code == 0);
+  CHECK_THAT(mixed.output, Catch::Matchers::Contains("6 vnodes of sizes [9, 9, 9, 9, 6, 6]"));
+  const auto alone = run_command(job + dir.file("alone.log") + " --workers 1");
+  INFO(alone.output);
+  REQUIRE(alone.exit_code == 0);
+  CHECK(fingerprints_in(mixed.output) == fingerprints_in(alone.output));
+  CHECK(fingerprints_in(mixed.output).size() == 1);
+  const auto log = read_example_log(dir.file("examples.log"));
+  CHECK(log.size() == 30 * 6);  // every vnode of every step exactly once
+  for (const auto& [key, indices] : log) {
+    if (key.first % 13 == 12) continue;  // the epoch's short tail is split evenly
+    CAPTURE(key.first, key.second);
+    CHECK(indices.size() == (key.second < 4 ? 9u : 6u));
+  }
+  // The sizes are part of the result: another split of the same batch differs.
+  const auto even =
+      run_command(kTrain + kJob + kDeterministic +
+                  " --set semantic.virtual_nodes=6 --set semantic.steps=30 --workers 1");
+  INFO(even.output);
+  REQUIRE(even.exit_code == 0);
+  CHECK(fingerprints_in(even.output) != fingerprints_in(alone.output));
+}

@@ -105,6 +105,12 @@ TEST_CASE("each class of bad job spec is rejected with file, line and key", "[un
     CHECK_THAT(error_of("resources: {device: 'cuda:x'}\n"),
                Contains("resources.device: unknown device 'cuda:x'"));
   }
+  SECTION("relaxed vnode sizes that do not add up") {
+    CHECK_THAT(error_of("semantic: {global_batch: 16, vnode_sizes: [8, 4]}\n"),
+               Contains("semantic.vnode_sizes: the sizes sum to 12, not to global_batch 16"));
+    CHECK_THAT(error_of("semantic: {global_batch: 16, virtual_nodes: 3, vnode_sizes: [8, 8]}\n"),
+               Contains("semantic.vnode_sizes: 2 sizes for virtual_nodes 3"));
+  }
   SECTION("a backend that does not fit the device") {
     CHECK_THAT(error_of("resources: {backend: nccl}\n"),
                Contains("job.yaml:1:22: resources.backend: nccl needs workers on CUDA devices"));

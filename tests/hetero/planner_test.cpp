@@ -1,10 +1,13 @@
 // The exact-mode planner against brute force, its baselines and its errors.
 #include "vflow/hetero/planner.h"
 
+#include <fmt/format.h>
+
 #include <catch2/catch.hpp>
 #include <functional>
 #include <limits>
 #include <map>
+#include <numeric>
 #include <set>
 
 #include "support.h"
@@ -63,33 +66,49 @@ PlanRequest request(int64_t n, std::vector<DeviceGroup> inventory,
   return r;
 }
 
+/// Three device types: fast, slow, and tiny (slow but cheap to synchronise).
+const std::vector<DeviceProfile> kProfiles = {profile("fast", 0.002, 0.001, 0.010, 0.004),
+                                              profile("slow", 0.003, 0.0035, 0.012, 0.006),
+                                              profile("tiny", 0.001, 0.009, 0.002, 0.001)};
+
+/// Every non-empty inventory of up to `fast` fast, `slow` slow and one tiny device.
+std::vector<std::vector<DeviceGroup>> small_inventories(int64_t most_fast, int64_t most_slow) {
+  std::vector<std::vector<DeviceGroup>> out;
+  for (int64_t fast = 0; fast <= most_fast; ++fast) {
+    for (int64_t slow = 0; slow <= most_slow; ++slow) {
+      for (int64_t tiny = 0; tiny <= 1; ++tiny) {
+        std::vector<DeviceGroup> inv;
+        if (fast) inv.push_back({"fast", fast, 0});
+        if (slow) inv.push_back({"slow", slow, 0});
+        if (tiny) inv.push_back({"tiny", tiny, 0});
+        if (!inv.empty()) out.push_back(inv);
+      }
+    }
+  }
+  return out;
+}
+
+std::string describe(const std::vector<DeviceGroup>& inventory) {
+  std::string text;
+  for (const auto& g : inventory) text += fmt::format("{}x{} ", g.count, g.device_type);
+  return text;
+}
+
 }  // namespace
 
 TEST_CASE("the exact planner matches brute force on small inventories", "[unit][hetero]") {
-  const std::vector<DeviceProfile> profiles = {profile("fast", 0.002, 0.001, 0.010, 0.004),
-                                               profile("slow", 0.003, 0.0035, 0.012, 0.006),
-                                               profile("tiny", 0.001, 0.009, 0.002, 0.001)};
   int cases = 0;
   for (int64_t n : {1, 2, 3, 5, 8, 12}) {
-    for (int64_t fast = 0; fast <= 2; ++fast) {
-      for (int64_t slow = 0; slow <= 3; ++slow) {
-        for (int64_t tiny = 0; tiny <= 1; ++tiny) {
-          std::vector<DeviceGroup> inv;
-          if (fast) inv.push_back({"fast", fast, 0});
-          if (slow) inv.push_back({"slow", slow, 0});
-          if (tiny) inv.push_back({"tiny", tiny, 0});
-          if (inv.empty()) continue;
-          const auto r = request(n, inv, profiles);
-          const auto plan = plan_exact(r);
-          CAPTURE(n, fast, slow, tiny, plan.describe());
-          int64_t total = 0;
-          for (const auto& w : plan.workers) total += w.vnodes;
-          CHECK(total == n);
-          CHECK(plan.predicted_step_seconds == Approx(predict_step_seconds(r, plan.workers)));
-          CHECK(plan.predicted_step_seconds == Approx(brute_force(r)).epsilon(1e-12));
-          ++cases;
-        }
-      }
+    for (const auto& inv : small_inventories(2, 3)) {
+      const auto r = request(n, inv, kProfiles);
+      const auto plan = plan_exact(r);
+      CAPTURE(n, describe(inv), plan.describe());
+      int64_t total = 0;
+      for (const auto& w : plan.workers) total += w.vnodes;
+      CHECK(total == n);
+      CHECK(plan.predicted_step_seconds == Approx(predict_step_seconds(r, plan.workers)));
+      CHECK(plan.predicted_step_seconds == Approx(brute_force(r)).epsilon(1e-12));
+      ++cases;
     }
   }
   CHECK(cases > 80);
@@ -185,4 +204,80 @@ TEST_CASE("From VirtualFlow's published V100/P100 figures the planner picks its 
   CHECK(vnodes["v100"] == std::set<int64_t>{8});  // VirtualFlow's 8 and 2 vnodes of 256
   CHECK(vnodes["p100"] == std::set<int64_t>{2});
   CHECK(plan.predicted_step_seconds == Approx(2.2273).epsilon(1e-3));
+}
+
+namespace {
+
+/// The best relaxed predicted step over every per-type size (from candidate_sizes) and
+/// every per-worker vnode count whose examples add up to B.
+double relaxed_brute_force(const PlanRequest& r) {
+  const auto workers = expand_inventory(r.inventory);
+  std::map<std::string, std::vector<int64_t>> sizes;
+  for (const auto& g : r.inventory) sizes[g.device_type] = candidate_sizes(r, g);
+  std::vector<std::string> types;
+  for (const auto& [type, s] : sizes) types.push_back(type);
+  double best = std::numeric_limits<double>::infinity();
+  std::map<std::string, int64_t> chosen;
+  std::vector<RelaxedShare> shares(workers.size());
+  std::function<void(size_t, int64_t)> counts = [&](size_t i, int64_t left) {
+    if (i == shares.size()) {
+      if (left == 0) best = std::min(best, predict_relaxed_seconds(r, shares));
+      return;
+    }
+    const int64_t size = chosen[workers[i]];
+    shares[i] = {workers[i], 0, size};
+    for (int64_t k = 0; k * size <= left; ++k) {
+      shares[i].vnodes = k;
+      counts(i + 1, left - k * size);
+    }
+  };
+  std::function<void(size_t)> pick = [&](size_t t) {
+    if (t == types.size()) {
+      counts(0, r.global_batch);
+      return;
+    }
+    for (const int64_t s : sizes[types[t]]) {
+      chosen[types[t]] = s;
+      pick(t + 1);
+    }
+  };
+  pick(0);
+  return best;
+}
+
+}  // namespace
+
+TEST_CASE("the relaxed planner matches brute force on small inventories", "[unit][hetero]") {
+  // Profiles measured at sizes 1, 4, 16, 64, 256: candidate sizes 1, 4, 16 and B / N.
+  int cases = 0;
+  for (int64_t b : {6, 12, 20}) {
+    for (const auto& inv : small_inventories(2, 2)) {
+      auto r = request(2, inv, kProfiles);
+      r.global_batch = b;  // B / N = b / 2 joins the candidate sizes
+      const auto plan = plan_relaxed(r);
+      CAPTURE(b, describe(inv), plan.describe());
+      int64_t total = 0;
+      for (const auto& w : plan.workers) total += w.vnodes * w.vnode_size;
+      CHECK(total == b);
+      const auto sizes = plan.vnode_sizes();
+      CHECK(std::accumulate(sizes.begin(), sizes.end(), int64_t{0}) == b);
+      CHECK(plan.predicted_step_seconds ==
+            Approx(predict_relaxed_seconds(r, plan.workers)).epsilon(1e-12));
+      CHECK(plan.predicted_step_seconds == Approx(relaxed_brute_force(r)).epsilon(1e-12));
+      // Exact mode's assignment is among relaxed mode's choices.
+      CHECK(plan.predicted_step_seconds <= plan_exact(r).predicted_step_seconds + 1e-12);
+      ++cases;
+    }
+  }
+  CHECK(cases > 40);
+}
+
+TEST_CASE("relaxed mode errors: no size fits, no sizes add up", "[unit][hetero]") {
+  auto r = request(2, {{"fast", 1, 100}}, {profile("fast", 0, 0.001, 0, 0, 1000)});
+  CHECK_THROWS_WITH(plan_relaxed(r), Catch::Contains("no device type can hold any profiled"));
+  DeviceProfile coarse = profile("fast", 0, 0.001, 0, 0);
+  coarse.points = {{16, 0.016, 0}};
+  r = request(3, {{"fast", 2, 0}}, {coarse});
+  r.global_batch = 20;  // sizes {16}; B / N is not whole
+  CHECK_THROWS_WITH(plan_relaxed(r), Catch::Contains("adds up to the global batch 20"));
 }

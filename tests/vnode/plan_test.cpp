@@ -103,3 +103,19 @@ TEST_CASE("vnode blocks cover 0..N-1 contiguously, sizes differing by at most on
     }
   }
 }
+
+TEST_CASE("relaxed plans slice full batches by their sizes and the tail evenly", "[unit]") {
+  const VirtualNodePlan plan(16, std::vector<int64_t>{3, 5, 2, 6});
+  CHECK(plan.virtual_nodes() == 4);
+  CHECK_FALSE(plan.uniform());
+  CHECK(plan.slice(0, 16) == Slice{0, 3});
+  CHECK(plan.slice(2, 16) == Slice{8, 2});
+  CHECK(plan.slice(3, 16) == Slice{10, 6});
+  // A short last batch of 6 is split as in exact mode: over min(6 / 2, 4) = 3 vnodes.
+  CHECK(plan.slice(0, 6) == Slice{0, 2});
+  CHECK(plan.slice(2, 6) == Slice{4, 2});
+  CHECK(plan.slice(3, 6).size == 0);
+  CHECK_THROWS_WITH(VirtualNodePlan(16, std::vector<int64_t>{3, 5}),
+                    Catch::Contains("sum to 8, not to global_batch 16"));
+  CHECK_THROWS_AS(VirtualNodePlan(4, std::vector<int64_t>{4, 0}), vflow::SpecError);
+}

@@ -72,32 +72,38 @@ torch::Tensor as_tensor(const std::vector<int64_t>& v) {
   return torch::tensor(std::vector<int64_t>(v.begin(), v.end()), torch::kInt64);
 }
 
+/// Trains 3 frozen steps (lr 0) and checks after each that the vnodes' weighted gradient
+/// equals the gradient of the whole batch in one piece. Steps 0 and 1 are full batches
+/// of 48; step 2 is the epoch's short tail of 4 examples, spread over some vnodes with
+/// weights n_v / 4.
+void check_one_batch_gradients(const JobSpec& spec) {
+  auto s = build(spec);
+  Trainer trainer(spec, s.model, s.data);
+  for (int64_t step = 0; step < 3; ++step) {
+    CAPTURE(step);
+    const auto indices = trainer.batch_indices(step);
+    trainer.train_step();
+    s.reference->zero_grad();
+    const auto batch = s.data.train->get(as_tensor(indices));
+    torch::nn::functional::cross_entropy(s.reference->forward(batch.input), batch.target)
+        .backward();
+    const auto got = s.model->parameters();
+    const auto want = s.reference->parameters();
+    REQUIRE(got.size() == want.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      CHECK(torch::allclose(got[i].grad(), want[i].grad(), 1e-5, 1e-6));
+      CHECK(torch::equal(got[i], want[i]));  // lr 0: parameters did not move
+    }
+  }
+}
+
 }  // namespace
 
 TEST_CASE("the gradient of N weighted vnodes equals the one-big-batch gradient", "[unit]") {
   for (const int64_t n : {1, 4, 12}) {
     CAPTURE(n);
     const auto spec = frozen_job("mlp", n, false);
-    auto s = build(spec);
-    Trainer trainer(spec, s.model, s.data);
-    // Steps 0 and 1 are full batches of 48; step 2 is the epoch's short tail of 4
-    // examples, spread over 4 of the vnodes with weights n_v / 4.
-    for (int64_t step = 0; step < 3; ++step) {
-      CAPTURE(step);
-      const auto indices = trainer.batch_indices(step);
-      trainer.train_step();
-      s.reference->zero_grad();
-      const auto batch = s.data.train->get(as_tensor(indices));
-      torch::nn::functional::cross_entropy(s.reference->forward(batch.input), batch.target)
-          .backward();
-      const auto got = s.model->parameters();
-      const auto want = s.reference->parameters();
-      REQUIRE(got.size() == want.size());
-      for (size_t i = 0; i < got.size(); ++i) {
-        CHECK(torch::allclose(got[i].grad(), want[i].grad(), 1e-5, 1e-6));
-        CHECK(torch::equal(got[i], want[i]));  // lr 0: parameters did not move
-      }
-    }
+    check_one_batch_gradients(spec);
   }
 }
 
@@ -106,7 +112,10 @@ namespace {
 /// Trains 3 frozen steps and checks every buffer against torch's own modules running
 /// the vnode slices one after another (the stateful-kernel rule of DESIGN.md §2).
 void check_sequential_statistics(const JobSpec& spec, size_t buffers) {
-  const int64_t n = spec.semantic.virtual_nodes;
+  const auto& sem = spec.semantic;
+  const auto plan = sem.vnode_sizes.empty()
+                        ? vflow::vnode::VirtualNodePlan(sem.global_batch, sem.virtual_nodes)
+                        : vflow::vnode::VirtualNodePlan(sem.global_batch, sem.vnode_sizes);
   auto s = build(spec);
   Trainer trainer(spec, s.model, s.data);
   for (int64_t step = 0; step < 3; ++step) {
@@ -114,10 +123,11 @@ void check_sequential_statistics(const JobSpec& spec, size_t buffers) {
     trainer.train_step();
     s.reference->train();
     torch::NoGradGuard no_grad;
-    const int64_t size = indices.size(0);
-    for (int64_t v = 0; v < n; ++v) {
-      const int64_t begin = v * size / n, end = (v + 1) * size / n;
-      if (end > begin) s.reference->forward(s.data.train->get(indices.slice(0, begin, end)).input);
+    for (int64_t v = 0; v < plan.virtual_nodes(); ++v) {
+      const auto part = plan.slice(v, indices.size(0));
+      if (part.size == 0) continue;
+      s.reference->forward(
+          s.data.train->get(indices.slice(0, part.offset, part.offset + part.size)).input);
     }
     const auto got = s.model->named_buffers();
     const auto want = s.reference->named_buffers();
@@ -262,5 +272,32 @@ TEST_CASE("dropout inside vnode v of step s draws from a generator seeded by (se
       CAPTURE(step, i);
       CHECK(torch::allclose(got[i].grad(), want[i].grad(), 1e-5, 1e-6));
     }
+  }
+}
+
+TEST_CASE("relaxed vnode sizes: weighted gradients and batch norm per vnode still hold", "[unit]") {
+  const std::string sizes = "semantic.vnode_sizes=[10, 2, 7, 5, 24]";  // B = 48, N = 5
+  {
+    const auto spec = vflow::testing::small_job(
+        {"semantic.model={name: mlp, options: {hidden: [32, 16], dropout: 0}}",
+         "semantic.data.options.train_size=100", sizes, "semantic.virtual_nodes=null",
+         "semantic.optimizer={name: sgd, lr: 0, momentum: 0, weight_decay: 0}",
+         "semantic.steps=3"});
+    REQUIRE(spec.semantic.virtual_nodes == 5);
+    CHECK_THAT(spec.semantic_yaml(), Catch::Contains("vnode_sizes"));  // part of the result
+    check_one_batch_gradients(spec);
+  }
+  {
+    // Batch norm: each vnode normalises over its own (unequal) slice; running
+    // statistics follow torch's modules over the same slices in vnode order.
+    auto spec = vflow::testing::small_job(
+        {"semantic.model={name: mlp, options: {hidden: [32, 16], dropout: 0, batch_norm: true}}",
+         "semantic.data.options.train_size=100", sizes, "semantic.virtual_nodes=null",
+         "semantic.optimizer={name: sgd, lr: 0, momentum: 0, weight_decay: 0}",
+         "semantic.steps=3"});
+    const vflow::vnode::VirtualNodePlan plan(spec.semantic.global_batch, spec.semantic.vnode_sizes);
+    CHECK(plan.slice(1, 48) == vflow::vnode::Slice{10, 2});
+    CHECK(plan.slice(4, 48) == vflow::vnode::Slice{24, 24});
+    check_sequential_statistics(spec, 6);  // two full batches and the tail of 4
   }
 }

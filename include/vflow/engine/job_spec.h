@@ -52,6 +52,9 @@ struct SemanticSpec {
   DataSpec data;
   int64_t global_batch = 256;  ///< B: examples per optimizer step
   int64_t virtual_nodes = 8;   ///< N: fixed slices of every global batch; B % N == 0
+  /// Relaxed mode (heterogeneous devices): the examples of each vnode, summing to B
+  /// (N = their count; vflow-plan --relaxed prints them). Empty = exact mode, B / N each.
+  std::vector<int64_t> vnode_sizes;
   OptimizerSpec optimizer;
   ScheduleSpec schedule;
   int64_t steps = 0;           ///< total optimizer steps; 0 = use epochs

@@ -52,6 +52,41 @@ double predict_step_seconds(const PlanRequest& request, const std::vector<Worker
 /// cap fits a vnode, an empty inventory).
 Plan plan_exact(const PlanRequest& request);
 
+/// One worker's share in relaxed mode: `vnodes` vnodes of `vnode_size` examples.
+struct RelaxedShare {
+  std::string device_type;
+  int64_t vnodes = 0;
+  int64_t vnode_size = 0;
+};
+
+struct RelaxedPlan {
+  std::vector<RelaxedShare> workers;  ///< workers with at least one vnode, rank order
+  double predicted_step_seconds = 0;
+  /// The semantic part's vnode_sizes: each worker's vnodes in rank order.
+  std::vector<int64_t> vnode_sizes() const;
+  std::string describe() const;  ///< one line per device type
+};
+
+/// Predicted step time of a relaxed assignment (as predict_step_seconds, with each
+/// worker's own vnode size).
+double predict_relaxed_seconds(const PlanRequest& request, const std::vector<RelaxedShare>& shares);
+
+/// The vnode sizes relaxed mode considers for a device type: the sizes its profile
+/// measured and the exact mode's B / N (when N divides B), up to B and within the
+/// type's memory cap.
+std::vector<int64_t> candidate_sizes(const PlanRequest& request, const DeviceGroup& group);
+
+/// Relaxed mode (DESIGN.md §5): one vnode size per device type, from candidate_sizes,
+/// and per-worker vnode counts, such that all vnodes together hold exactly B examples;
+/// minimises the predicted step time (request.virtual_nodes is not used: N follows
+/// from the plan). Exhaustive over the subsets of types and their size choices; for
+/// each, the smallest feasible step time is found by binary search over the times at
+/// which a worker finishes its k-th vnode, feasibility being an exact bounded
+/// subset-sum (type t adds K_t · b_t examples, K_t up to its workers' capacity). A
+/// single worker alone is also considered. Results differ from exact mode's (batch norm
+/// sees other batches); the gradient is still the global batch's mean (DESIGN.md §2).
+RelaxedPlan plan_relaxed(const PlanRequest& request);
+
 /// What simpler rules would predict, for comparison.
 struct Baselines {
   double even_split = 0;          ///< every device, vnodes spread evenly in inventory order

@@ -20,24 +20,33 @@ struct Slice {
 /// N fixed slices of every global batch of B examples.
 class VirtualNodePlan {
  public:
-  /// Throws SpecError unless 1 <= virtual_nodes <= global_batch and B % N == 0.
+  /// Exact mode: every vnode holds b = B / N examples. Throws SpecError unless
+  /// 1 <= virtual_nodes <= global_batch and B % N == 0.
   VirtualNodePlan(int64_t global_batch, int64_t virtual_nodes);
+  /// Relaxed mode (DESIGN.md §5): vnode v holds sizes[v] examples of every full batch.
+  /// Throws SpecError unless every size is >= 1 and they sum to global_batch.
+  VirtualNodePlan(int64_t global_batch, std::vector<int64_t> sizes);
 
   int64_t global_batch() const { return global_batch_; }
   int64_t virtual_nodes() const { return virtual_nodes_; }
-  /// b = B / N.
-  int64_t vnode_size() const { return global_batch_ / virtual_nodes_; }
+  /// b = B / N in exact mode; the smallest vnode in relaxed mode.
+  int64_t vnode_size() const { return smallest_; }
+  /// Whether every vnode holds the same number of examples (exact mode).
+  bool uniform() const { return sizes_.empty(); }
 
   /// The sub-slice of vnode v inside a batch of `batch_size` examples. For a full batch
-  /// this is [v*b, (v+1)*b). The shorter last batch of an epoch (drop_last: false) of n
-  /// examples is split over P = clamp(n / min(2, b), 1, N) vnodes as
-  /// [floor(v*n/P), floor((v+1)*n/P)); vnodes v >= P are empty.
-  /// A function of (B, N, n, v) only.
+  /// this is [v*b, (v+1)*b) (relaxed: [s_0+..+s_{v-1}, s_0+..+s_v)). The shorter last
+  /// batch of an epoch (drop_last: false) of n examples is split, in both modes, over
+  /// P = clamp(n / min(2, b), 1, N) vnodes as [floor(v*n/P), floor((v+1)*n/P)); vnodes
+  /// v >= P are empty. A function of (B, the sizes, n, v) only.
   Slice slice(int64_t v, int64_t batch_size) const;
 
  private:
   int64_t global_batch_;
   int64_t virtual_nodes_;
+  int64_t smallest_;
+  std::vector<int64_t> sizes_;    ///< relaxed mode only
+  std::vector<int64_t> offsets_;  ///< relaxed mode: where each vnode starts
 };
 
 /// The order in which examples are visited: one permutation per epoch.
