@@ -177,3 +177,31 @@ TEST_CASE("the gradient buffer is allocated once and shared by all vnodes", "[un
   const auto* b = static_cast<const char*>(params[1].grad().data_ptr());
   CHECK(b - a == params[0].numel() * static_cast<int64_t>(sizeof(float)));
 }
+
+TEST_CASE("the worker's device and communication backend follow the resources part", "[unit]") {
+  vflow::engine::ResourcesSpec res;
+  CHECK(vflow::engine::worker_device(res) == torch::Device(torch::kCPU));
+  vflow::comm::Rendezvous r;
+  vflow::engine::choose_backend(res, torch::kCPU, r);
+  CHECK(r.backend == "gloo");  // auto on the CPU
+  res.backend = "nccl";
+  CHECK_THROWS_WITH(vflow::engine::choose_backend(res, torch::kCPU, r),
+                    Catch::Contains("nccl needs workers on CUDA devices"));
+  res.device = "cuda";
+  if (!torch::cuda::is_available()) {
+    CHECK_THROWS_WITH(vflow::engine::worker_device(res),
+                      Catch::Contains("resources.device: 'cuda' requested but this LibTorch "
+                                      "build or machine has no CUDA device"));
+    // A job asking for CUDA stops before training, with the spec error's exit code.
+    const auto result = vflow::testing::run_command(
+        std::string(VFLOW_TRAIN_BINARY) +
+        " --set resources.device=cuda:0 --set semantic.steps=1 --set semantic.epochs=null 2>&1");
+    CHECK(result.exit_code == 2);
+    CHECK_THAT(result.output, Catch::Contains("has no CUDA device"));
+  } else {
+    setenv("VFLOW_LOCAL_RANK", "1", 1);
+    const auto count = static_cast<int>(torch::cuda::device_count());
+    CHECK(vflow::engine::worker_device(res).index() == 1 % count);
+    unsetenv("VFLOW_LOCAL_RANK");
+  }
+}
