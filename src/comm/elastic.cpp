@@ -239,6 +239,47 @@ bool ControlPlane::failure_reported(int64_t generation) {
   return add(fmt::format("elastic/{}/failed", generation), 0) > 0;
 }
 void ControlPlane::publish_step(int64_t step) { set(kStep, std::to_string(step)); }
+
+void ControlPlane::publish_speed(const std::string& member, double seconds_per_vnode) {
+  set("speed/" + member, fmt::format("{:.9g}", seconds_per_vnode));
+}
+
+std::optional<double> ControlPlane::speed(const std::string& member) {
+  const auto text = get("speed/" + member);
+  if (!text) return std::nullopt;
+  try {
+    return std::stod(*text);
+  } catch (const std::exception&) {
+    return std::nullopt;  // not written by a worker of this version: ignore it
+  }
+}
+
+std::vector<int64_t> plan_by_speed(const std::vector<double>& seconds_per_vnode,
+                                   int64_t virtual_nodes) {
+  std::vector<double> known;
+  for (const double t : seconds_per_vnode) {
+    if (t > 0) known.push_back(t);
+  }
+  const auto members = static_cast<int64_t>(seconds_per_vnode.size());
+  if (known.empty() || members == 0 || virtual_nodes < members) return {};
+  // Joiners start like the launcher's other workers, without limits: count them as fast
+  // as the fastest measured member until they are measured themselves.
+  const double fastest = *std::min_element(known.begin(), known.end());
+  std::vector<double> t;
+  for (const double v : seconds_per_vnode) t.push_back(v > 0 ? v : fastest);
+  std::vector<int64_t> counts(static_cast<size_t>(members), 1);
+  for (int64_t given = members; given < virtual_nodes; ++given) {
+    size_t best = 0;
+    for (size_t m = 1; m < counts.size(); ++m) {
+      if (static_cast<double>(counts[m] + 1) * t[m] <
+          static_cast<double>(counts[best] + 1) * t[best]) {
+        best = m;
+      }
+    }
+    ++counts[best];
+  }
+  return counts;
+}
 void ControlPlane::mark_done(const std::string& state) {
   set(kDone, state);
   add(kRequests, 1);
@@ -318,6 +359,13 @@ void GenerationManager::publish(std::vector<std::string> members, std::string do
   next.transfer_state = transfer;
   next.stop = stop;
   next.vnodes = std::move(vnodes);
+  if (next.vnodes.empty() && !first_vnodes_.empty() && next.members.size() > 1) {
+    // A job that started with a planned split re-plans over the new members by the
+    // per-vnode times they measured (joiners not yet measured count as the fastest).
+    std::vector<double> times;
+    for (const auto& m : next.members) times.push_back(control_.speed(m).value_or(0));
+    next.vnodes = plan_by_speed(times, options_.limits.virtual_nodes);
+  }
   for (const auto& m : next.members) {
     joiners_.erase(std::remove(joiners_.begin(), joiners_.end(), m), joiners_.end());
   }

@@ -94,6 +94,7 @@ ElasticOutcome run_elastic_worker(const JobSpec& spec, const ElasticWorkerOption
   bool leave_sent = false;
   int64_t seen_news = -1;
   Clock::time_point last_published;
+  Clock::time_point last_speed;
   trainer->set_step_control([&](const Trainer& t) {
     StepControl c;
     if (options.leave_flag && options.leave_flag->load() && !leave_sent) {
@@ -101,11 +102,21 @@ ElasticOutcome run_elastic_worker(const JobSpec& spec, const ElasticWorkerOption
       control.request_leave(me);
       leave_sent = true;
     }
+    // Every worker reports its measured per-vnode time now and then; a job that started
+    // with a planned split re-plans by them on a resize.
+    const auto now = Clock::now();
+    if (now - last_speed > std::chrono::seconds(1) && t.seconds_per_vnode() > 0) {
+      try {
+        control.publish_speed(me, t.seconds_per_vnode());
+      } catch (const comm::PeerFailure&) {
+        // the coordinator is gone: rank 0 finds out below, or the next collective does
+      }
+      last_speed = now;
+    }
     if (t.rank() != 0) return c;
     // Rank 0 polls the coordinator once per step (one round trip when nothing changed);
     // everyone learns the outcome through the collective.
     try {
-      const auto now = Clock::now();
       if (now - last_published > std::chrono::milliseconds(200)) {
         control.publish_step(t.step());
         last_published = now;

@@ -162,7 +162,8 @@ struct Trainer::Impl {
   std::shared_ptr<models::Model> model;
   data::DataSplits data;
   torch::Device device;
-  bool bf16;  // semantic.precision: forward passes under bfloat16 autocast
+  bool bf16;                 // semantic.precision: forward passes under bfloat16 autocast
+  double vnode_seconds = 0;  // smoothed compute time of one held vnode (0 = none yet)
   vnode::VirtualNodePlan plan;
   vnode::DataOrder order;
   int64_t total_steps;
@@ -355,11 +356,13 @@ struct Trainer::Impl {
     const bool exact = fixed_point.defined();
     if (exact) fixed_point.zero_();
     int64_t ordinal = 0;
+    int64_t ran = 0;  // vnodes this worker computed
     for (int64_t v = 0; v < plan.virtual_nodes(); ++v) {
       const auto part = plan.slice(v, batch.size);
       if (part.size == 0) continue;
       ++ordinal;
       if (v < held.first || v >= held.last) continue;
+      ++ran;
       const data::Batch b = take(WorkItem{s, v});
       // Randomness inside the forward pass depends on (seed, step, vnode) only.
       torch::manual_seed(
@@ -414,6 +417,10 @@ struct Trainer::Impl {
     info.lr = lr;
     info.seconds = seconds_since(t0);
     info.compute_seconds = std::chrono::duration<double>(t_sync - t0).count();
+    if (ran > 0) {  // a smoothed per-vnode time, for re-planning the split on a resize
+      const double per = info.compute_seconds / static_cast<double>(ran);
+      vnode_seconds = vnode_seconds > 0 ? 0.7 * vnode_seconds + 0.3 * per : per;
+    }
     info.sync_seconds = std::chrono::duration<double>(t_update - t_sync).count();
     info.update_seconds = seconds_since(t_update);
     return info;
@@ -718,6 +725,8 @@ void Trainer::set_communicator(std::shared_ptr<comm::Communicator> communicator,
 void Trainer::set_stop_flag(const std::atomic<bool>* flag) { impl_->stop_flag = flag; }
 std::string Trainer::fingerprint() const { return engine::fingerprint(*impl_->model); }
 torch::Device Trainer::device() const { return impl_->device; }
+
+double Trainer::seconds_per_vnode() const { return impl_->vnode_seconds; }
 
 int64_t Trainer::step() const { return impl_->step; }
 int64_t Trainer::total_steps() const { return impl_->total_steps; }

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <map>
 #include <numeric>
+#include <regex>
 #include <sstream>
 #include <thread>
 
@@ -317,4 +318,28 @@ TEST_CASE("relaxed vnode sizes over a planned uneven split keep the one-worker f
   INFO(even.output);
   REQUIRE(even.exit_code == 0);
   CHECK(fingerprints_in(even.output) != fingerprints_in(alone.output));
+}
+
+TEST_CASE("a job that started with a planned split re-plans it by measured speed on a resize",
+          "[multiproc][elastic][hetero]") {
+  // Vnodes of 40 examples, so that a quarter of a core is clearly slower per vnode.
+  const std::string larger = " --set semantic.global_batch=480 --set semantic.steps=300";
+  const auto reference = reference_fingerprint(larger);
+  TempDir dir;
+  // Worker 1 runs at a quarter of a core; the joiner at full speed.
+  const auto r = elastic_job(
+      dir, 2, larger + " --set 'resources.layout=[{vnodes: 6}, {vnodes: 6, cpu_quota: 0.25}]'",
+      "await_step 30; $CTL resize $A 3; await_workers 3");
+  INFO(r.output);
+  CHECK_THAT(r.output, Catch::Matchers::Contains("exit=0"));
+  const std::regex published(
+      R"(published generation 2: 3 worker\(s\).*holding \[(\d+),(\d+),(\d+)\])");
+  std::smatch m;
+  REQUIRE(std::regex_search(r.output, m, published));
+  const int64_t fast = std::stoll(m[1]), slow = std::stoll(m[2]), joiner = std::stoll(m[3]);
+  CHECK(fast + slow + joiner == 12);
+  CHECK(slow < fast);  // the quarter-core worker holds fewer vnodes than the others
+  CHECK(slow < joiner);
+  CHECK(fingerprints_in(r.output) == std::set<std::string>{reference});
+  CHECK(nothing_left(dir));
 }

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "support.h"
+#include "vflow/comm/elastic.h"
 #include "vflow/comm/launcher.h"
 #include "vflow/comm/nccl.h"
 
@@ -97,4 +98,31 @@ TEST_CASE("The NCCL backend loads only when used and says why it cannot run", "[
   unknown.backend = "mpi";
   CHECK_THROWS_WITH(vflow::comm::make_communicator(unknown),
                     Catch::Contains("unknown backend 'mpi'") && Catch::Contains("gloo, nccl"));
+}
+
+TEST_CASE("a resize re-plans the split by the members' measured speeds", "[unit]") {
+  using vflow::comm::plan_by_speed;
+  // A worker four times slower gets the fewest vnodes; the others as many as they finish
+  // in about the same time.
+  CHECK(plan_by_speed({1.0, 4.0, 1.0}, 12) == std::vector<int64_t>{6, 1, 5});
+  CHECK(plan_by_speed({1.0, 1.0}, 8) == std::vector<int64_t>{4, 4});
+  // A joiner not yet measured (0) counts as the fastest of the others.
+  CHECK(plan_by_speed({0.1, 0.0, 0.3}, 7) == plan_by_speed({0.1, 0.1, 0.3}, 7));
+  // Everyone keeps at least one vnode, and nothing measured means an even split.
+  CHECK(plan_by_speed({1.0, 100.0}, 4) == std::vector<int64_t>{3, 1});
+  CHECK(plan_by_speed({0.0, 0.0}, 4).empty());
+  // Brute force: no other split of N vnodes (each >= 1) has a smaller slowest member.
+  const std::vector<double> t = {0.3, 0.7, 0.2, 0.5};
+  const auto counts = plan_by_speed(t, 10);
+  auto slowest = [&](const std::vector<int64_t>& c) {
+    double worst = 0;
+    for (size_t m = 0; m < c.size(); ++m) worst = std::max(worst, static_cast<double>(c[m]) * t[m]);
+    return worst;
+  };
+  double best = 1e9;
+  for (int64_t a = 1; a <= 7; ++a)
+    for (int64_t b = 1; a + b <= 8; ++b)
+      for (int64_t c = 1; a + b + c <= 9; ++c)
+        best = std::min(best, slowest({a, b, c, 10 - a - b - c}));
+  CHECK(slowest(counts) == Approx(best));
 }

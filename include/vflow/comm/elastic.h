@@ -93,6 +93,9 @@ class ControlPlane {
   std::optional<int64_t> survivor_step(int64_t generation, const std::string& member);
   bool failure_reported(int64_t generation);
   void publish_step(int64_t step);
+  /// A member's measured compute time per vnode (the coordinator re-plans with them).
+  void publish_speed(const std::string& member, double seconds_per_vnode);
+  std::optional<double> speed(const std::string& member);
   /// A counter that changes whenever a generation is published or a stop requested
   /// (rank 0 polls it once per step).
   int64_t news();
@@ -122,6 +125,14 @@ struct ElasticOptions {
   bool replace_failed = false;               ///< start a joiner for each failed worker
 };
 
+/// Vnodes per member for `virtual_nodes` vnodes and members of the given per-vnode times
+/// (seconds): every member holds at least one, and each further vnode goes to the
+/// member that would finish it first, which minimises the slowest member's time. A
+/// member with no measurement (<= 0, a joiner) counts as the fastest of the others; with
+/// none measured at all the result is empty (split evenly).
+std::vector<int64_t> plan_by_speed(const std::vector<double>& seconds_per_vnode,
+                                   int64_t virtual_nodes);
+
 /// Decides generations (runs inside the coordinator). Not thread-safe: one thread calls
 /// it, e.g. the launcher's loop every few milliseconds.
 class GenerationManager {
@@ -132,7 +143,8 @@ class GenerationManager {
                     std::function<std::string()> spawn);
 
   /// The first generation's members, with `vnodes` per member for a planned split (empty:
-  /// even); published once all of them are ready. Later generations split evenly.
+  /// even); published once all of them are ready. Later generations split evenly, or,
+  /// when the first was planned, by the members' measured speeds (plan_by_speed).
   void start(const std::vector<std::string>& members, std::vector<int64_t> vnodes = {});
   /// A member's process ended with `exit_code` (from a launcher that watches processes).
   void on_exit(const std::string& member, int exit_code);

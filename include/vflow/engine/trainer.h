@@ -177,6 +177,8 @@ class Trainer {
   std::string fingerprint() const;
   int64_t step() const;          ///< steps completed so far
   torch::Device device() const;  ///< where the model and gradient buffer live
+  /// This worker's smoothed compute time per vnode it holds (0 before its first step).
+  double seconds_per_vnode() const;
   int64_t total_steps() const;
   int64_t steps_per_epoch() const;
   const JobSpec& spec() const;
