@@ -143,6 +143,14 @@ int64_t local_workers() {
   return 1;
 }
 
+int64_t local_rank() {
+  for (const char* name :
+       {"VFLOW_LOCAL_RANK", "LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"}) {
+    if (const auto v = env(name)) return std::max(0, env_int(name, *v));
+  }
+  return 0;
+}
+
 // ---- local launcher ------------------------------------------------------------
 
 namespace {

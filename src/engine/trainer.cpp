@@ -92,15 +92,7 @@ torch::Device worker_device(const ResourcesSpec& resources) {
     }
     return device;
   }
-  int local = 0;
-  for (const char* var :
-       {"VFLOW_LOCAL_RANK", "LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"}) {
-    if (const char* value = std::getenv(var); value && *value) {
-      local = std::atoi(value);
-      break;
-    }
-  }
-  return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(local % count));
+  return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(comm::local_rank() % count));
 }
 
 void choose_backend(const ResourcesSpec& resources, torch::Device device, comm::Rendezvous& r) {

@@ -26,17 +26,21 @@ struct TypeCost {
   bool fits = true;  // a vnode's peak memory is within the type's cap
 };
 
+const DeviceProfile& profile_for(const PlanRequest& r, const std::string& type) {
+  const auto it = r.profiles.find(type);
+  if (it == r.profiles.end()) {
+    throw Error(
+        fmt::format("no profile for device type '{}'; run vflow-profile on it first", type));
+  }
+  return it->second;
+}
+
 /// The checks both modes share: devices listed, a profile for each type, measured with
 /// this model.
 void check_profiles(const PlanRequest& r) {
   if (r.inventory.empty()) throw Error("the inventory lists no devices");
   for (const auto& g : r.inventory) {
-    const auto it = r.profiles.find(g.device_type);
-    if (it == r.profiles.end()) {
-      throw Error(fmt::format("no profile for device type '{}'; run vflow-profile on it first",
-                              g.device_type));
-    }
-    const auto& p = it->second;
+    const auto& p = profile_for(r, g.device_type);
     if (!r.model.empty() && p.model != r.model) {
       throw Error(fmt::format(
           "the profile of '{}' was measured with model {} but this job's model is {}; profile "
@@ -238,15 +242,6 @@ Baselines baselines(const PlanRequest& request) {
 // ---- relaxed mode ---------------------------------------------------------
 
 namespace {
-
-const DeviceProfile& profile_for(const PlanRequest& r, const std::string& type) {
-  const auto it = r.profiles.find(type);
-  if (it == r.profiles.end()) {
-    throw Error(
-        fmt::format("no profile for device type '{}'; run vflow-profile on it first", type));
-  }
-  return it->second;
-}
 
 /// One device type with a chosen vnode size.
 struct SizedType {

@@ -87,5 +87,9 @@ std::optional<ElasticWorkerEnvironment> elastic_worker_from_environment();
 /// launcher), LOCAL_WORLD_SIZE (torchrun), OMPI_COMM_WORLD_LOCAL_SIZE (mpirun),
 /// SLURM_NTASKS_PER_NODE (srun), else 1.
 int64_t local_workers();
+/// This process's index among the workers on its host, from the same conventions
+/// (VFLOW_LOCAL_RANK set by vflow's launcher, LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_RANK,
+/// SLURM_LOCALID); 0 when none is set.
+int64_t local_rank();
 
 }  // namespace vflow::comm

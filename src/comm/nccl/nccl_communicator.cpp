@@ -10,7 +10,7 @@
 
 #include <atomic>
 #include <chrono>
-#include <cstdlib>
+#include <cstdio>
 #include <cstring>
 #include <mutex>
 #include <set>
@@ -231,32 +231,19 @@ class NcclCommunicator final : public Communicator {
     const auto status = ncclCommShrink(comm_, ranks.data(), static_cast<int>(ranks.size()), &child,
                                        &config, NCCL_SHRINK_DEFAULT);
     // In non-blocking mode the child's handle is written when the parent's asynchronous
-    // state leaves ncclInProgress: wait on the parent, never on `child` before that.
+    // state leaves ncclInProgress: wait on the parent, never on `child` before that. A
+    // failure or timeout aborts the parent (joining NCCL's shrink job) and lands here.
     std::string why;
-    if (status != ncclSuccess && status != ncclInProgress) {
-      why = ncclGetErrorString(status);
-    } else {
-      const auto deadline = Clock::now() + timeout_;
-      while (why.empty()) {
-        ncclResult_t state = ncclSuccess;
-        const auto polled = ncclCommGetAsyncError(comm_, &state);
-        if (polled != ncclSuccess) {
-          why = ncclGetErrorString(polled);
-        } else if (state == ncclSuccess) {
-          break;
-        } else if (state != ncclInProgress) {
-          why = ncclGetErrorString(state);
-        } else if (Clock::now() > deadline) {
-          why = fmt::format("not done within {} ms", timeout_.count());
-        } else {
-          std::this_thread::sleep_for(std::chrono::microseconds(200));
-        }
-      }
+    try {
+      check("ncclCommShrink", status, __FILE__, __LINE__);
+      await_ready("ncclCommShrink", __FILE__, __LINE__);
+    } catch (const Error& e) {
+      why = e.what();
     }
     if (!why.empty() || !child) {
       spdlog::warn("[comm] ncclCommShrink on rank {} of {} failed ({}); initialising afresh", rank_,
                    size_, why.empty() ? "no communicator" : why);
-      abort_now();  // joins NCCL's shrink job before `child` leaves scope
+      abort_now();  // (already done after a failure) joins the shrink job before `child` goes
       if (child) ncclCommAbort(child);
       return nullptr;
     }
