@@ -78,11 +78,9 @@ int main(int argc, char** argv) {
         std::cout << t << " s (plan is " << t / plan.predicted_step_seconds << "x faster)\n";
       }
     };
-    std::cout << "as the job's resources part (add threads / cpu_quota per device type):\n"
-              << "resources:\n  workers: " << plan.workers.size() << "\n  layout:\n";
-    for (const auto& w : plan.workers) {
-      std::cout << "    - {vnodes: " << w.vnodes << "}  # " << w.device_type << "\n";
-    }
+    std::cout << "as the job's resources part:\n"
+              << "resources:\n  workers: " << plan.workers.size() << "\n  layout:\n"
+              << vflow::hetero::layout_yaml(request, plan.workers);
     std::cout << "baselines:\n";
     line("even split over every device", base.even_split);
     line("split proportional to throughput", base.proportional);
@@ -97,11 +95,8 @@ int main(int argc, char** argv) {
                 << "as the job's semantic and resources parts (the sizes are part of the "
                    "result):\nsemantic:\n  virtual_nodes: null\n  vnode_sizes: ["
                 << fmt::format("{}", fmt::join(r.vnode_sizes(), ", ")) << "]\nresources:\n"
-                << "  workers: " << r.workers.size() << "\n  layout:\n";
-      for (const auto& w : r.workers) {
-        std::cout << "    - {vnodes: " << w.vnodes << "}  # " << w.device_type << ", "
-                  << w.vnode_size << " examples each\n";
-      }
+                << "  workers: " << r.workers.size() << "\n  layout:\n"
+                << vflow::hetero::layout_yaml(request, r);
     }
     return 0;
   });

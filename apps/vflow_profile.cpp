@@ -1,5 +1,6 @@
 // vflow-profile: measure what one vnode of a job's model costs on this device type, across
 // vnode sizes, and write a profile file for vflow-plan (docs/heterogeneous.md).
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 #include <sys/resource.h>
 
@@ -9,6 +10,7 @@
 #include <thread>
 
 #include "exit_code.h"
+#include "vflow/comm/nccl.h"
 #include "vflow/hetero/cpu_quota.h"
 #include "vflow/vflow.h"
 
@@ -23,6 +25,34 @@ int64_t peak_rss_bytes() {
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
+}
+
+/// Peak memory so far: the process's peak RSS on the CPU, the device memory in use on a
+/// GPU (where the backend library can tell; else the RSS).
+int64_t peak_bytes(const torch::Device& device) {
+  if (device.is_cuda()) {
+    const auto used = vflow::comm::cuda_memory_used(device.index());
+    if (used >= 0) return used;
+  }
+  return peak_rss_bytes();
+}
+
+/// The name a device type gets when none is given: cpu-<threads>t[-q<quota>], or
+/// cuda-<the GPU's name> (spaces as dashes).
+std::string default_device_type(const vflow::engine::JobSpec& spec, const torch::Device& device,
+                                double cpu_quota) {
+  if (device.is_cuda()) {
+    const auto status = vflow::comm::nccl_status();
+    const auto index = static_cast<size_t>(device.index());
+    std::string name = index < status.device_names.size() ? status.device_names[index] : "";
+    std::replace(name.begin(), name.end(), ' ', '-');
+    return name.empty() ? "cuda" : "cuda-" + name;
+  }
+  const auto threads = spec.resources.threads > 0
+                           ? spec.resources.threads
+                           : static_cast<int64_t>(std::thread::hardware_concurrency());
+  return cpu_quota > 0 ? fmt::format("cpu-{}t-q{}", threads, cpu_quota)
+                       : fmt::format("cpu-{}t", threads);
 }
 
 /// One vnode of `size` per step: the step's compute time is the vnode's cost.
@@ -46,11 +76,11 @@ vflow::hetero::DeviceProfile::Point measure(vflow::engine::JobSpec spec, int64_t
     update.push_back(info.update_seconds);
   }
   *optimizer_seconds = median(update);
-  return {size, median(compute), peak_rss_bytes()};
+  return {size, median(compute), peak_bytes(trainer->device())};
 }
 
-/// One allreduce of the gradient buffer between two local workers on Gloo.
-double allreduce_seconds(int64_t numel, int repeats) {
+/// One allreduce of the gradient buffer (on `device`) between two local workers on Gloo.
+double allreduce_seconds(int64_t numel, const torch::Device& device, int repeats) {
   vflow::comm::Coordinator coordinator("127.0.0.1", 0, std::chrono::seconds(30));
   std::vector<double> times(2);
   auto worker = [&](int rank) {
@@ -60,7 +90,7 @@ double allreduce_seconds(int64_t numel, int repeats) {
     r.world_size = 2;
     r.generation = "profile";
     const auto comm = vflow::comm::make_gloo_communicator(r);
-    auto buffer = torch::ones({numel});
+    auto buffer = torch::ones({numel}, torch::TensorOptions().device(device));
     std::vector<double> t;
     for (int i = 0; i < repeats + 2; ++i) {
       const auto t0 = std::chrono::steady_clock::now();
@@ -87,8 +117,10 @@ int main(int argc, char** argv) {
   app.add_option("job", spec_path, "job spec (YAML); the built-in default job when omitted");
   app.add_option("--set", overrides, "override a key (repeatable), e.g. resources.threads=1");
   app.add_option("--device-type", device_type,
-                 "the name the planner knows this device type by, e.g. cpu-1t")
-      ->required();
+                 "the name the planner knows this device type by (default: cpu-<threads>t, "
+                 "cpu-<threads>t-q<quota>, or cuda-<GPU name> for resources.device)");
+  std::string device;
+  app.add_option("--device", device, "cpu, cuda or cuda:K (sets resources.device)");
   app.add_option("--sizes", sizes, "vnode sizes to measure")->delimiter(',');
   app.add_option("--repeats", repeats, "timed steps per size (median)")->check(CLI::PositiveNumber);
   app.add_option("--out", out, "profile file to write")->required();
@@ -98,18 +130,25 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   CLI11_PARSE(app, argc, argv);
   return vflow::apps::run_reporting_errors([&] {
+    if (!device.empty()) overrides.push_back("resources.device=" + device);
     const auto spec = vflow::engine::load_job_spec(spec_path, overrides);
     spdlog::set_level(spdlog::level::warn);
+    const auto on = vflow::engine::worker_device(spec.resources);
+    if (device_type.empty()) device_type = default_device_type(spec, on, cpu_quota);
     if (cpu_quota > 0) vflow::hetero::apply_cpu_quota(cpu_quota, "vflow-" + device_type);
     std::sort(sizes.begin(), sizes.end());
     vflow::hetero::DeviceProfile profile;
     profile.device_type = device_type;
     profile.model = spec.model_digest();
+    profile.device = on.is_cuda() ? "cuda" : "cpu";
+    profile.threads = spec.resources.threads;
+    profile.cpu_quota = cpu_quota;
+    std::cerr << "profiling " << device_type << " on " << on.str() << "\n";
     double optimizer = 0;
     for (const int64_t size : sizes) {
       profile.points.push_back(measure(spec, size, repeats, &optimizer));
       std::cerr << "vnode size " << size << ": " << profile.points.back().seconds * 1e3
-                << " ms, peak RSS " << profile.points.back().peak_bytes / (1 << 20) << " MiB\n";
+                << " ms, peak memory " << profile.points.back().peak_bytes / (1 << 20) << " MiB\n";
     }
     profile.optimizer_seconds = optimizer;
     int64_t numel = 0;
@@ -117,12 +156,13 @@ int main(int argc, char** argv) {
       const auto trainer = vflow::engine::make_trainer(spec);
       for (const auto& p : trainer->model().parameters()) numel += p.numel();
     }
-    profile.allreduce_seconds = allreduce_seconds(numel, repeats);
+    profile.allreduce_seconds = allreduce_seconds(numel, on, repeats);
     std::cerr << "optimizer step " << optimizer * 1e3 << " ms, allreduce of " << numel << " floats "
               << profile.allreduce_seconds * 1e3 << " ms\n";
     vflow::hetero::save_profile(profile, out);
     if (cpu_quota > 0) vflow::hetero::release_cpu_quota("vflow-" + device_type);
-    std::cout << "wrote " << out << " (model " << profile.model << ")\n";
+    std::cout << "wrote " << out << " (device type " << device_type << ", model " << profile.model
+              << ")\n";
     return 0;
   });
 }

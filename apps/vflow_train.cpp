@@ -64,9 +64,13 @@ vflow::comm::JobLimits limits_of(const vflow::engine::JobSpec& spec) {
   return limits;
 }
 
-/// A worker of a planned layout gets its own threads and CPU quota from the launcher.
+/// A worker of a planned layout gets its own device, threads and CPU quota from the
+/// launcher.
 vflow::engine::JobSpec apply_worker_layout(vflow::engine::JobSpec spec,
                                            const vflow::comm::ElasticWorkerEnvironment& env) {
+  if (const char* device = std::getenv("VFLOW_DEVICE"); device && *device) {
+    spec.resources.device = device;
+  }
   if (const char* threads = std::getenv("VFLOW_THREADS"); threads && std::atoll(threads) > 0) {
     spec.resources.threads = std::atoll(threads);
   }
@@ -170,9 +174,11 @@ int main(int argc, char** argv) {
       launch.timeout = timeout;
       launch.elastic.limits = limits_of(spec);
       launch.elastic.replace_failed = spec.resources.replace_failed;
+      vflow::engine::check_devices(spec.resources);
       for (const auto& w : spec.resources.layout) {
         launch.vnodes.push_back(w.vnodes);
-        launch.worker_env.push_back({fmt::format("VFLOW_THREADS={}", w.threads),
+        launch.worker_env.push_back({fmt::format("VFLOW_DEVICE={}", w.device),
+                                     fmt::format("VFLOW_THREADS={}", w.threads),
                                      fmt::format("VFLOW_CPU_QUOTA={}", w.cpu_quota)});
       }
       launch.stop_flag = &g_stop;

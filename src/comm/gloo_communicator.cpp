@@ -68,23 +68,30 @@ class GlooCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
 
+  // Tensors on a GPU go through host memory, so that every rank runs Gloo's CPU
+  // algorithms whatever its device: a job may mix CPU and CUDA workers.
   void allreduce_sum(torch::Tensor& tensor) override {
-    std::vector<torch::Tensor> tensors{tensor};
+    std::vector<torch::Tensor> tensors{on_host(tensor)};
     run("allreduce", [&] { return group_->allreduce(tensors); });
+    if (!tensor.is_cpu()) tensor.copy_(tensors[0]);
   }
 
   void broadcast(torch::Tensor& tensor, int root) override {
-    std::vector<torch::Tensor> tensors{tensor};
+    std::vector<torch::Tensor> tensors{on_host(tensor)};
     c10d::BroadcastOptions options;
     options.rootRank = root;
     run("broadcast", [&] { return group_->broadcast(tensors, options); });
+    if (!tensor.is_cpu()) tensor.copy_(tensors[0]);
   }
 
   std::vector<torch::Tensor> all_gather(const torch::Tensor& tensor) override {
+    std::vector<torch::Tensor> inputs{on_host(tensor)};
     std::vector<std::vector<torch::Tensor>> outputs(1);
-    for (int i = 0; i < size_; ++i) outputs[0].push_back(torch::empty_like(tensor));
-    std::vector<torch::Tensor> inputs{tensor};
+    for (int i = 0; i < size_; ++i) outputs[0].push_back(torch::empty_like(inputs[0]));
     run("all_gather", [&] { return group_->allgather(outputs, inputs); });
+    if (!tensor.is_cpu()) {
+      for (auto& t : outputs[0]) t = t.to(tensor.device());
+    }
     return outputs[0];
   }
 
@@ -103,6 +110,10 @@ class GlooCommunicator final : public Communicator {
 
  private:
   static std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
+
+  static torch::Tensor on_host(const torch::Tensor& tensor) {
+    return tensor.is_cpu() ? tensor : tensor.to(torch::kCPU).contiguous();
+  }
 
   template <typename Start>
   void run(const char* what, Start start) {

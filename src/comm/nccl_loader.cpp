@@ -16,6 +16,8 @@ namespace {
 struct Backend {
   int (*version)() = nullptr;
   int (*devices)(char*, size_t) = nullptr;
+  bool (*device_name)(int, char*, size_t) = nullptr;
+  long long (*memory_used)(int) = nullptr;
   Communicator* (*create)(const Rendezvous*) = nullptr;
   std::string error;  ///< why it could not be loaded
 };
@@ -48,11 +50,20 @@ const Backend& backend() {
     }
     loaded.version = reinterpret_cast<int (*)()>(dlsym(handle, "vflow_nccl_version"));
     loaded.devices = reinterpret_cast<int (*)(char*, size_t)>(dlsym(handle, "vflow_nccl_devices"));
+    loaded.device_name =
+        reinterpret_cast<bool (*)(int, char*, size_t)>(dlsym(handle, "vflow_nccl_device_name"));
+    loaded.memory_used =
+        reinterpret_cast<long long (*)(int)>(dlsym(handle, "vflow_nccl_memory_used"));
     loaded.create =
         reinterpret_cast<Communicator* (*)(const Rendezvous*)>(dlsym(handle, "vflow_nccl_create"));
-    if (!loaded.version || !loaded.devices || !loaded.create) {
+    if (!loaded.version || !loaded.devices || !loaded.device_name || !loaded.memory_used ||
+        !loaded.create) {
       loaded.error =
           fmt::format("{} is not a vflow NCCL backend (its entry points are missing)", path);
+      loaded.device_name =
+          reinterpret_cast<bool (*)(int, char*, size_t)>(dlsym(handle, "vflow_nccl_device_name"));
+      loaded.memory_used =
+          reinterpret_cast<long long (*)(int)>(dlsym(handle, "vflow_nccl_memory_used"));
       loaded.create = nullptr;
     }
   });
@@ -78,7 +89,16 @@ NcclStatus nccl_status() {
   } else if (status.devices == 0) {
     status.reason = "no CUDA device is visible to this process";
   }
+  for (int i = 0; i < status.devices; ++i) {
+    char name[256] = {};
+    status.device_names.emplace_back(b.device_name(i, name, sizeof name) ? name : "");
+  }
   return status;
+}
+
+int64_t cuda_memory_used(int device) {
+  const auto& b = backend();
+  return b.memory_used ? static_cast<int64_t>(b.memory_used(device)) : -1;
 }
 
 std::unique_ptr<Communicator> make_nccl_communicator(const Rendezvous& rendezvous) {

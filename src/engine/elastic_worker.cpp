@@ -78,7 +78,9 @@ void transfer_state(Trainer& trainer, comm::Communicator& communicator, int dono
   auto buffer = torch::empty({size.item<int64_t>()}, torch::kUInt8);
   if (giving) std::memcpy(buffer.data_ptr<uint8_t>(), bytes.data(), bytes.size());
   communicator.broadcast(buffer, donor);
-  if (!giving) {
+  if (giving) {
+    trainer.state_donated();
+  } else {
     trainer.load_state_bytes(
         std::string(reinterpret_cast<const char*>(buffer.data_ptr<uint8_t>()), buffer.numel()));
   }

@@ -61,7 +61,8 @@ std::unique_ptr<Trainer> make_trainer(const JobSpec& spec,
   }
   if (!out.logging.examples.empty()) {
     trainer->record_examples(true);
-    attach(std::make_shared<ExampleLogObserver>(out.logging.examples));
+    // It writes on rank 0 itself, and must see every worker's steps (a donor may log one).
+    if (leader) trainer->add_observer(std::make_shared<ExampleLogObserver>(out.logging.examples));
   }
   if (!out.checkpoint.resume.empty()) {
     const std::string path = out.checkpoint.resume == "latest"

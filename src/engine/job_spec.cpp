@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <numeric>
 
 #include "vflow/core/error.h"
@@ -119,6 +120,7 @@ SpecNode full_tree(const JobSpec& spec) {
     for (const auto& w : spec.resources.layout) {
       SpecNode item = SpecNode::map();
       item.set("vnodes", scalar(w.vnodes));
+      if (!w.device.empty()) item.set("device", scalar(w.device));
       item.set("threads", scalar(w.threads));
       item.set("cpu_quota", scalar(w.cpu_quota));
       layout.append(item);
@@ -275,6 +277,20 @@ void parse_semantic(const SpecNode& node, SemanticSpec& s, bool check_components
                            prepared.info.vocab_size});
 }
 
+bool is_cuda_device(const std::string& name) {
+  return name == "cuda" || (name.size() > 5 && name.rfind("cuda:", 0) == 0 &&
+                            name.find_first_not_of("0123456789", 5) == std::string::npos);
+}
+
+/// A device name (cpu, cuda, cuda:K) read from `key`; absent = `fallback`.
+std::string read_device(OptionReader& r, const std::string& key, const std::string& fallback) {
+  std::string device = r.get_string(key, fallback);
+  if (device != "cpu" && !is_cuda_device(device) && !(device.empty() && fallback.empty())) {
+    r.fail(key, fmt::format("unknown device '{}'; choices: cpu, cuda, cuda:K", device));
+  }
+  return device;
+}
+
 void parse_layout(OptionReader& r, ResourcesSpec& res, const SemanticSpec& s) {
   const auto& items = r.list("layout");
   if (items.empty()) return;
@@ -284,6 +300,8 @@ void parse_layout(OptionReader& r, ResourcesSpec& res, const SemanticSpec& s) {
     OptionReader w(item);
     ResourcesSpec::Worker worker;
     worker.vnodes = w.get_int("vnodes", 0, 1, s.virtual_nodes);
+    worker.device = read_device(w, "device", "");
+    if (worker.device == res.device) worker.device.clear();
     worker.threads = w.get_int("threads", 0, 0, 4096);
     worker.cpu_quota = w.get_double("cpu_quota", 0, 0, 4096);
     w.finish();
@@ -297,6 +315,27 @@ void parse_layout(OptionReader& r, ResourcesSpec& res, const SemanticSpec& s) {
   }
 }
 
+/// Every worker of a job uses the same collectives. NCCL needs every worker on a CUDA
+/// device, including workers that join later (they use resources.device); a job that
+/// mixes CPU and CUDA workers talks through Gloo.
+void check_backend(OptionReader& r, ResourcesSpec& res) {
+  std::string cpu_worker;  // the first worker on the CPU, if any
+  if (!is_cuda_device(res.device)) cpu_worker = "resources.device (and every worker that joins)";
+  for (size_t i = 0; i < res.layout.size() && cpu_worker.empty(); ++i) {
+    if (res.layout[i].device == "cpu") cpu_worker = fmt::format("resources.layout[{}]", i);
+  }
+  if (res.backend == "nccl" && !cpu_worker.empty()) {
+    r.fail("backend", fmt::format("nccl needs every worker on a CUDA device, but {} is on the cpu; "
+                                  "use backend gloo (or auto) for a job that mixes cpu and cuda",
+                                  cpu_worker));
+  }
+  const bool any_cuda =
+      is_cuda_device(res.device) ||
+      std::any_of(res.layout.begin(), res.layout.end(),
+                  [](const ResourcesSpec::Worker& w) { return is_cuda_device(w.device); });
+  if (res.backend == "auto" && any_cuda && !cpu_worker.empty()) res.backend = "gloo";
+}
+
 void parse_resources(const SpecNode& node, ResourcesSpec& res, const SemanticSpec& s) {
   OptionReader r(node);
   res.workers = r.get_int("workers", res.workers, 1, kBig);
@@ -305,17 +344,8 @@ void parse_resources(const SpecNode& node, ResourcesSpec& res, const SemanticSpe
                                   "least one vnode",
                                   res.workers, s.virtual_nodes));
   }
-  res.device = r.get_string("device", res.device);
-  const bool cuda =
-      res.device == "cuda" || (res.device.size() > 5 && res.device.rfind("cuda:", 0) == 0 &&
-                               res.device.find_first_not_of("0123456789", 5) == std::string::npos);
-  if (res.device != "cpu" && !cuda) {
-    r.fail("device", fmt::format("unknown device '{}'; choices: cpu, cuda, cuda:K", res.device));
-  }
+  res.device = read_device(r, "device", res.device);
   res.backend = r.get_choice("backend", res.backend, {"auto", "gloo", "nccl"});
-  if (res.backend == "nccl" && !cuda) {
-    r.fail("backend", "nccl needs workers on CUDA devices: set resources.device to cuda or cuda:K");
-  }
   res.threads = r.get_int("threads", res.threads, 0, 4096);
   res.prefetch = r.get_choice("prefetch", res.prefetch, {"auto", "true", "false"});
   res.timeout_s = r.get_double("timeout_s", res.timeout_s, 0.1, 86400.0);
@@ -338,6 +368,7 @@ void parse_resources(const SpecNode& node, ResourcesSpec& res, const SemanticSpe
   }
   res.replace_failed = r.get_bool("replace_failed", res.replace_failed);
   parse_layout(r, res, s);
+  check_backend(r, res);
   r.finish();
 }
 

@@ -4,9 +4,12 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 
 #include "vflow/core/error.h"
@@ -237,7 +240,7 @@ void LeaderOnly::on_train_end(Trainer& trainer) {
 }
 
 ExampleLogObserver::ExampleLogObserver(const std::string& path)
-    : path_(path), fd_(::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644)) {
+    : path_(path), fd_(::open(path.c_str(), O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC, 0644)) {
   if (fd_ < 0) {
     throw SpecError(fmt::format("output.logging.examples: cannot open '{}' for writing: {}", path,
                                 std::strerror(errno)));
@@ -246,11 +249,57 @@ ExampleLogObserver::ExampleLogObserver(const std::string& path)
 
 ExampleLogObserver::~ExampleLogObserver() { ::close(fd_); }
 
-void ExampleLogObserver::on_step_end(Trainer& trainer, const StepInfo& info) {
-  std::string text;
-  for (const auto& [vnode, indices] : info.examples_used) {
-    text += fmt::format("{} {} {}\n", info.step, vnode, fmt::join(indices, " "));
+namespace {
+
+/// The step of the last line of an example log, or -1 for an empty file; reads the
+/// file's tail only.
+int64_t last_logged_step(int fd, const std::string& path) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || st.st_size == 0) return -1;
+  // The file ends with a newline; find the one before the last line.
+  off_t end = st.st_size - 1;
+  off_t start = end;
+  char buffer[4096];
+  while (start > 0) {
+    const off_t from = std::max<off_t>(0, start - static_cast<off_t>(sizeof buffer));
+    const auto n = ::pread(fd, buffer, static_cast<size_t>(start - from), from);
+    if (n <= 0) break;
+    const auto* nl = static_cast<const char*>(memrchr(buffer, '\n', static_cast<size_t>(n)));
+    if (nl) {
+      start = from + (nl - buffer) + 1;
+      break;
+    }
+    start = from;
   }
+  char head[32] = {};
+  const auto n = ::pread(fd, head, std::min<off_t>(sizeof head - 1, end - start), start);
+  if (n <= 0) {
+    throw Error(fmt::format("output.logging.examples: cannot read the end of {}", path));
+  }
+  return std::strtoll(head, nullptr, 10);
+}
+
+}  // namespace
+
+void ExampleLogObserver::on_step_end(Trainer& trainer, const StepInfo& info) {
+  last_lines_.clear();
+  for (const auto& [vnode, indices] : info.examples_used) {
+    last_lines_ += fmt::format("{} {} {}\n", info.step, vnode, fmt::join(indices, " "));
+  }
+  last_step_ = info.step;
+  if (trainer.rank() == 0) append(last_lines_);
+}
+
+void ExampleLogObserver::on_state_donated(Trainer&) {
+  if (last_step_ < 0 || last_lines_.empty()) return;
+  const int64_t logged = last_logged_step(fd_, path_);
+  if (logged != last_step_ - 1) return;  // rank 0 logged it (or this worker is behind)
+  spdlog::info("[engine] {}: step {} was completed here but not logged by rank 0; logging it",
+               path_, last_step_);
+  append(last_lines_);
+}
+
+void ExampleLogObserver::append(const std::string& text) {
   // One append per step: lines of concurrent workers never interleave.
   if (!text.empty() &&
       ::write(fd_, text.data(), text.size()) != static_cast<ssize_t>(text.size())) {

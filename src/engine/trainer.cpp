@@ -74,25 +74,41 @@ void seed_initialisation(const SemanticSpec& semantic) {
   torch::manual_seed(vnode::mix_seed(semantic.seed, kInitStream, 0));
 }
 
-torch::Device worker_device(const ResourcesSpec& resources) {
-  const std::string& name = resources.device;
+namespace {
+/// The device `name` (cpu, cuda, cuda:K) on this machine; errors name `key`.
+torch::Device resolve_device(const std::string& name, const std::string& key) {
   if (name == "cpu") return torch::Device(torch::kCPU);
   if (!torch::cuda::is_available()) {
-    throw SpecError(
-        fmt::format("resources.device: '{}' requested but this LibTorch build or "
-                    "machine has no CUDA device",
-                    name));
+    throw SpecError(fmt::format(
+        "{}: '{}' requested but this LibTorch build or machine has no CUDA device", key, name));
   }
   const auto count = static_cast<int>(torch::cuda::device_count());
   if (name != "cuda") {
     torch::Device device(name);
     if (device.index() >= count) {
-      throw SpecError(fmt::format("resources.device: {} does not exist ({} CUDA device{} visible)",
-                                  name, count, count == 1 ? "" : "s"));
+      throw SpecError(fmt::format("{}: {} does not exist ({} CUDA device{} visible)", key, name,
+                                  count, count == 1 ? "" : "s"));
     }
     return device;
   }
   return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(comm::local_rank() % count));
+}
+}  // namespace
+
+torch::Device worker_device(const ResourcesSpec& resources) {
+  return resolve_device(resources.device, "resources.device");
+}
+
+void check_devices(const ResourcesSpec& resources) {
+  if (resources.layout.empty()) worker_device(resources);
+  for (size_t i = 0; i < resources.layout.size(); ++i) {
+    const auto& device = resources.layout[i].device;
+    if (device.empty()) {
+      worker_device(resources);
+    } else {
+      resolve_device(device, fmt::format("resources.layout[{}].device", i));
+    }
+  }
 }
 
 void choose_backend(const ResourcesSpec& resources, torch::Device device, comm::Rendezvous& r) {
@@ -371,6 +387,9 @@ struct Trainer::Impl {
       loss_sum += loss.detach() * static_cast<double>(part.size);
       if (exact) accumulate_fixed_point();
     }
+    // Kernels run asynchronously on a GPU: the compute time (and the speed measured for
+    // re-planning and profiles) includes them only once they have finished.
+    if (device.is_cuda()) torch::cuda::synchronize(device.index());
     const auto t_sync = Clock::now();
     // A stop request anywhere stops every worker after this same step; a pending
     // generation (seen by one worker) regroups every worker after it.
@@ -681,6 +700,10 @@ void Trainer::read_state(torch::serialize::InputArchive& archive, const std::str
 void Trainer::request_stop() { impl_->stop_request.store(true); }
 void Trainer::stop_now() { impl_->stop_agreed = true; }
 void Trainer::record_examples(bool on) { impl_->record_examples = on; }
+
+void Trainer::state_donated() {
+  for (auto& o : impl_->observers) o->on_state_donated(*this);
+}
 int Trainer::rank() const { return impl_->comm->rank(); }
 int Trainer::world_size() const { return impl_->comm->size(); }
 

@@ -57,6 +57,9 @@ DeviceProfile load_profile(const std::string& path) {
   DeviceProfile p;
   p.device_type = r.get_string("device_type", "");
   p.model = r.get_string("model", "");
+  p.device = r.get_choice("device", "", {"", "cpu", "cuda"});
+  p.threads = r.get_int("threads", 0, 0, 4096);
+  p.cpu_quota = r.get_double("cpu_quota", 0, 0, 4096);
   p.optimizer_seconds = r.get_double("optimizer_seconds", 0, 0, 1e9);
   p.allreduce_seconds = r.get_double("allreduce_seconds", 0, 0, 1e9);
   if (p.device_type.empty()) r.fail("device_type", "a profile names its device type");
@@ -83,9 +86,14 @@ DeviceProfile load_profile(const std::string& path) {
 void save_profile(const DeviceProfile& p, const std::string& path) {
   std::string text = fmt::format(
       "# vflow device profile (docs/heterogeneous.md)\n"
-      "device_type: {}\nmodel: {}\noptimizer_seconds: {:.9g}\nallreduce_seconds: {:.9g}\n"
-      "points:\n",
-      p.device_type, p.model, p.optimizer_seconds, p.allreduce_seconds);
+      "device_type: {}\nmodel: {}\n",
+      p.device_type, p.model);
+  if (!p.device.empty()) {
+    text += fmt::format("device: {}\nthreads: {}\ncpu_quota: {:.9g}\n", p.device, p.threads,
+                        p.cpu_quota);
+  }
+  text += fmt::format("optimizer_seconds: {:.9g}\nallreduce_seconds: {:.9g}\npoints:\n",
+                      p.optimizer_seconds, p.allreduce_seconds);
   for (const auto& point : p.points) {
     text += fmt::format("  - {{vnode_size: {}, seconds: {:.9g}, peak_bytes: {}}}\n",
                         point.vnode_size, point.seconds, point.peak_bytes);

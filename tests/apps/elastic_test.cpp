@@ -46,7 +46,8 @@ CommandResult elastic_job(const TempDir& dir, int workers, const std::string& ex
       "\nawait_workers() { for i in $(seq 300); do out=$(status) || { echo \"GONE waiting for $1 "
       "workers\"; return 1; }; echo \"$out\" | grep -qx \"workers $1\" && return 0; sleep 0.05; "
       "done; echo \"TIMEOUT waiting for $1 workers\"; }"
-      "\nawait_step() { for i in $(seq 600); do s=$(status | sed -n 's/^step //p'); [ -n \"$s\" ] "
+      "\nawait_step() { for i in $(seq 600); do kill -0 $pid 2>/dev/null || { echo \"GONE waiting "
+      "for step $1\"; return 1; }; s=$(status | sed -n 's/^step //p'); [ -n \"$s\" ] "
       "&& [ \"$s\" -ge $1 ] && return 0; sleep 0.05; done; }\n" +
       kTrain + kLongJob + extra + " --set output.logging.metrics=" + dir.file("m.jsonl") +
       " --workers " + std::to_string(workers) + " --port " + std::to_string(port) +
@@ -262,7 +263,7 @@ TEST_CASE("a planned uneven split over CPU-quota workers keeps the homogeneous f
   TempDir dir;
   // Exact mode: worker 0 holds 6 vnodes, two workers limited to half a core hold 3 each.
   write_file(dir.file("job.yaml"),
-             "resources:\n  workers: 3\n  layout:\n    - {vnodes: 6}\n"
+             "resources:\n  workers: 3\n  layout:\n    - {vnodes: 6, device: cpu}\n"
              "    - {vnodes: 3, cpu_quota: 0.5}\n    - {vnodes: 3, cpu_quota: 0.5}\n");
   const std::string job = kTrain + " " + dir.file("job.yaml") + kJob + kDeterministic +
                           " --set semantic.steps=60 --set output.logging.examples=";
@@ -282,6 +283,20 @@ TEST_CASE("a planned uneven split over CPU-quota workers keeps the homogeneous f
   CHECK(
       run_command("ls /sys/fs/cgroup/cpu /sys/fs/cgroup 2>/dev/null | grep -c '^vflow-'").output ==
       "0\n");  // the quota groups went with their workers
+}
+
+TEST_CASE("a planned worker on a device this machine lacks stops the launch, naming the entry",
+          "[multiproc][hetero]") {
+  TempDir dir;
+  const auto r =
+      run_command(kTrain + kJob +
+                  " --set resources.workers=2"
+                  " --set 'resources.layout=[{vnodes: 6}, {vnodes: 6, device: \"cuda:99\"}]'");
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.output, Catch::Matchers::Contains("resources.layout[1].device: ") &&
+                           Catch::Matchers::Contains("cuda:99"));
+  CHECK_THAT(r.output, !Catch::Matchers::Contains("[worker"));  // no worker was started
 }
 
 TEST_CASE("relaxed vnode sizes over a planned uneven split keep the one-worker fingerprint",

@@ -1,9 +1,11 @@
 // What the multi-process tests share: the small job they train and output parsing.
 #pragma once
 
+#include <fstream>
 #include <regex>
 #include <set>
 #include <string>
+#include <vector>
 
 namespace vflow::testing {
 
@@ -28,6 +30,19 @@ inline std::set<std::string> fingerprints_in(const std::string& output) {
   for (auto it = std::sregex_iterator(output.begin(), output.end(), fp);
        it != std::sregex_iterator(); ++it) {
     out.insert((*it)[1]);
+  }
+  return out;
+}
+
+/// The training loss of every step record in a metrics file, in order.
+inline std::vector<double> step_losses(const std::string& metrics_path) {
+  std::vector<double> out;
+  std::ifstream in(metrics_path);
+  std::string line;
+  const std::regex loss(R"("event":"step".*"loss":([-0-9.e+]+))");
+  while (std::getline(in, line)) {
+    std::smatch m;
+    if (std::regex_search(line, m, loss)) out.push_back(std::stod(m[1]));
   }
   return out;
 }

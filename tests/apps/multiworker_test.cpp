@@ -34,13 +34,7 @@ Run train(int workers, const std::string& extra) {
   Run run;
   run.output = r.output;
   run.fingerprints = fingerprints_in(r.output);
-  std::ifstream in(metrics);
-  std::string line;
-  const std::regex loss(R"("event":"step".*"loss":([-0-9.e+]+))");
-  while (std::getline(in, line)) {
-    std::smatch m;
-    if (std::regex_search(line, m, loss)) run.losses.push_back(std::stod(m[1]));
-  }
+  run.losses = step_losses(metrics);
   REQUIRE(static_cast<int>(std::count(r.output.begin(), r.output.end(), '\n')) > 0);
   return run;
 }

@@ -259,3 +259,33 @@ TEST_CASE("Two CUDA workers over NCCL give the one-worker fingerprint", "[cuda][
   CHECK_THAT(two, Catch::Contains("nccl") || Catch::Contains("NCCL"));
   CHECK(fingerprints_in(two) == fingerprints_in(one));
 }
+
+TEST_CASE("A CUDA and a CPU worker in one layout talk through Gloo and follow the CPU run",
+          "[cuda][multiproc][hetero]") {
+  skip_unless(torch::cuda::is_available(), "this LibTorch has no CUDA device");
+  using namespace vflow::testing;
+  // Dropout off (its masks come from per-device generators); tolerance as for one CUDA
+  // worker against the CPU (docs/gpu.md) over the first 5 steps, 2e-2 after that (the
+  // rounding differences compound).
+  TempDir dir;
+  auto train = [&](const std::string& name, const std::string& extra) {
+    const std::string metrics = dir.file(name + ".jsonl");
+    const auto r = run_command(kTrain + kJob + " --set semantic.model.options.dropout=0" +
+                               " --set output.logging.every_steps=1" +
+                               " --set output.logging.metrics=" + metrics + extra + " 2>&1");
+    INFO(r.output);
+    REQUIRE(r.exit_code == 0);
+    return std::make_pair(r.output, step_losses(metrics));
+  };
+  const auto [cpu_output, cpu] = train("cpu", " --workers 1");
+  const auto [mixed_output, mixed] =
+      train("mixed",
+            " --set resources.workers=2"
+            " --set 'resources.layout=[{vnodes: 8, device: \"cuda:0\"}, {vnodes: 4}]'");
+  CHECK_THAT(mixed_output, Catch::Contains("gloo") && Catch::Contains("on cuda:0"));
+  REQUIRE(cpu.size() == mixed.size());
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    CAPTURE(i, cpu[i], mixed[i]);
+    CHECK(std::abs(cpu[i] - mixed[i]) <= (i < 5 ? 1e-3 : 2e-2) * std::abs(cpu[i]));
+  }
+}

@@ -36,6 +36,32 @@ TEST_CASE("the built-in default job is valid and trains a ConvNet on Fashion-MNI
   CHECK(spec.resources.workers == 1);
 }
 
+TEST_CASE("a planned layout may put workers on several device types", "[unit][hetero]") {
+  vflow::testing::TempDir dir;
+  const std::string path = dir.file("job.yaml");
+  vflow::testing::write_file(path,
+                             "resources:\n  workers: 3\n  layout:\n"
+                             "    - {vnodes: 4, device: 'cuda:1'}\n"
+                             "    - {vnodes: 2, device: cpu, threads: 1}\n"
+                             "    - {vnodes: 2, device: cuda, cpu_quota: 0.5}\n");
+  const auto spec = load_job_spec(path);
+  REQUIRE(spec.resources.layout.size() == 3);
+  CHECK(spec.resources.layout[0].device == "cuda:1");
+  CHECK(spec.resources.layout[1].device.empty());  // the job's own device (cpu)
+  CHECK(spec.resources.layout[2].device == "cuda");
+  CHECK(spec.resources.layout[2].cpu_quota == 0.5);
+  // CPU and CUDA workers in one job: every worker talks through Gloo.
+  CHECK(spec.resources.backend == "gloo");
+  CHECK_NOTHROW(vflow::engine::validate(spec));
+
+  SECTION("workers on CUDA devices only keep the automatic choice") {
+    vflow::testing::write_file(path,
+                               "resources:\n  device: cuda\n  workers: 2\n  layout:\n"
+                               "    - {vnodes: 4, device: 'cuda:1'}\n    - {vnodes: 4}\n");
+    CHECK(load_job_spec(path).resources.backend == "auto");
+  }
+}
+
 TEST_CASE("an empty job file means every default", "[unit]") {
   CHECK(error_of("") == "");
   CHECK(error_of("semantic: {}\n") == "");
@@ -113,9 +139,20 @@ TEST_CASE("each class of bad job spec is rejected with file, line and key", "[un
   }
   SECTION("a backend that does not fit the device") {
     CHECK_THAT(error_of("resources: {backend: nccl}\n"),
-               Contains("job.yaml:1:22: resources.backend: nccl needs workers on CUDA devices"));
+               Contains("job.yaml:1:22: resources.backend: nccl needs every worker on a CUDA "
+                        "device, but resources.device (and every worker that joins) is on the "
+                        "cpu"));
+    CHECK_THAT(error_of("resources:\n  device: cuda\n  backend: nccl\n  workers: 2\n  layout:\n"
+                        "    - {vnodes: 4}\n    - {vnodes: 4, device: cpu}\n"),
+               Contains("job.yaml:3:12: resources.backend: nccl needs every worker on a CUDA "
+                        "device, but resources.layout[1] is on the cpu"));
     CHECK_THAT(error_of("resources: {backend: mpi}\n"),
                Contains("resources.backend: unknown value 'mpi'"));
+  }
+  SECTION("a planned worker on an unknown device") {
+    CHECK_THAT(error_of("resources:\n  workers: 2\n  layout:\n    - {vnodes: 4}\n"
+                        "    - {vnodes: 4, device: gpu1}\n"),
+               Contains("job.yaml:5:27: resources.layout[1].device: unknown device 'gpu1'"));
   }
   SECTION("YAML syntax error") {
     CHECK_THAT(error_of("semantic:\n  global_batch: [1,\n"), Contains("job.yaml:"));

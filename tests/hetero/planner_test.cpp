@@ -175,6 +175,16 @@ TEST_CASE("profiles round-trip through their file and bad files name the line", 
   CHECK(q.points.size() == p.points.size());
   CHECK(q.vnode_seconds(32) == Approx(p.vnode_seconds(32)));
   CHECK(q.vnode_peak_bytes(32) == p.vnode_peak_bytes(32));
+  CHECK(q.device.empty());  // not recorded: an older profile, or one written by hand
+  auto half = p;
+  half.device = "cpu";
+  half.threads = 1;
+  half.cpu_quota = 0.5;
+  save_profile(half, dir.file("half.yaml"));
+  const auto h = load_profile(dir.file("half.yaml"));
+  CHECK(h.device == "cpu");
+  CHECK(h.threads == 1);
+  CHECK(h.cpu_quota == 0.5);
   vflow::testing::write_file(dir.file("bad.yaml"),
                              "device_type: cpu\npoints:\n  - {vnode_size: 8, seconds: 0.1}\n"
                              "  - {vnode_size: 4, seconds: 0.2}\n");
@@ -204,6 +214,41 @@ TEST_CASE("From VirtualFlow's published V100/P100 figures the planner picks its 
   CHECK(vnodes["v100"] == std::set<int64_t>{8});  // VirtualFlow's 8 and 2 vnodes of 256
   CHECK(vnodes["p100"] == std::set<int64_t>{2});
   CHECK(plan.predicted_step_seconds == Approx(2.2273).epsilon(1e-3));
+  // The printed layout puts each GPU worker on its own device.
+  const auto layout = layout_yaml(r, plan.workers);
+  for (int k = 0; k < 10; ++k) {
+    CHECK_THAT(layout, Catch::Matchers::Contains(fmt::format("device: 'cuda:{}'}}", k)));
+  }
+  CHECK_THAT(layout, Catch::Matchers::StartsWith("    - {vnodes: 8, device: 'cuda:0'}  # v100\n"));
+}
+
+TEST_CASE("a printed layout runs each device type as it was profiled", "[unit][hetero]") {
+  auto fast = profile("cpu-2t", 0, 0.001, 0, 0.001);
+  fast.device = "cpu";
+  fast.threads = 2;
+  auto slow = profile("cpu-1t-q0.5", 0, 0.004, 0, 0.001);
+  slow.device = "cpu";
+  slow.threads = 1;
+  slow.cpu_quota = 0.5;
+  auto gpu = profile("cuda-NVIDIA-H200", 0, 0.0001, 0, 0.001);
+  gpu.device = "cuda";
+  auto r = request(8, {{"cuda-NVIDIA-H200", 1, 0}, {"cpu-2t", 1, 0}, {"cpu-1t-q0.5", 1, 0}},
+                   {gpu, fast, slow});
+  const std::vector<WorkerShare> shares{{"cuda-NVIDIA-H200", 5}, {"cpu-2t", 2}, {"cpu-1t-q0.5", 1}};
+  CHECK(layout_yaml(r, shares) ==
+        "    - {vnodes: 5, device: 'cuda:0'}  # cuda-NVIDIA-H200\n"
+        "    - {vnodes: 2, device: cpu, threads: 2}  # cpu-2t\n"
+        "    - {vnodes: 1, device: cpu, threads: 1, cpu_quota: 0.5}  # cpu-1t-q0.5\n");
+  // The printed entries are a valid layout of the job.
+  vflow::testing::TempDir dir;
+  vflow::testing::write_file(dir.file("job.yaml"),
+                             "semantic: {global_batch: 64, virtual_nodes: 8}\nresources:\n"
+                             "  workers: 3\n  layout:\n" +
+                                 layout_yaml(r, shares));
+  const auto spec = vflow::engine::load_job_spec(dir.file("job.yaml"));
+  CHECK(spec.resources.layout[0].device == "cuda:0");
+  CHECK(spec.resources.layout[2].cpu_quota == 0.5);
+  CHECK(spec.resources.backend == "gloo");
 }
 
 namespace {

@@ -5,8 +5,10 @@
 // CUDA. Nothing in this header depends on CUDA.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "vflow/comm/communicator.h"
 
@@ -17,11 +19,16 @@ struct NcclStatus {
   bool built = false;  ///< the backend library was found and loaded
   int version = 0;     ///< NCCL's version code of the loaded library (e.g. 22809)
   int devices = 0;     ///< CUDA devices visible to this process
-  std::string reason;  ///< why it is not usable (empty when it is)
+  std::vector<std::string> device_names;  ///< their names (e.g. "NVIDIA H200")
+  std::string reason;                     ///< why it is not usable (empty when it is)
   bool usable() const { return built && devices > 0; }
 };
 
 NcclStatus nccl_status();
+
+/// Bytes in use on CUDA device `device` (total - free, so LibTorch's caching allocator
+/// counts at its high-water mark), or -1 when the backend or device is not there.
+int64_t cuda_memory_used(int device);
 
 /// An NCCL communicator for `rendezvous.cuda_device`. The rank of generation g that is
 /// rank 0 creates NCCL's unique id and publishes it in the job's store under the

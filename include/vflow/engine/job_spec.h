@@ -86,6 +86,7 @@ struct ResourcesSpec {
   /// One worker of a planned first generation (vflow-plan prints them).
   struct Worker {
     int64_t vnodes = 0;    ///< vnodes this worker holds (exact mode: equal vnode sizes)
+    std::string device;    ///< cpu | cuda | cuda:K; empty = resources.device
     int64_t threads = 0;   ///< its intra-op threads; 0 = resources.threads
     double cpu_quota = 0;  ///< cores it may use (cgroup cpu controller); 0 = no limit
   };

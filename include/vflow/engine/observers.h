@@ -123,11 +123,20 @@ class ExampleLogObserver final : public TrainingObserver {
  public:
   explicit ExampleLogObserver(const std::string& path);
   ~ExampleLogObserver() override;
+  /// Rank 0 appends the step's lines; every worker keeps the last step's lines.
   void on_step_end(Trainer& trainer, const StepInfo& info) override;
+  /// In an elastic job a worker can complete a step that rank 0 did not (a peer died
+  /// during its allreduce) and then hand its state to the next generation: the donor
+  /// appends that step's lines when the file ends before it.
+  void on_state_donated(Trainer& trainer) override;
 
  private:
+  void append(const std::string& text);
+
   std::string path_;
   int fd_;
+  int64_t last_step_ = -1;  ///< the step of last_lines_
+  std::string last_lines_;
 };
 
 }  // namespace vflow::engine

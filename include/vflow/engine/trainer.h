@@ -85,6 +85,9 @@ class TrainingObserver {
   virtual void on_epoch_end(Trainer& trainer, int64_t epoch) {}
   virtual void on_evaluation(Trainer& trainer, const EvalResult& result) {}
   virtual void on_train_end(Trainer& trainer) {}
+  /// This worker's state went to the members of a new generation (elastic jobs): the job
+  /// goes on from this worker's step, which other workers may not have completed.
+  virtual void on_state_donated(Trainer& trainer) {}
 };
 
 /// Seeds torch's default generator for parameter initialisation from the job's seed.
@@ -103,6 +106,9 @@ void configure_runtime(const JobSpec& spec);
 /// SLURM_LOCALID) modulo the devices visible. Throws SpecError when CUDA is asked for
 /// and this LibTorch build or machine has none.
 torch::Device worker_device(const ResourcesSpec& resources);
+/// Checks that every device the job's first generation asks for (resources.device, or
+/// each layout entry's) exists on this machine; throws SpecError naming the key.
+void check_devices(const ResourcesSpec& resources);
 
 /// Sets the rendezvous's backend and CUDA device from the resources part: backend auto
 /// is nccl for a worker on a CUDA device when the NCCL backend is usable, gloo otherwise.
@@ -170,6 +176,8 @@ class Trainer {
   std::string state_bytes() const;
   /// Restores state_bytes() of a worker of the same job; throws CheckpointError.
   void load_state_bytes(const std::string& bytes);
+  /// Tells the observers that state_bytes() went to a new generation.
+  void state_donated();
 
   /// Fill StepInfo::examples_used from now on.
   void record_examples(bool on);

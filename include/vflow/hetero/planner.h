@@ -96,6 +96,12 @@ struct Baselines {
 };
 Baselines baselines(const PlanRequest& request);
 
+/// The `resources.layout` entries of a plan, one YAML line per worker in rank order
+/// (indented for the layout key): its vnodes and, from its type's profile, its device
+/// (the k-th worker on a CUDA type gets cuda:k), threads and CPU quota.
+std::string layout_yaml(const PlanRequest& request, const std::vector<WorkerShare>& workers);
+std::string layout_yaml(const PlanRequest& request, const RelaxedPlan& plan);
+
 /// The worker list of an inventory, in inventory order (one entry per device).
 std::vector<std::string> expand_inventory(const std::vector<DeviceGroup>& inventory);
 

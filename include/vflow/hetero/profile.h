@@ -15,7 +15,13 @@ struct DeviceProfile {
     double seconds = 0;      ///< forward + backward + accumulation of one vnode
     int64_t peak_bytes = 0;  ///< peak memory while processing it (0 = not measured)
   };
-  std::string device_type;       ///< e.g. "cpu-1t" or "cuda-H200"
+  std::string device_type;  ///< e.g. "cpu-1t" or "cuda-NVIDIA-H200"
+  /// How a worker of this type runs (vflow-plan writes them into the job's layout):
+  /// its device kind, cpu or cuda (empty = not recorded), its intra-op threads (0 = all
+  /// cores) and its CPU quota in cores (0 = no limit).
+  std::string device;
+  int64_t threads = 0;
+  double cpu_quota = 0;
   std::string model;             ///< digest of the model and data part it was measured with
   std::vector<Point> points;     ///< ascending vnode sizes
   double optimizer_seconds = 0;  ///< one optimizer step (and the stateful-kernel update)

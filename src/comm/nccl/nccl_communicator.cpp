@@ -465,6 +465,25 @@ __attribute__((visibility("default"))) int vflow_nccl_devices(char* why, size_t 
   return -1;
 }
 
+/// The name of CUDA device `index` (e.g. "NVIDIA H200"), or false.
+__attribute__((visibility("default"))) bool vflow_nccl_device_name(int index, char* name,
+                                                                   size_t capacity) {
+  cudaDeviceProp properties{};
+  if (cudaGetDeviceProperties(&properties, index) != cudaSuccess) return false;
+  std::snprintf(name, capacity, "%s", properties.name);
+  return true;
+}
+
+/// Bytes of CUDA device `index` in use by anyone (total - free), or -1.
+__attribute__((visibility("default"))) long long vflow_nccl_memory_used(int index) {
+  int current = 0;
+  size_t free_bytes = 0, total_bytes = 0;
+  if (cudaGetDevice(&current) != cudaSuccess || cudaSetDevice(index) != cudaSuccess) return -1;
+  const bool ok = cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess;
+  cudaSetDevice(current);
+  return ok ? static_cast<long long>(total_bytes - free_bytes) : -1;
+}
+
 __attribute__((visibility("default"))) vflow::comm::Communicator* vflow_nccl_create(
     const vflow::comm::Rendezvous* rendezvous) {
   return new vflow::comm::NcclCommunicator(*rendezvous);
