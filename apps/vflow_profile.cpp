@@ -63,6 +63,7 @@ vflow::hetero::DeviceProfile::Point measure(vflow::engine::JobSpec spec, int64_t
   spec.semantic.steps = repeats + 2;
   spec.semantic.data.drop_last = true;
   spec.resources.workers = spec.resources.min_workers = 1;
+  spec.resources.layout.clear();  // a job file may carry a planned layout
   spec.resources.max_workers = 0;
   spec.output = vflow::engine::OutputSpec{};
   spec.output.evaluation.enabled = false;

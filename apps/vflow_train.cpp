@@ -164,7 +164,10 @@ int main(int argc, char** argv) {
     }
     if (elastic_worker) return run_as_elastic_worker(spec, *elastic_worker, timeout);
     auto rendezvous = vflow::comm::rendezvous_from_environment(timeout);
-    if (!rendezvous && (workers > 0 || spec.resources.workers > 1)) {
+    // A planned layout, even of one worker, runs through the launcher, which gives each
+    // worker its entry's device, threads and CPU quota.
+    if (!rendezvous &&
+        (workers > 0 || spec.resources.workers > 1 || !spec.resources.layout.empty())) {
       // This process becomes the coordinator and runs this same command line as each worker.
       vflow::comm::LaunchOptions launch;
       launch.workers = static_cast<int>(spec.resources.workers);

@@ -178,7 +178,13 @@ ElasticOutcome run_elastic_worker(const JobSpec& spec, const ElasticWorkerOption
       }
       if (!communicator) communicator = comm::make_communicator(r);
       control.mark_joined(g->id, me);
-      if (g->transfer_state) transfer_state(*trainer, *communicator, g->rank_of(g->donor));
+      if (g->transfer_state) {
+        transfer_state(*trainer, *communicator, g->rank_of(g->donor));
+      } else if (g->donor == me) {
+        // Everyone is at the donor's step already; its observers still learn that the
+        // job goes on from it (rank 0 may have died before logging the last step).
+        trainer->state_donated();
+      }
     } catch (const comm::PeerFailure& e) {
       spdlog::warn("[elastic] worker {}: {}", me, e.what());
       control.report_survivor(g->id, me, trainer->step());

@@ -255,7 +255,11 @@ namespace {
 /// file's tail only.
 int64_t last_logged_step(int fd, const std::string& path) {
   struct stat st {};
-  if (::fstat(fd, &st) != 0 || st.st_size == 0) return -1;
+  if (::fstat(fd, &st) != 0) {
+    throw Error(
+        fmt::format("output.logging.examples: cannot stat {}: {}", path, std::strerror(errno)));
+  }
+  if (st.st_size == 0) return -1;
   // The file ends with a newline; find the one before the last line.
   off_t end = st.st_size - 1;
   off_t start = end;
@@ -292,7 +296,13 @@ void ExampleLogObserver::on_step_end(Trainer& trainer, const StepInfo& info) {
 
 void ExampleLogObserver::on_state_donated(Trainer&) {
   if (last_step_ < 0 || last_lines_.empty()) return;
-  const int64_t logged = last_logged_step(fd_, path_);
+  int64_t logged = 0;
+  try {
+    logged = last_logged_step(fd_, path_);
+  } catch (const Error& e) {  // an audit file must not stop the job
+    spdlog::warn("[engine] {}; step {} may be missing from it", e.what(), last_step_);
+    return;
+  }
   if (logged != last_step_ - 1) return;  // rank 0 logged it (or this worker is behind)
   spdlog::info("[engine] {}: step {} was completed here but not logged by rank 0; logging it",
                path_, last_step_);

@@ -100,14 +100,10 @@ torch::Device worker_device(const ResourcesSpec& resources) {
 }
 
 void check_devices(const ResourcesSpec& resources) {
-  if (resources.layout.empty()) worker_device(resources);
+  worker_device(resources);  // entries without a device of their own, and joiners
   for (size_t i = 0; i < resources.layout.size(); ++i) {
     const auto& device = resources.layout[i].device;
-    if (device.empty()) {
-      worker_device(resources);
-    } else {
-      resolve_device(device, fmt::format("resources.layout[{}].device", i));
-    }
+    if (!device.empty()) resolve_device(device, fmt::format("resources.layout[{}].device", i));
   }
 }
 
@@ -620,7 +616,8 @@ std::string Trainer::state_bytes() const {
 void Trainer::load_state_bytes(const std::string& bytes) {
   torch::serialize::InputArchive archive;
   try {
-    archive.load_from(bytes.data(), bytes.size());
+    // Onto this worker's device: the donor's may be another (a job can mix devices).
+    archive.load_from(bytes.data(), bytes.size(), impl_->device);
   } catch (const c10::Error& e) {
     throw CheckpointError(
         fmt::format("transferred state: cannot read it: {}", compat::message_of(e)));
@@ -645,7 +642,7 @@ void Trainer::write_state(torch::serialize::OutputArchive& archive) const {
 void Trainer::load_checkpoint(const std::string& path) {
   torch::serialize::InputArchive archive;
   try {
-    archive.load_from(path);
+    archive.load_from(path, impl_->device);  // a checkpoint written on another device
   } catch (const c10::Error& e) {
     throw CheckpointError(
         fmt::format("{}: cannot read checkpoint: {}", path, compat::message_of(e)));

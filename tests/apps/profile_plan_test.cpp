@@ -45,6 +45,7 @@ TEST_CASE("profiles, a plan and its printed layout run as a job", "[integration]
   const auto run = run_command(kTrain + " " + dir.file("job.yaml") + kJob + " 2>&1");
   INFO(run.output);
   CHECK(run.exit_code == 0);
+  CHECK_THAT(run.output, Catch::Matchers::Contains("[worker 0]"));  // through the launcher
   CHECK(fingerprints_in(run.output).size() == 1);
 }
 

@@ -289,3 +289,25 @@ TEST_CASE("A CUDA and a CPU worker in one layout talk through Gloo and follow th
     CHECK(std::abs(cpu[i] - mixed[i]) <= (i < 5 ? 1e-3 : 2e-2) * std::abs(cpu[i]));
   }
 }
+
+TEST_CASE("Training state moves between a CUDA and a CPU worker and trains on", "[cuda]") {
+  skip_unless(torch::cuda::is_available(), "this LibTorch has no CUDA device");
+  // A joiner or a survivor behind takes the donor's state whatever device either is on:
+  // the optimizer's momentum buffers must land on the receiver's device.
+  auto job = [](const std::string& device) {
+    return vflow::engine::make_trainer(vflow::testing::small_job(
+        {"resources.device=" + device, "semantic.steps=6", "output.evaluation.enabled=false"}));
+  };
+  for (const auto& [from, to] : {std::pair<std::string, std::string>{"cuda:0", "cpu"},
+                                 std::pair<std::string, std::string>{"cpu", "cuda:0"}}) {
+    CAPTURE(from, to);
+    const auto donor = job(from);
+    donor->train_step();
+    donor->train_step();
+    const auto receiver = job(to);
+    receiver->load_state_bytes(donor->state_bytes());
+    CHECK(receiver->step() == 2);
+    CHECK(receiver->fingerprint() == donor->fingerprint());
+    CHECK_NOTHROW(receiver->train_step());  // the optimizer step runs on its own device
+  }
+}

@@ -53,4 +53,18 @@ TEST_CASE("a state donor logs the step it completed that rank 0 did not", "[inte
   at_donor.on_step_end(*donor, info);
   at_donor.on_state_donated(*donor);
   CHECK(testing::read_file(path) == four_steps + "4 0 5 1\n4 1 7 3\n");
+  // Lines longer than the tail is read at a time (large vnodes), across its chunks.
+  for (int64_t step = 5; step < 7; ++step) {
+    info.step = step;
+    info.examples_used = {{0, {7}}, {1, std::vector<int64_t>(1500 + step, 123456)}};
+    at_donor.on_step_end(*donor, info);
+    if (step == 5) at_leader.on_step_end(*leader, info);
+  }
+  at_donor.on_state_donated(*donor);
+  const std::string log = testing::read_file(path);
+  CHECK(log.find("\n5 1 123456") != std::string::npos);
+  CHECK(log.find("\n6 0 7\n6 1 123456") != std::string::npos);
+  CHECK(log.size() - log.find("\n6 1 ") == 5 + 1506 * 7);  // the whole line, once
+  at_donor.on_state_donated(*donor);
+  CHECK(testing::read_file(path) == log);
 }

@@ -85,8 +85,9 @@ class TrainingObserver {
   virtual void on_epoch_end(Trainer& trainer, int64_t epoch) {}
   virtual void on_evaluation(Trainer& trainer, const EvalResult& result) {}
   virtual void on_train_end(Trainer& trainer) {}
-  /// This worker's state went to the members of a new generation (elastic jobs): the job
-  /// goes on from this worker's step, which other workers may not have completed.
+  /// A new generation goes on from this worker's state (elastic jobs: it was sent to the
+  /// members behind, or all were at this step already); other workers, rank 0 among
+  /// them, may not have completed that step.
   virtual void on_state_donated(Trainer& trainer) {}
 };
 
@@ -106,8 +107,9 @@ void configure_runtime(const JobSpec& spec);
 /// SLURM_LOCALID) modulo the devices visible. Throws SpecError when CUDA is asked for
 /// and this LibTorch build or machine has none.
 torch::Device worker_device(const ResourcesSpec& resources);
-/// Checks that every device the job's first generation asks for (resources.device, or
-/// each layout entry's) exists on this machine; throws SpecError naming the key.
+/// Checks that every device the job asks for (resources.device, for joiners and entries
+/// without a device, and each layout entry's) exists on this machine; throws SpecError
+/// naming the key.
 void check_devices(const ResourcesSpec& resources);
 
 /// Sets the rendezvous's backend and CUDA device from the resources part: backend auto
