@@ -60,10 +60,6 @@ const Backend& backend() {
         !loaded.create) {
       loaded.error =
           fmt::format("{} is not a vflow NCCL backend (its entry points are missing)", path);
-      loaded.device_name =
-          reinterpret_cast<bool (*)(int, char*, size_t)>(dlsym(handle, "vflow_nccl_device_name"));
-      loaded.memory_used =
-          reinterpret_cast<long long (*)(int)>(dlsym(handle, "vflow_nccl_memory_used"));
       loaded.create = nullptr;
     }
   });
@@ -98,7 +94,7 @@ NcclStatus nccl_status() {
 
 int64_t cuda_memory_used(int device) {
   const auto& b = backend();
-  return b.memory_used ? static_cast<int64_t>(b.memory_used(device)) : -1;
+  return b.create ? static_cast<int64_t>(b.memory_used(device)) : -1;
 }
 
 std::unique_ptr<Communicator> make_nccl_communicator(const Rendezvous& rendezvous) {
