@@ -13,8 +13,8 @@
 #include <iostream>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include "comm/store.h"
 #include "vflow/vflow.h"
 
 namespace {
@@ -41,10 +41,8 @@ int worker(int rank, int port, const std::vector<int64_t>& sizes_mb, int repeats
   r.generation = "bench";
   auto comm = vflow::comm::make_gloo_communicator(r);
 
-  c10d::TCPStoreOptions options;
-  options.port = static_cast<std::uint16_t>(port);
-  options.waitWorkers = false;
-  auto store = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", options);
+  auto store = vflow::comm::open_store("127.0.0.1", port, std::chrono::seconds(30),
+                                       /*server=*/false);
   auto gloo = c10d::ProcessGroupGloo::Options::create(std::chrono::seconds(30));
   gloo->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
   auto raw = c10::make_intrusive<c10d::ProcessGroupGloo>(

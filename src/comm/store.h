@@ -5,6 +5,8 @@
 #include <string>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include "core/torch_compat.h"
+
 namespace vflow::comm {
 
 /// Hosts (`server`) or connects to the store at host:port. On failure throws
@@ -17,6 +19,7 @@ inline c10::intrusive_ptr<c10d::TCPStore> open_store(const std::string& host, in
   options.isServer = server;
   options.waitWorkers = false;
   options.timeout = timeout;
+  compat::use_classic_store(options);
   try {
     return c10::make_intrusive<c10d::TCPStore>(host, options);
   } catch (const std::exception& e) {

@@ -14,7 +14,7 @@
 #include <thread>
 
 #include "engine/background_task.h"
-#include "engine/torch_compat.h"
+#include "core/torch_compat.h"
 #include "vflow/comm/launcher.h"
 #include "vflow/comm/nccl.h"
 #include "vflow/core/error.h"

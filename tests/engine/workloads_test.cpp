@@ -8,7 +8,7 @@
 #include <map>
 #include <regex>
 
-#include "engine/torch_compat.h"
+#include "core/torch_compat.h"
 #include "support.h"
 #include "vflow/engine/checkpoint.h"
 #include "vflow/engine/job.h"

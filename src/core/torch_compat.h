@@ -1,5 +1,5 @@
-// The one place where LibTorch version differences live (1.13 here, 2.x on
-// GPU machines). Everything else calls these helpers.
+// The one place where LibTorch version differences live (1.13 on Debian 12, 2.x on
+// Debian 13 and in PyTorch's builds). Everything else calls these helpers.
 #pragma once
 
 #include <ATen/Context.h>
@@ -8,8 +8,15 @@
 #include <torch/version.h>
 
 #include <string>
+#include <type_traits>
+#include <utility>
 
 namespace vflow::compat {
+
+template <typename T, typename = void>
+struct has_use_libuv : std::false_type {};
+template <typename T>
+struct has_use_libuv<T, std::void_t<decltype(std::declval<T&>().useLibUV)>> : std::true_type {};
 
 inline void set_deterministic_algorithms(bool enabled) {
   at::globalContext().setDeterministicAlgorithms(enabled, /*warn_only=*/false);
@@ -77,6 +84,15 @@ class AutocastGuard {
   bool was_enabled_ = false;
   at::ScalarType was_dtype_ = at::kBFloat16;
 };
+
+/// Store options for c10d's classic TCPStore server, on every LibTorch. LibTorch 2.x
+/// adds a libuv server and makes it the default, but builds without libuv (Debian's,
+/// for one) refuse that default, clients included; the classic server is the one 1.13
+/// has, and it serves the few keys a job exchanges alike.
+template <typename StoreOptions>
+void use_classic_store(StoreOptions& options) {
+  if constexpr (has_use_libuv<StoreOptions>::value) options.useLibUV = false;
+}
 
 /// A LibTorch error message without the C++ backtrace.
 inline std::string message_of(const c10::Error& e) { return e.what_without_backtrace(); }

@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# The LibTorch 2.x check on a CPU machine: builds vflow against Debian 13's LibTorch
+# 2.6 in a Debian 13 chroot and runs the test suite there (Debian 12, the project's
+# machine, ships LibTorch 1.13 only). Needs root, debootstrap and Debian's mirror; the
+# chroot stays in DIR (default /var/tmp/vflow-torch2) and is reused by the next run.
+#
+#   scripts/torch2-check.sh [DIR] [ctest args...]   # e.g. -L cuda, or -R Gloo
+#
+# Catch2 stays at 2.x (Debian 13 has 3.x, with another API): Debian 12's package is
+# unpacked into the chroot's /opt/catch2. Where CUDA and NCCL are installed under
+# /usr/local/cuda they are mounted read-only into the chroot, so the NCCL backend is
+# built too. Without ctest arguments every test runs except the two on Debian's
+# fortune packages: Debian 13's fortunes-it has no it/ directory (and other files), so
+# the language-ID data set of Debian 12 does not exist there. The build and ctest logs
+# go to DIR/root/src/vflow/build/torch2-*.log.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+DIR="$(realpath -m "${1:-/var/tmp/vflow-torch2}")"
+shift || true
+CHROOT="$DIR/root"
+MIRROR="${VFLOW_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
+JOBS="${VFLOW_JOBS:-$(nproc)}"
+# The same packages scripts/dev.sh installs on Debian 12, less Catch2 (see above).
+PACKAGES=(build-essential cmake ninja-build pkg-config
+          libtorch-dev libyaml-cpp-dev libfmt-dev libspdlog-dev libcli11-dev zlib1g-dev
+          libgloo-dev libopenblas0-openmp
+          openmpi-bin python3-matplotlib python3-torch iproute2 dataset-fashion-mnist
+          fortunes fortunes-de fortunes-es fortunes-it fortunes-br)
+
+say() { printf '\033[1m[torch2]\033[0m %s (%ss)\n' "$*" "$SECONDS" >&2; }
+
+[[ $(id -u) == 0 ]] || { echo "torch2-check: needs root (debootstrap, chroot)" >&2; exit 2; }
+if ! command -v debootstrap > /dev/null; then
+  say "installing debootstrap"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends debootstrap
+fi
+
+if [[ ! -x "$CHROOT/usr/bin/apt-get" ]]; then
+  say "creating a Debian 13 chroot in $CHROOT"
+  mkdir -p "$DIR"
+  debootstrap --variant=minbase --include=ca-certificates trixie "$CHROOT" "$MIRROR" \
+    > "$DIR/debootstrap.log"
+fi
+
+# The chroot's root is a mount of its own (ip netns exec remounts /), private so that
+# nothing mounted in it propagates, with /proc, /dev, /sys (cgroups, for CPU quotas)
+# and, read-only, /usr/local/cuda.
+cleanup() {  # also what an interrupted run or a test inside left mounted
+  findmnt -rn -o TARGET | grep -xE "$CHROOT(/.*)?" | sort -r |
+    while read -r m; do umount -l "$m"; done
+}
+trap cleanup EXIT
+cleanup
+mount --bind "$CHROOT" "$CHROOT"
+mount --make-private "$CHROOT"
+mount -t proc proc "$CHROOT/proc"
+for m in dev sys; do
+  mount --rbind "/$m" "$CHROOT/$m"
+  mount --make-rslave "$CHROOT/$m"
+done
+if [[ -d /usr/local/cuda/include ]]; then
+  mkdir -p "$CHROOT/usr/local/cuda"
+  mount --bind /usr/local/cuda "$CHROOT/usr/local/cuda"
+  mount -o remount,bind,ro "$CHROOT/usr/local/cuda"
+fi
+cp /etc/resolv.conf "$CHROOT/etc/resolv.conf" 2> /dev/null || true
+
+say "installing ${#PACKAGES[@]} packages in the chroot"
+chroot "$CHROOT" bash -c "apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+  apt-get install -y -qq --no-install-recommends ${PACKAGES[*]}" > "$DIR/packages.log"
+chroot "$CHROOT" dpkg-query -W libtorch-dev >&2
+
+if [[ ! -f "$CHROOT/opt/catch2/usr/include/catch2/catch.hpp" ]]; then
+  say "unpacking Debian 12's Catch2 2.x into /opt/catch2"
+  tmp="$(mktemp -d)"
+  (cd "$tmp" && apt-get download catch2 > /dev/null)
+  mkdir -p "$CHROOT/opt/catch2"
+  dpkg -x "$tmp"/catch2_*.deb "$CHROOT/opt/catch2"
+  rm -rf "$tmp"
+fi
+
+say "copying the working tree"
+SRC=/src/vflow
+mkdir -p "$CHROOT$SRC"
+find "$CHROOT$SRC" -mindepth 1 -maxdepth 1 ! -name build -exec rm -rf {} +
+(cd "$ROOT" && git ls-files -z --cached --others --exclude-standard |
+  tar --null -T - -cf -) | tar -xf - -C "$CHROOT$SRC"
+
+say "building against LibTorch 2.x"
+chroot "$CHROOT" bash -c "cd $SRC && cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_PREFIX_PATH=/opt/catch2/usr -DVFLOW_WITH_NCCL=AUTO > build-configure.log 2>&1 \
+  || { cat build-configure.log; exit 1; }
+  cmake --build build -j $JOBS > build/torch2-build.log 2>&1 \
+  || { grep -B2 -A12 -m5 'error' build/torch2-build.log; exit 1; }"
+
+say "running the tests"
+(($# > 0)) || set -- -E "fortune"
+set +e
+chroot "$CHROOT" bash -c "cd $SRC/build && ctest -j $JOBS --timeout 900 --output-on-failure ${*@Q} \
+  > torch2-ctest.log 2>&1"
+rc=$?
+set -e
+tail -n 25 "$CHROOT$SRC/build/torch2-ctest.log"
+say "ctest exit status $rc"
+exit "$rc"
