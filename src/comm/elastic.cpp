@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <sstream>
+#include <thread>
 
 #include "comm/store.h"
 #include "vflow/comm/communicator.h"
@@ -229,6 +230,30 @@ void ControlPlane::report_survivor(int64_t generation, const std::string& member
   add(fmt::format("elastic/{}/failed", generation), 1);
   add(kRequests, 1);
 }
+bool ControlPlane::all_hold_parent(int64_t generation, const std::vector<std::string>& members,
+                                   const std::string& me, int64_t parent,
+                                   std::chrono::milliseconds timeout) {
+  set(member_key(generation, "parent", me), std::to_string(parent));
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  bool all = parent > 0;
+  for (const auto& member : members) {
+    const auto key = member_key(generation, "parent", member);
+    auto text = get(key);
+    while (!text) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        throw PeerFailure(fmt::format(
+            "[elastic] generation {}: member {} did not say which communicator it holds "
+            "within {} s",
+            generation, member, std::chrono::duration<double>(timeout).count()));
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      text = get(key);
+    }
+    all = all && to_int(*text, key) == parent;
+  }
+  return all;
+}
+
 std::optional<int64_t> ControlPlane::survivor_step(int64_t generation, const std::string& member) {
   const auto key = member_key(generation, "alive", member);
   const auto text = get(key);

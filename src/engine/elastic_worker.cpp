@@ -143,10 +143,13 @@ ElasticOutcome run_elastic_worker(const JobSpec& spec, const ElasticWorkerOption
   const auto patience = 3 * options.timeout + std::chrono::seconds(5);
   bool was_member = false;
   // The last generation's communicator after a regroup without failure, kept where the
-  // backend can shrink it into the next one (NCCL); every member decides alike from the
-  // two member lists. After a failure the survivors initialise afresh.
+  // backend can shrink it into the next one (NCCL). The members shrink only when every
+  // one of them holds that communicator (they agree through the store first: a member
+  // that failed meanwhile holds none) and the next generation keeps its ranks in order;
+  // otherwise they initialise afresh.
   std::shared_ptr<comm::Communicator> previous;
   std::vector<std::string> previous_members;
+  int64_t previous_generation = 0;
   while (true) {
     const auto g =
         await_generation(control, generation, me, was_member, patience, options.leave_flag);
@@ -169,8 +172,13 @@ ElasticOutcome run_elastic_worker(const JobSpec& spec, const ElasticWorkerOption
       r.generation = std::to_string(g->id);
       r.timeout = options.timeout;
       choose_backend(spec.resources, trainer->device(), r);
-      if (const auto parent = std::move(previous)) {  // released whatever happens
-        if (const auto excluded = excluded_ranks(previous_members, g->members)) {
+      if (r.backend == "nccl") {
+        const auto parent = std::move(previous);  // released whatever happens
+        const auto excluded = parent ? excluded_ranks(previous_members, g->members)
+                                     : std::optional<std::vector<int>>();
+        const bool shrink = control.all_hold_parent(
+            g->id, g->members, me, excluded ? previous_generation : 0, options.timeout);
+        if (shrink) {
           communicator = parent->shrink(*excluded, /*after_failure=*/false);
           VFLOW_ASSERT(!communicator || communicator->rank() == r.rank,
                        "a shrunk communicator numbers the survivors as the generation does");
@@ -212,6 +220,7 @@ ElasticOutcome run_elastic_worker(const JobSpec& spec, const ElasticWorkerOption
       if (r.backend == "nccl") {
         previous = communicator;
         previous_members = g->members;
+        previous_generation = g->id;
       }
       continue;
     }

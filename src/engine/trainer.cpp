@@ -13,8 +13,9 @@
 #include <sstream>
 #include <thread>
 
-#include "engine/background_task.h"
 #include "core/torch_compat.h"
+#include "engine/background_task.h"
+#include "engine/copy_stream.h"
 #include "vflow/comm/launcher.h"
 #include "vflow/comm/nccl.h"
 #include "vflow/core/error.h"
@@ -196,9 +197,10 @@ struct Trainer::Impl {
   mutable std::mutex perm_mutex;
   mutable std::map<int64_t, torch::Tensor> perms;
 
-  // The background load of the next vnode's batch.
+  // The background load of the next vnode's batch, copied to the device on a side stream.
+  CopyStream copy_stream{device};
   WorkItem pending_item;
-  BackgroundTask<data::Batch> loader;
+  BackgroundTask<CopiedBatch> loader;
 
   Impl(JobSpec s, std::shared_ptr<models::Model> m, data::DataSplits d)
       : spec(std::move(s)),
@@ -233,16 +235,11 @@ struct Trainer::Impl {
     return vnode::Slice{batch.offset + part.offset, part.size};
   }
 
-  data::Batch load(const WorkItem& item) const {
+  CopiedBatch load(const WorkItem& item) const {
     const auto pos = vnode_positions(item.step, item.vnode);
     const auto idx =
         permutation(item.step / order.steps_per_epoch()).narrow(0, pos.offset, pos.size);
-    auto batch = data.train->get(idx);
-    if (device.is_cuda()) {
-      batch.input = batch.input.pin_memory().to(device, /*non_blocking=*/true);
-      batch.target = batch.target.pin_memory().to(device, /*non_blocking=*/true);
-    }
-    return batch;
+    return copy_stream.copy(data.train->get(idx));
   }
 
   /// The non-empty vnode work that follows `item`, or step -1 at the end of training.
@@ -296,12 +293,12 @@ struct Trainer::Impl {
   }
 
   data::Batch take(const WorkItem& item) {
-    data::Batch batch;
+    CopiedBatch batch;
     if (loader.outstanding()) {
       auto ready = loader.wait();  // rethrows a load error
       if (pending_item == item) batch = std::move(ready);
     }
-    if (!batch.input.defined()) batch = load(item);
+    if (!batch.batch.input.defined()) batch = load(item);
     if (prefetch) {
       const WorkItem next = next_item(item);
       if (next.step >= 0) {
@@ -309,7 +306,7 @@ struct Trainer::Impl {
         loader.submit([this, next] { return load(next); });
       }
     }
-    return batch;
+    return copy_stream.ready(std::move(batch));
   }
 
   /// train_step(), with allocation failures turned into OutOfMemory naming the remedy.

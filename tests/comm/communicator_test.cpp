@@ -126,3 +126,45 @@ TEST_CASE("a resize re-plans the split by the members' measured speeds", "[unit]
         best = std::min(best, slowest({a, b, c, 10 - a - b - c}));
   CHECK(slowest(counts) == Approx(best));
 }
+
+TEST_CASE("members shrink a communicator only when every one of them holds it", "[integration]") {
+  Coordinator coordinator("127.0.0.1", 0, std::chrono::seconds(10));
+  const std::vector<std::string> members = {"w0", "w1", "w2"};
+  // Each member says which generation's communicator it holds (0: none), from a thread
+  // of its own over its own connection, as the workers do.
+  auto agree = [&](int64_t generation, const std::vector<int64_t>& parents) {
+    std::vector<int> answers(members.size(), -1);
+    std::vector<std::string> errors(members.size());
+    std::vector<std::thread> threads;
+    for (size_t m = 0; m < members.size(); ++m) {
+      threads.emplace_back([&, m] {
+        try {
+          vflow::comm::ControlPlane control(coordinator.host(), coordinator.port(),
+                                            std::chrono::seconds(5));
+          answers[m] = control.all_hold_parent(generation, members, members[m], parents[m],
+                                               std::chrono::seconds(5));
+        } catch (const std::exception& e) {
+          errors[m] = e.what();
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    for (const auto& e : errors) REQUIRE(e.empty());
+    return answers;
+  };
+  CHECK(agree(3, {2, 2, 2}) == std::vector<int>{1, 1, 1});
+  // One member lost its communicator (it failed meanwhile): nobody shrinks.
+  CHECK(agree(4, {3, 0, 3}) == std::vector<int>{0, 0, 0});
+  // Communicators of different generations cannot be shrunk together.
+  CHECK(agree(5, {4, 4, 3}) == std::vector<int>{0, 0, 0});
+
+  // A member that says nothing is a PeerFailure within the timeout, naming it.
+  vflow::comm::ControlPlane control(coordinator.host(), coordinator.port(),
+                                    std::chrono::seconds(5));
+  const auto t0 = std::chrono::steady_clock::now();
+  CHECK_THROWS_AS(control.all_hold_parent(6, members, "w0", 5, std::chrono::milliseconds(300)),
+                  vflow::comm::PeerFailure);
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(3));
+  CHECK_THROWS_WITH(control.all_hold_parent(7, members, "w0", 6, std::chrono::milliseconds(100)),
+                    Catch::Contains("member w1 did not say"));
+}

@@ -10,6 +10,7 @@
 
 #include "apps/multiworker_support.h"
 #include "cuda/skip.h"
+#include "engine/copy_stream.h"
 #include "support.h"
 #include "vflow/comm/launcher.h"
 #include "vflow/comm/nccl.h"
@@ -238,6 +239,27 @@ TEST_CASE("The first CUDA steps follow the CPU's within the documented tolerance
   for (size_t i = 0; i < cpu.size(); ++i) {
     CAPTURE(i, cpu[i], cuda[i]);
     CHECK(std::abs(cpu[i] - cuda[i]) <= 1e-3 * std::abs(cpu[i]));
+  }
+}
+
+TEST_CASE("A batch copied on the side stream is whole when the computing stream reads it",
+          "[cuda]") {
+  skip_unless(torch::cuda::is_available(), "this LibTorch has no CUDA device");
+  const vflow::engine::CopyStream copies(torch::Device("cuda:0"));
+  // 64 MiB per batch: a read not ordered after the copy would see memory not yet written.
+  // The next batch is copied while the device still works on the previous one, as the
+  // loader does.
+  const auto values = torch::arange(int64_t{1} << 24, torch::kFloat32);
+  const auto ids = torch::arange(1000, torch::kInt64);
+  auto pending = copies.copy({values, ids * 0});
+  for (int round = 1; round <= 4; ++round) {
+    auto batch = copies.ready(std::move(pending));
+    pending = copies.copy({values + static_cast<float>(round), ids * round});
+    CAPTURE(round);
+    REQUIRE(batch.input.device().is_cuda());
+    const auto doubled = batch.input * 2;  // a kernel on the computing stream
+    CHECK(torch::equal(doubled.cpu(), (values + static_cast<float>(round - 1)) * 2));
+    CHECK(torch::equal(batch.target.cpu(), ids * (round - 1)));
   }
 }
 

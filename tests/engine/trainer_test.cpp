@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "engine/copy_stream.h"
 #include "support.h"
 #include "vflow/core/error.h"
 #include "vflow/engine/checkpoint.h"
@@ -204,4 +205,14 @@ TEST_CASE("the worker's device and communication backend follow the resources pa
     CHECK(vflow::engine::worker_device(res).index() == 1 % count);
     unsetenv("VFLOW_LOCAL_RANK");
   }
+}
+
+TEST_CASE("on the CPU a batch passes the copy stream untouched", "[unit]") {
+  const vflow::engine::CopyStream copies(torch::Device("cpu"));
+  const vflow::data::Batch host{torch::rand({4, 3}), torch::arange(4)};
+  auto copied = copies.copy(host);
+  CHECK_FALSE(copied.copied.has_value());
+  const auto batch = copies.ready(std::move(copied));
+  CHECK(batch.input.data_ptr() == host.input.data_ptr());
+  CHECK(batch.target.data_ptr() == host.target.data_ptr());
 }

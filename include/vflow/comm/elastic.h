@@ -92,6 +92,13 @@ class ControlPlane {
   void report_survivor(int64_t generation, const std::string& member, int64_t step);
   std::optional<int64_t> survivor_step(int64_t generation, const std::string& member);
   bool failure_reported(int64_t generation);
+  /// Whether every member of `generation` holds the communicator of generation `parent`
+  /// (0: `me` holds none), so that they can derive the next one from it together (an
+  /// NCCL shrink, which every remaining rank must call). Each member publishes what it
+  /// holds and reads the others', so all reach the same answer. Throws PeerFailure when
+  /// a member has said nothing within `timeout`.
+  bool all_hold_parent(int64_t generation, const std::vector<std::string>& members,
+                       const std::string& me, int64_t parent, std::chrono::milliseconds timeout);
   void publish_step(int64_t step);
   /// A member's measured compute time per vnode (the coordinator re-plans with them).
   void publish_speed(const std::string& member, double seconds_per_vnode);
