@@ -4,20 +4,20 @@
 # machine, ships LibTorch 1.13 only). Needs root, debootstrap and Debian's mirror; the
 # chroot stays in DIR (default /var/tmp/vflow-torch2) and is reused by the next run.
 #
-#   scripts/torch2-check.sh [DIR] [ctest args...]   # e.g. -L cuda, or -R Gloo
+#   scripts/torch2-check.sh [ctest args...]   # e.g. -L cuda, or -R Gloo
+#   VFLOW_TORCH2_DIR=DIR scripts/torch2-check.sh  # the chroot elsewhere
 #
 # Catch2 stays at 2.x (Debian 13 has 3.x, with another API): Debian 12's package is
 # unpacked into the chroot's /opt/catch2. Where CUDA and NCCL are installed under
 # /usr/local/cuda they are mounted read-only into the chroot, so the NCCL backend is
 # built too. Without ctest arguments every test runs except the two on Debian's
 # fortune packages: Debian 13's fortunes-it has no it/ directory (and other files), so
-# the language-ID data set of Debian 12 does not exist there. The build and ctest logs
-# go to DIR/root/src/vflow/build/torch2-*.log.
+# the language-ID data set of Debian 12 does not exist there. The configure, build and
+# ctest logs go to DIR/root/src/vflow/build/torch2-*.log.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-DIR="$(realpath -m "${1:-/var/tmp/vflow-torch2}")"
-shift || true
+DIR="$(realpath -m "${VFLOW_TORCH2_DIR:-/var/tmp/vflow-torch2}")"
 CHROOT="$DIR/root"
 MIRROR="${VFLOW_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 JOBS="${VFLOW_JOBS:-$(nproc)}"
@@ -47,9 +47,12 @@ fi
 # The chroot's root is a mount of its own (ip netns exec remounts /), private so that
 # nothing mounted in it propagates, with /proc, /dev, /sys (cgroups, for CPU quotas)
 # and, read-only, /usr/local/cuda.
-cleanup() {  # also what an interrupted run or a test inside left mounted
-  findmnt -rn -o TARGET | grep -xE "$CHROOT(/.*)?" | sort -r |
-    while read -r m; do umount -l "$m"; done
+# cleanup() also takes down what an interrupted run or a test inside left mounted; made
+# private first, so that no unmount reaches the host's /dev or /sys.
+cleanup() {
+  mountpoint -q "$CHROOT" || return 0
+  mount --make-rprivate "$CHROOT" || true
+  umount -R -l "$CHROOT" || true
 }
 trap cleanup EXIT
 cleanup
@@ -79,6 +82,8 @@ if [[ ! -f "$CHROOT/opt/catch2/usr/include/catch2/catch.hpp" ]]; then
   mkdir -p "$CHROOT/opt/catch2"
   dpkg -x "$tmp"/catch2_*.deb "$CHROOT/opt/catch2"
   rm -rf "$tmp"
+  [[ -f "$CHROOT/opt/catch2/usr/include/catch2/catch.hpp" ]] ||
+    { echo "torch2-check: this host's catch2 package is not Catch2 2.x" >&2; exit 2; }
 fi
 
 say "copying the working tree"
@@ -86,17 +91,17 @@ SRC=/src/vflow
 mkdir -p "$CHROOT$SRC"
 find "$CHROOT$SRC" -mindepth 1 -maxdepth 1 ! -name build -exec rm -rf {} +
 (cd "$ROOT" && git ls-files -z --cached --others --exclude-standard |
-  tar --null -T - -cf -) | tar -xf - -C "$CHROOT$SRC"
+  tar --null --ignore-failed-read -T - -cf - 2> /dev/null) | tar -xf - -C "$CHROOT$SRC"
 
 say "building against LibTorch 2.x"
-chroot "$CHROOT" bash -c "cd $SRC && cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release \
-  -DCMAKE_PREFIX_PATH=/opt/catch2/usr -DVFLOW_WITH_NCCL=AUTO > build-configure.log 2>&1 \
-  || { cat build-configure.log; exit 1; }
+chroot "$CHROOT" bash -c "cd $SRC && mkdir -p build && cmake -S . -B build -G Ninja \
+  -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH=/opt/catch2/usr -DVFLOW_WITH_NCCL=AUTO \
+  > build/torch2-configure.log 2>&1 || { cat build/torch2-configure.log; exit 1; }
   cmake --build build -j $JOBS > build/torch2-build.log 2>&1 \
   || { grep -B2 -A12 -m5 'error' build/torch2-build.log; exit 1; }"
 
 say "running the tests"
-(($# > 0)) || set -- -E "fortune"
+(($# > 0)) || set -- -E "fortune packages"
 set +e
 chroot "$CHROOT" bash -c "cd $SRC/build && ctest -j $JOBS --timeout 900 --output-on-failure ${*@Q} \
   > torch2-ctest.log 2>&1"

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <sstream>
+#include <string_view>
 #include <thread>
 
 #include "comm/store.h"
@@ -116,6 +117,14 @@ std::optional<std::string> ControlPlane::get(const std::string& key) {
 void ControlPlane::set(const std::string& key, const std::string& value) {
   guarded(host_, port_,
           [&] { impl_->store->set(key, std::vector<uint8_t>(value.begin(), value.end())); });
+}
+
+std::string ControlPlane::compare_set(const std::string& key, const std::string& value) {
+  return guarded(host_, port_, [&] {
+    const auto stored = impl_->store->compareSet(key, std::vector<uint8_t>(),
+                                                 std::vector<uint8_t>(value.begin(), value.end()));
+    return std::string(stored.begin(), stored.end());
+  });
 }
 
 int64_t ControlPlane::add(const std::string& key, int64_t delta) {
@@ -234,24 +243,37 @@ bool ControlPlane::all_hold_parent(int64_t generation, const std::vector<std::st
                                    const std::string& me, int64_t parent,
                                    std::chrono::milliseconds timeout) {
   set(member_key(generation, "parent", me), std::to_string(parent));
+  // The first member that knows the answer (every vote read, or its deadline passed)
+  // settles it once with compare-and-set; every member follows the settled answer, so a
+  // member that gave up waiting cannot leave the others shrinking without it.
+  const auto settled_key = fmt::format("elastic/{}/shrink", generation);
+  constexpr std::string_view kMissing = "missing ";
+  auto follow = [&](const std::string& settled) {
+    if (settled.rfind(kMissing, 0) == 0) {
+      throw PeerFailure(fmt::format(
+          "[elastic] generation {}: member {} did not say which communicator it holds within "
+          "{} s",
+          generation, settled.substr(kMissing.size()),
+          std::chrono::duration<double>(timeout).count()));
+    }
+    return settled == "shrink";
+  };
   const auto deadline = std::chrono::steady_clock::now() + timeout;
-  bool all = parent > 0;
+  std::string answer = parent > 0 ? "shrink" : "fresh";
   for (const auto& member : members) {
     const auto key = member_key(generation, "parent", member);
     auto text = get(key);
     while (!text) {
+      if (const auto settled = get(settled_key)) return follow(*settled);
       if (std::chrono::steady_clock::now() > deadline) {
-        throw PeerFailure(fmt::format(
-            "[elastic] generation {}: member {} did not say which communicator it holds "
-            "within {} s",
-            generation, member, std::chrono::duration<double>(timeout).count()));
+        return follow(compare_set(settled_key, std::string(kMissing) + member));
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
       text = get(key);
     }
-    all = all && to_int(*text, key) == parent;
+    if (to_int(*text, key) != parent) answer = "fresh";
   }
-  return all;
+  return follow(compare_set(settled_key, answer));
 }
 
 std::optional<int64_t> ControlPlane::survivor_step(int64_t generation, const std::string& member) {

@@ -173,7 +173,9 @@ ElasticOutcome run_elastic_worker(const JobSpec& spec, const ElasticWorkerOption
       r.timeout = options.timeout;
       choose_backend(spec.resources, trainer->device(), r);
       if (r.backend == "nccl") {
-        const auto parent = std::move(previous);  // released whatever happens
+        // Released at the end of this block whatever happens (the trainer keeps its own
+        // reference until it gets the next communicator).
+        const auto parent = std::move(previous);
         const auto excluded = parent ? excluded_ranks(previous_members, g->members)
                                      : std::optional<std::vector<int>>();
         const bool shrink = control.all_hold_parent(

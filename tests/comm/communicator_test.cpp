@@ -167,4 +167,11 @@ TEST_CASE("members shrink a communicator only when every one of them holds it", 
   CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(3));
   CHECK_THROWS_WITH(control.all_hold_parent(7, members, "w0", 6, std::chrono::milliseconds(100)),
                     Catch::Contains("member w1 did not say"));
+  // A member that comes after another gave up on it finds every vote, but follows the
+  // settled answer: nobody shrinks without a member another one has given up on.
+  const std::vector<std::string> pair = {"w0", "w1"};
+  CHECK_THROWS_AS(control.all_hold_parent(8, pair, "w0", 7, std::chrono::milliseconds(100)),
+                  vflow::comm::PeerFailure);
+  CHECK_THROWS_WITH(control.all_hold_parent(8, pair, "w1", 7, std::chrono::seconds(5)),
+                    Catch::Contains("member w1 did not say"));
 }

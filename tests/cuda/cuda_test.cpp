@@ -6,6 +6,7 @@
 
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <exception>
 #include <thread>
 
 #include "apps/multiworker_support.h"
@@ -245,21 +246,43 @@ TEST_CASE("The first CUDA steps follow the CPU's within the documented tolerance
 TEST_CASE("A batch copied on the side stream is whole when the computing stream reads it",
           "[cuda]") {
   skip_unless(torch::cuda::is_available(), "this LibTorch has no CUDA device");
-  const vflow::engine::CopyStream copies(torch::Device("cuda:0"));
-  // 64 MiB per batch: a read not ordered after the copy would see memory not yet written.
-  // The next batch is copied while the device still works on the previous one, as the
-  // loader does.
+  const torch::Device device("cuda:0");
+  const vflow::engine::CopyStream copies(device);
+  // 64 MiB batches. Each round, kernels on the computing stream read the batch behind
+  // long matrix products, the batch is dropped at once, and the next batch is copied
+  // from another thread (as the loader does) into memory the allocator may hand out
+  // again: without the event and the recorded use, those reads would see memory not yet
+  // written, or the next batch.
   const auto values = torch::arange(int64_t{1} << 24, torch::kFloat32);
   const auto ids = torch::arange(1000, torch::kInt64);
-  auto pending = copies.copy({values, ids * 0});
+  const auto busy = torch::rand({4096, 4096}, device);
+  auto copy_on_loader = [&](int round) {
+    vflow::engine::CopiedBatch out;
+    std::exception_ptr error;
+    std::thread([&] {
+      try {
+        out = copies.copy({values + static_cast<float>(round), ids * round});
+      } catch (...) {
+        error = std::current_exception();
+      }
+    }).join();
+    if (error) std::rethrow_exception(error);
+    return out;
+  };
+  auto pending = copy_on_loader(0);
   for (int round = 1; round <= 4; ++round) {
-    auto batch = copies.ready(std::move(pending));
-    pending = copies.copy({values + static_cast<float>(round), ids * round});
+    torch::Tensor doubled, targets;
+    {
+      const auto batch = copies.ready(std::move(pending));
+      REQUIRE(batch.input.device() == device);
+      for (int k = 0; k < 8; ++k) busy.mm(busy);  // keeps the computing stream busy
+      doubled = batch.input * 2;
+      targets = batch.target + 0;
+    }
+    pending = copy_on_loader(round);
     CAPTURE(round);
-    REQUIRE(batch.input.device().is_cuda());
-    const auto doubled = batch.input * 2;  // a kernel on the computing stream
     CHECK(torch::equal(doubled.cpu(), (values + static_cast<float>(round - 1)) * 2));
-    CHECK(torch::equal(batch.target.cpu(), ids * (round - 1)));
+    CHECK(torch::equal(targets.cpu(), ids * (round - 1)));
   }
 }
 

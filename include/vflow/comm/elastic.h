@@ -95,8 +95,9 @@ class ControlPlane {
   /// Whether every member of `generation` holds the communicator of generation `parent`
   /// (0: `me` holds none), so that they can derive the next one from it together (an
   /// NCCL shrink, which every remaining rank must call). Each member publishes what it
-  /// holds and reads the others', so all reach the same answer. Throws PeerFailure when
-  /// a member has said nothing within `timeout`.
+  /// holds and reads the others'; the answer is settled once in the store, so all
+  /// members get the same one. Throws PeerFailure, in every member, when one has said
+  /// nothing within the `timeout` of the first member to give up on it.
   bool all_hold_parent(int64_t generation, const std::vector<std::string>& members,
                        const std::string& me, int64_t parent, std::chrono::milliseconds timeout);
   void publish_step(int64_t step);
@@ -119,6 +120,9 @@ class ControlPlane {
   std::optional<std::string> get(const std::string& key);
   void set(const std::string& key, const std::string& value);
   int64_t add(const std::string& key, int64_t delta);
+  /// Stores `value` under `key` unless the key holds a value already; returns what the
+  /// key holds afterwards.
+  std::string compare_set(const std::string& key, const std::string& value);
   struct Impl;
   std::unique_ptr<Impl> impl_;
   std::string host_;
