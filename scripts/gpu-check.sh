@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU check: builds vflow on a GPU machine against the PyTorch installation's
 # LibTorch (CUDA) and the NCCL found there, runs the [cuda] tests, the CPU unit tests
-# (the LibTorch 2.x build check) and the GPU benchmark. Meant to finish in under 8
+# (PyTorch's LibTorch 2.x) and the GPU benchmark. Meant to finish in under 8
 # minutes on a 16-core machine.
 #
 # The GPU machine has no internet and no Debian packages; the few libraries vflow needs
