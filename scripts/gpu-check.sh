@@ -58,7 +58,21 @@ SITE="$(dirname "$TORCH_DIR")"
 NCCL_H="$(find "$SITE/nvidia" -name nccl.h 2>/dev/null | head -1 || true)"
 NCCL_ROOT="${NCCL_H:+$(dirname "$(dirname "$NCCL_H")")}"
 NCCL_ROOT="${NCCL_ROOT:-/usr/local/cuda}"
-CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}"
+# CUDA's runtime headers and library (vflow's NCCL backend) and the toolkit that
+# LibTorch's CMake config asks for: CUDA_HOME if set, else where nvcc is, else
+# /usr/local/cuda, else PyTorch's pip packages (headers and runtime, no nvcc).
+if [[ -z "${CUDA_HOME:-}" ]]; then
+  NVCC="$(command -v nvcc || true)"
+  if [[ -n "$NVCC" ]]; then
+    CUDA_HOME="$(dirname "$(dirname "$(readlink -f "$NVCC")")")"
+  elif [[ -f /usr/local/cuda/include/cuda_runtime_api.h ]]; then
+    CUDA_HOME=/usr/local/cuda
+  else
+    CUDART_H="$(find "$SITE/nvidia" -name cuda_runtime_api.h 2>/dev/null | head -1 || true)"
+    CUDA_HOME="${CUDART_H:+$(dirname "$(dirname "$CUDART_H")")}"
+    CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}"
+  fi
+fi
 echo "NCCL from $NCCL_ROOT, CUDA runtime from $CUDA_HOME" | tee -a "$LOGS/versions.txt"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee -a "$LOGS/versions.txt"
 
