@@ -59,6 +59,41 @@ int64_t to_int(const std::string& text, const std::string& key) {
   }
 }
 
+std::string offer_text(const RegroupOffer& offer) {
+  switch (offer.kind) {
+    case RegroupOffer::Kind::kShrink:
+      return fmt::format("shrink {}", offer.parent);
+    case RegroupOffer::Kind::kGrow:
+      return fmt::format("grow {} {}", offer.parent, offer.members);
+    case RegroupOffer::Kind::kJoin:
+      return "join";
+    case RegroupOffer::Kind::kNone:
+      break;
+  }
+  return "none";
+}
+
+/// The rule of agree_regroup over every member's offer, in rank order: "shrink",
+/// "grow <members of the earlier generation>" or "fresh".
+std::string regroup_answer(const std::vector<std::string>& offers) {
+  if (offers.empty()) return "fresh";
+  const auto& first = offers.front();
+  // Members offering the same shrink or grow of one generation, from the first rank on.
+  size_t same = 0;
+  while (same < offers.size() && offers[same] == first) ++same;
+  if (first.rfind("shrink ", 0) == 0) return same == offers.size() ? "shrink" : "fresh";
+  if (first.rfind("grow ", 0) != 0) return "fresh";
+  // "grow <parent> <members>": exactly the earlier members first, then only new ones.
+  const auto parts = split(first, ' ');
+  if (parts.size() != 3 || parts[2] != std::to_string(same) || same == offers.size()) {
+    return "fresh";
+  }
+  for (size_t m = same; m < offers.size(); ++m) {
+    if (offers[m] != "join") return "fresh";
+  }
+  return fmt::format("grow {}", same);
+}
+
 }  // namespace
 
 int Generation::rank_of(const std::string& member) const {
@@ -239,29 +274,36 @@ void ControlPlane::report_survivor(int64_t generation, const std::string& member
   add(fmt::format("elastic/{}/failed", generation), 1);
   add(kRequests, 1);
 }
-bool ControlPlane::all_hold_parent(int64_t generation, const std::vector<std::string>& members,
-                                   const std::string& me, int64_t parent,
-                                   std::chrono::milliseconds timeout) {
-  set(member_key(generation, "parent", me), std::to_string(parent));
-  // The first member that knows the answer (every vote read, or its deadline passed)
+RegroupAnswer ControlPlane::agree_regroup(int64_t generation,
+                                          const std::vector<std::string>& members,
+                                          const std::string& me, const RegroupOffer& offer,
+                                          std::chrono::milliseconds timeout) {
+  set(member_key(generation, "offer", me), offer_text(offer));
+  // The first member that knows the answer (every offer read, or its deadline passed)
   // settles it once with compare-and-set; every member follows the settled answer, so a
-  // member that gave up waiting cannot leave the others shrinking without it.
-  const auto settled_key = fmt::format("elastic/{}/shrink", generation);
+  // member that gave up waiting cannot leave the others regrouping without it.
+  const auto settled_key = fmt::format("elastic/{}/regroup", generation);
   constexpr std::string_view kMissing = "missing ";
   auto follow = [&](const std::string& settled) {
     if (settled.rfind(kMissing, 0) == 0) {
       throw PeerFailure(fmt::format(
-          "[elastic] generation {}: member {} did not say which communicator it holds within "
-          "{} s",
+          "[elastic] generation {}: member {} did not say how it makes the communicator "
+          "within {} s",
           generation, settled.substr(kMissing.size()),
           std::chrono::duration<double>(timeout).count()));
     }
-    return settled == "shrink";
+    RegroupAnswer answer;
+    if (settled == "shrink") answer.how = Regroup::kShrink;
+    if (settled.rfind("grow ", 0) == 0) {
+      answer.how = Regroup::kGrow;
+      answer.grown_from = to_int(settled.substr(5), settled_key);
+    }
+    return answer;
   };
   const auto deadline = std::chrono::steady_clock::now() + timeout;
-  std::string answer = parent > 0 ? "shrink" : "fresh";
+  std::vector<std::string> offers;
   for (const auto& member : members) {
-    const auto key = member_key(generation, "parent", member);
+    const auto key = member_key(generation, "offer", member);
     auto text = get(key);
     while (!text) {
       if (const auto settled = get(settled_key)) return follow(*settled);
@@ -271,9 +313,9 @@ bool ControlPlane::all_hold_parent(int64_t generation, const std::vector<std::st
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
       text = get(key);
     }
-    if (to_int(*text, key) != parent) answer = "fresh";
+    offers.push_back(*text);
   }
-  return follow(compare_set(settled_key, answer));
+  return follow(compare_set(settled_key, regroup_answer(offers)));
 }
 
 std::optional<int64_t> ControlPlane::survivor_step(int64_t generation, const std::string& member) {

@@ -15,6 +15,7 @@ namespace {
 
 struct Backend {
   int (*version)() = nullptr;
+  int (*can_grow)() = nullptr;
   int (*devices)(char*, size_t) = nullptr;
   bool (*device_name)(int, char*, size_t) = nullptr;
   long long (*memory_used)(int) = nullptr;
@@ -49,6 +50,7 @@ const Backend& backend() {
       return;
     }
     loaded.version = reinterpret_cast<int (*)()>(dlsym(handle, "vflow_nccl_version"));
+    loaded.can_grow = reinterpret_cast<int (*)()>(dlsym(handle, "vflow_nccl_can_grow"));
     loaded.devices = reinterpret_cast<int (*)(char*, size_t)>(dlsym(handle, "vflow_nccl_devices"));
     loaded.device_name =
         reinterpret_cast<bool (*)(int, char*, size_t)>(dlsym(handle, "vflow_nccl_device_name"));
@@ -56,8 +58,8 @@ const Backend& backend() {
         reinterpret_cast<long long (*)(int)>(dlsym(handle, "vflow_nccl_memory_used"));
     loaded.create =
         reinterpret_cast<Communicator* (*)(const Rendezvous*)>(dlsym(handle, "vflow_nccl_create"));
-    if (!loaded.version || !loaded.devices || !loaded.device_name || !loaded.memory_used ||
-        !loaded.create) {
+    if (!loaded.version || !loaded.can_grow || !loaded.devices || !loaded.device_name ||
+        !loaded.memory_used || !loaded.create) {
       loaded.error =
           fmt::format("{} is not a vflow NCCL backend (its entry points are missing)", path);
       loaded.create = nullptr;
@@ -77,6 +79,7 @@ NcclStatus nccl_status() {
   }
   status.built = true;
   status.version = b.version();
+  status.can_grow = b.can_grow() != 0;
   char why[256] = {};
   status.devices = b.devices(why, sizeof why);
   if (status.devices < 0) {

@@ -5,12 +5,14 @@
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <optional>
 #include <thread>
 
 #include "vflow/comm/elastic.h"
+#include "vflow/comm/nccl.h"
 #include "vflow/engine/job.h"
 
 namespace vflow::engine {
@@ -66,6 +68,33 @@ std::optional<std::vector<int>> excluded_ranks(const std::vector<std::string>& b
   }
   if (kept != after.size()) return std::nullopt;
   return excluded;
+}
+
+/// What this member offers towards the next generation's NCCL communicator: to shrink
+/// or grow `parent` (generation `parent_generation`'s, held since a clean regroup) when
+/// `after` drops members of `before` or appends to it; to join a grown one when it is new.
+comm::RegroupOffer regroup_offer(const comm::Communicator* parent,
+                                 const std::vector<std::string>& before, int64_t parent_generation,
+                                 const std::vector<std::string>& after, bool was_member) {
+  using Kind = comm::RegroupOffer::Kind;
+  comm::RegroupOffer offer;
+  if (!parent) {
+    if (!was_member && comm::nccl_status().can_grow) offer.kind = Kind::kJoin;
+    return offer;
+  }
+  const auto excluded = excluded_ranks(before, after);
+  const bool appends =
+      after.size() > before.size() && std::equal(before.begin(), before.end(), after.begin());
+  if (excluded && !excluded->empty()) {
+    offer.kind = Kind::kShrink;
+  } else if (appends && comm::nccl_status().can_grow) {
+    offer.kind = Kind::kGrow;
+    offer.members = static_cast<int64_t>(before.size());
+  } else {
+    return offer;
+  }
+  offer.parent = parent_generation;
+  return offer;
 }
 
 }  // namespace
@@ -143,10 +172,10 @@ ElasticOutcome run_elastic_worker(const JobSpec& spec, const ElasticWorkerOption
   const auto patience = 3 * options.timeout + std::chrono::seconds(5);
   bool was_member = false;
   // The last generation's communicator after a regroup without failure, kept where the
-  // backend can shrink it into the next one (NCCL). The members shrink only when every
-  // one of them holds that communicator (they agree through the store first: a member
-  // that failed meanwhile holds none) and the next generation keeps its ranks in order;
-  // otherwise they initialise afresh.
+  // backend can derive the next one from it (NCCL): a shrink when the next generation
+  // drops members and keeps the others in order, a grow when it appends new members.
+  // The members agree through the store first (a member that failed meanwhile holds no
+  // communicator; a new one may not be able to join); otherwise they initialise afresh.
   std::shared_ptr<comm::Communicator> previous;
   std::vector<std::string> previous_members;
   int64_t previous_generation = 0;
@@ -164,6 +193,7 @@ ElasticOutcome run_elastic_worker(const JobSpec& spec, const ElasticWorkerOption
     generation = g->id;
     std::shared_ptr<comm::Communicator> communicator;
     comm::Rendezvous r;
+    std::string made;  // how an NCCL communicator was made: init, shrink or grow
     try {
       r.store_host = options.store_host;
       r.store_port = options.store_port;
@@ -176,15 +206,29 @@ ElasticOutcome run_elastic_worker(const JobSpec& spec, const ElasticWorkerOption
         // Released at the end of this block whatever happens (the trainer keeps its own
         // reference until it gets the next communicator).
         const auto parent = std::move(previous);
-        const auto excluded = parent ? excluded_ranks(previous_members, g->members)
-                                     : std::optional<std::vector<int>>();
-        const bool shrink = control.all_hold_parent(
-            g->id, g->members, me, excluded ? previous_generation : 0, options.timeout);
-        if (shrink) {
-          communicator = parent->shrink(*excluded, /*after_failure=*/false);
-          VFLOW_ASSERT(!communicator || communicator->rank() == r.rank,
-                       "a shrunk communicator numbers the survivors as the generation does");
+        const auto offer = regroup_offer(parent.get(), previous_members, previous_generation,
+                                         g->members, was_member);
+        const auto answer = control.agree_regroup(g->id, g->members, me, offer, options.timeout);
+        const auto how = answer.how;
+        if (how == comm::Regroup::kShrink) {
+          communicator = parent->shrink(*excluded_ranks(previous_members, g->members),
+                                        /*after_failure=*/false);
+          if (communicator) made = " shrink";
+        } else if (how == comm::Regroup::kGrow && parent) {
+          communicator = parent->grow(r);
+          if (!communicator) {
+            throw comm::PeerFailure(
+                fmt::format("[elastic] worker {} could not grow the communicator of generation {}",
+                            me, previous_generation));
+          }
+          made = " grow";
+        } else if (how == comm::Regroup::kGrow) {
+          r.grown_from = static_cast<int>(answer.grown_from);  // a new member joins
+          made = " grow";
         }
+        if (made.empty()) made = " init";
+        VFLOW_ASSERT(!communicator || communicator->rank() == r.rank,
+                     "a derived communicator numbers the members as the generation does");
       }
       if (!communicator) communicator = comm::make_communicator(r);
       control.mark_joined(g->id, me);
@@ -205,7 +249,7 @@ ElasticOutcome run_elastic_worker(const JobSpec& spec, const ElasticWorkerOption
     spdlog::info(
         "[elastic] worker {} is rank {} of {} in {} at step {} (regrouped in {:.3f} s, {})", me,
         communicator->rank(), communicator->size(), g->describe(), trainer->step(),
-        seconds_since(t0), r.backend);
+        seconds_since(t0), r.backend + made);
     if (g->stop) trainer->stop_now();
     TrainResult result;
     try {

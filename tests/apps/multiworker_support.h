@@ -1,4 +1,5 @@
-// What the multi-process tests share: the small job they train and output parsing.
+// What the multi-process tests share: the small job they train, output parsing and an
+// elastic job driven from a shell script.
 #pragma once
 
 #include <fstream>
@@ -6,6 +7,8 @@
 #include <set>
 #include <string>
 #include <vector>
+
+#include "support.h"
 
 namespace vflow::testing {
 
@@ -51,6 +54,29 @@ inline std::vector<double> step_losses(const std::string& metrics_path) {
 inline long count_matches(const std::string& text, const std::string& pattern) {
   const std::regex re(pattern);
   return std::distance(std::sregex_iterator(text.begin(), text.end(), re), std::sregex_iterator());
+}
+
+/// Starts vflow-train with the settings `job` and `workers` workers on a known port, waits
+/// for its 20th step, runs the shell `actions` (with $CTL, $A = the job's address, and the
+/// helper `await_workers K`), waits for the launcher and prints "exit=<code>".
+inline CommandResult run_elastic_job(const TempDir& dir, int workers, const std::string& job,
+                                     const std::string& actions) {
+  const int port = free_port();
+  // The helpers give up as soon as the coordinator is gone (the job ended).
+  const std::string script =
+      "CTL=\"" + kCtl + " --timeout 2\"; A=127.0.0.1:" + std::to_string(port) +
+      "\nstatus() { $CTL status $A 2>/dev/null; }"
+      "\nawait_workers() { for i in $(seq 300); do out=$(status) || { echo \"GONE waiting for $1 "
+      "workers\"; return 1; }; echo \"$out\" | grep -qx \"workers $1\" && return 0; sleep 0.05; "
+      "done; echo \"TIMEOUT waiting for $1 workers\"; }"
+      "\nawait_step() { for i in $(seq 600); do kill -0 $pid 2>/dev/null || { echo \"GONE waiting "
+      "for step $1\"; return 1; }; s=$(status | sed -n 's/^step //p'); [ -n \"$s\" ] "
+      "&& [ \"$s\" -ge $1 ] && return 0; sleep 0.05; done; }\n" +
+      kTrain + job + " --set output.logging.metrics=" + dir.file("m.jsonl") + " --workers " +
+      std::to_string(workers) + " --port " + std::to_string(port) + " & pid=$!\nawait_step 20\n" +
+      actions + "\nwait $pid; echo \"exit=$?\"\n";
+  write_file(dir.file("job.sh"), script);
+  return run_command("bash " + dir.file("job.sh"));
 }
 
 }  // namespace vflow::testing

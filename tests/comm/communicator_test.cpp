@@ -1,6 +1,7 @@
 // The Gloo communicator over a real coordinator store on loopback, ranks in threads.
 #include "vflow/comm/communicator.h"
 
+#include <fmt/format.h>
 #include <torch/torch.h>
 
 #include <catch2/catch.hpp>
@@ -86,6 +87,7 @@ TEST_CASE("The NCCL backend loads only when used and says why it cannot run", "[
   // have them even without a GPU); the loader must then find it next to libvflow.
   CHECK(status.built == static_cast<bool>(VFLOW_NCCL_BUILT));
   if (status.built) CHECK(status.version >= 22700);
+  if (status.version < 22900) CHECK_FALSE(status.can_grow);  // ncclCommGrow came with 2.29
   if (!status.usable()) {
     CHECK_FALSE(status.reason.empty());
     Coordinator coordinator("127.0.0.1", 0, std::chrono::seconds(5));
@@ -127,13 +129,23 @@ TEST_CASE("a resize re-plans the split by the members' measured speeds", "[unit]
   CHECK(slowest(counts) == Approx(best));
 }
 
-TEST_CASE("members shrink a communicator only when every one of them holds it", "[integration]") {
+TEST_CASE("members derive a communicator from an earlier one only when all can", "[integration]") {
+  using vflow::comm::Regroup;
+  using vflow::comm::RegroupOffer;
+  using Kind = RegroupOffer::Kind;
   Coordinator coordinator("127.0.0.1", 0, std::chrono::seconds(10));
-  const std::vector<std::string> members = {"w0", "w1", "w2"};
-  // Each member says which generation's communicator it holds (0: none), from a thread
-  // of its own over its own connection, as the workers do.
-  auto agree = [&](int64_t generation, const std::vector<int64_t>& parents) {
-    std::vector<int> answers(members.size(), -1);
+  const RegroupOffer none;
+  const RegroupOffer join{Kind::kJoin, 0};
+  auto shrink = [](int64_t parent) { return RegroupOffer{Kind::kShrink, parent}; };
+  auto grow = [](int64_t parent, int64_t members) {
+    return RegroupOffer{Kind::kGrow, parent, members};
+  };
+  // Each member offers what it can, from a thread of its own over its own connection,
+  // as the workers do; every member must get the same answer.
+  auto agree = [&](int64_t generation, const std::vector<RegroupOffer>& offers) {
+    std::vector<std::string> members;
+    for (size_t m = 0; m < offers.size(); ++m) members.push_back(fmt::format("w{}", m));
+    std::vector<vflow::comm::RegroupAnswer> answers(members.size());
     std::vector<std::string> errors(members.size());
     std::vector<std::thread> threads;
     for (size_t m = 0; m < members.size(); ++m) {
@@ -141,8 +153,8 @@ TEST_CASE("members shrink a communicator only when every one of them holds it", 
         try {
           vflow::comm::ControlPlane control(coordinator.host(), coordinator.port(),
                                             std::chrono::seconds(5));
-          answers[m] = control.all_hold_parent(generation, members, members[m], parents[m],
-                                               std::chrono::seconds(5));
+          answers[m] = control.agree_regroup(generation, members, members[m], offers[m],
+                                             std::chrono::seconds(5));
         } catch (const std::exception& e) {
           errors[m] = e.what();
         }
@@ -150,28 +162,55 @@ TEST_CASE("members shrink a communicator only when every one of them holds it", 
     }
     for (auto& t : threads) t.join();
     for (const auto& e : errors) REQUIRE(e.empty());
-    return answers;
+    for (const auto& a : answers) {
+      REQUIRE(a.how == answers.front().how);
+      REQUIRE(a.grown_from == answers.front().grown_from);
+    }
+    return answers.front();
   };
-  CHECK(agree(3, {2, 2, 2}) == std::vector<int>{1, 1, 1});
+  auto how = [&](int64_t generation, const std::vector<RegroupOffer>& offers) {
+    return agree(generation, offers).how;
+  };
+  CHECK(how(3, {shrink(2), shrink(2), shrink(2)}) == Regroup::kShrink);
   // One member lost its communicator (it failed meanwhile): nobody shrinks.
-  CHECK(agree(4, {3, 0, 3}) == std::vector<int>{0, 0, 0});
+  CHECK(how(5, {shrink(4), none, shrink(4)}) == Regroup::kFresh);
   // Communicators of different generations cannot be shrunk together.
-  CHECK(agree(5, {4, 4, 3}) == std::vector<int>{0, 0, 0});
+  CHECK(how(6, {shrink(5), shrink(5), shrink(4)}) == Regroup::kFresh);
+  // Exactly the earlier members first, then the new ones, who can all join: a grow; the
+  // new ranks learn where theirs start.
+  const auto grown = agree(7, {grow(6, 2), grow(6, 2), join});
+  CHECK(grown.how == Regroup::kGrow);
+  CHECK(grown.grown_from == 2);
+  CHECK(agree(8, {grow(7, 1), join, join}).grown_from == 1);
+  // A new member that cannot join, one in the middle, an earlier member without its
+  // communicator, an earlier generation of another size, a grow that adds nobody,
+  // nothing but new members: afresh.
+  CHECK(how(9, {grow(8, 2), grow(8, 2), none}) == Regroup::kFresh);
+  CHECK(how(10, {grow(9, 2), join, grow(9, 2)}) == Regroup::kFresh);
+  CHECK(how(11, {grow(10, 2), none, join}) == Regroup::kFresh);
+  CHECK(how(12, {grow(11, 2), join, join}) == Regroup::kFresh);
+  CHECK(how(13, {grow(12, 2), grow(12, 2)}) == Regroup::kFresh);
+  CHECK(how(14, {join, join}) == Regroup::kFresh);
+  CHECK(how(15, {shrink(14), join}) == Regroup::kFresh);
+  CHECK(how(16, {none}) == Regroup::kFresh);
 
   // A member that says nothing is a PeerFailure within the timeout, naming it.
+  const std::vector<std::string> members = {"w0", "w1", "w2"};
   vflow::comm::ControlPlane control(coordinator.host(), coordinator.port(),
                                     std::chrono::seconds(5));
   const auto t0 = std::chrono::steady_clock::now();
-  CHECK_THROWS_AS(control.all_hold_parent(6, members, "w0", 5, std::chrono::milliseconds(300)),
-                  vflow::comm::PeerFailure);
+  CHECK_THROWS_AS(
+      control.agree_regroup(17, members, "w0", shrink(16), std::chrono::milliseconds(300)),
+      vflow::comm::PeerFailure);
   CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(3));
-  CHECK_THROWS_WITH(control.all_hold_parent(7, members, "w0", 6, std::chrono::milliseconds(100)),
-                    Catch::Contains("member w1 did not say"));
-  // A member that comes after another gave up on it finds every vote, but follows the
-  // settled answer: nobody shrinks without a member another one has given up on.
+  CHECK_THROWS_WITH(
+      control.agree_regroup(18, members, "w0", grow(17, 3), std::chrono::milliseconds(100)),
+      Catch::Contains("member w1 did not say"));
+  // A member that comes after another gave up on it finds every offer, but follows the
+  // settled answer: nobody regroups without a member another one has given up on.
   const std::vector<std::string> pair = {"w0", "w1"};
-  CHECK_THROWS_AS(control.all_hold_parent(8, pair, "w0", 7, std::chrono::milliseconds(100)),
+  CHECK_THROWS_AS(control.agree_regroup(19, pair, "w0", shrink(18), std::chrono::milliseconds(100)),
                   vflow::comm::PeerFailure);
-  CHECK_THROWS_WITH(control.all_hold_parent(8, pair, "w1", 7, std::chrono::seconds(5)),
+  CHECK_THROWS_WITH(control.agree_regroup(19, pair, "w1", shrink(18), std::chrono::seconds(5)),
                     Catch::Contains("member w1 did not say"));
 }

@@ -166,6 +166,66 @@ TEST_CASE("NCCL shrinks to the ranks that stay", "[cuda]") {
   CHECK(seen[1] == 1.0f);
 }
 
+namespace {
+
+/// Grows an NCCL communicator of `earlier` ranks (made afresh and used once) by `added`
+/// new ranks on `devices` (by rank); returns each rank's sum of rank + 1 over the grown
+/// communicator, plus 100 times the value broadcast from the last new rank.
+std::vector<float> grow_and_sum(const Coordinator& coordinator, const std::string& name,
+                                int earlier, int added, const std::vector<int>& devices) {
+  const int size = earlier + added;
+  std::vector<float> seen(static_cast<size_t>(size), -1);
+  const auto errors = on_ranks(size, [&](int rank) {
+    auto next = rendezvous(coordinator, rank, size, name + "-grown", devices[rank]);
+    std::unique_ptr<vflow::comm::Communicator> comm;
+    if (rank < earlier) {
+      auto before = vflow::comm::make_nccl_communicator(
+          rendezvous(coordinator, rank, earlier, name, devices[rank]));
+      auto x = torch::ones({3});
+      before->allreduce_sum(x);
+      comm = before->grow(next);
+      if (!comm) throw std::runtime_error("no communicator from the grow");
+    } else {
+      next.grown_from = earlier;
+      comm = vflow::comm::make_nccl_communicator(next);
+    }
+    if (comm->rank() != rank || comm->size() != size) {
+      throw std::runtime_error(fmt::format("rank {} of {} after the grow, not {} of {}",
+                                           comm->rank(), comm->size(), rank, size));
+    }
+    auto x = torch::full({4}, static_cast<float>(rank + 1));
+    comm->allreduce_sum(x);
+    auto root = torch::full({2}, static_cast<float>(rank + 7));
+    comm->broadcast(root, size - 1);
+    seen[static_cast<size_t>(rank)] = x[0].item<float>() + 100 * root[0].item<float>();
+  });
+  for (int rank = 0; rank < size; ++rank) {
+    CAPTURE(name, rank, errors[static_cast<size_t>(rank)]);
+    CHECK(errors[static_cast<size_t>(rank)].empty());
+  }
+  return seen;
+}
+
+}  // namespace
+
+TEST_CASE("NCCL grows by new ranks that join, keeping the earlier ranks' numbers", "[cuda]") {
+  const auto status = usable_nccl();
+  skip_unless(status.can_grow,
+              fmt::format("ncclCommGrow needs NCCL >= 2.29 (found {})", status.version));
+  const auto [d0, d1] = two_rank_devices(status);
+  Coordinator coordinator("127.0.0.1", 0, std::chrono::seconds(20));
+  // 1 -> 2: rank 0 alone passes the grow id.
+  CHECK(grow_and_sum(coordinator, "one", 1, 1, {d0, d1}) == std::vector<float>(2, 803.0f));
+  // 2 -> 3: an earlier rank that passes no id (three GPUs, or one shared from 2.30 on).
+  if (status.devices >= 3 || status.version >= 23000) {
+    const std::vector<int> devices = {0, 1 % status.devices, 2 % status.devices};
+    CHECK(grow_and_sum(coordinator, "two", 2, 1, devices) == std::vector<float>(3, 906.0f));
+  }
+  // Gloo cannot derive communicators: its members start afresh.
+  auto gloo = vflow::comm::make_communicator(rendezvous(coordinator, 0, 1, "g", 0, "gloo"));
+  CHECK_FALSE(gloo->grow(rendezvous(coordinator, 0, 2, "g2", 0, "gloo")));
+}
+
 TEST_CASE("A silent NCCL peer ends the collective within the timeout and aborts", "[cuda]") {
   const auto status = usable_nccl();
   Coordinator coordinator("127.0.0.1", 0, std::chrono::seconds(20));
@@ -355,4 +415,32 @@ TEST_CASE("Training state moves between a CUDA and a CPU worker and trains on", 
     CHECK(receiver->fingerprint() == donor->fingerprint());
     CHECK_NOTHROW(receiver->train_step());  // the optimizer step runs on its own device
   }
+}
+
+TEST_CASE("A CUDA job over NCCL grows and shrinks while it trains and keeps its fingerprint",
+          "[cuda][multiproc][elastic]") {
+  const auto status = usable_nccl();
+  skip_unless(torch::cuda::is_available(), "this LibTorch has no CUDA device");
+  two_rank_devices(status);
+  using namespace vflow::testing;
+  const std::string job = kJob + kDeterministic +
+                          " --set semantic.steps=1500 --set resources.timeout_s=10"
+                          " --set output.logging.every_steps=1 --set resources.device=cuda"
+                          " --set resources.backend=nccl";
+  const auto fixed = run_command(kTrain + job + " --workers 1");
+  INFO(fixed.output);
+  REQUIRE(fixed.exit_code == 0);
+  TempDir dir;
+  const auto r = run_elastic_job(dir, 1, job,
+                                 "$CTL resize $A 2; await_workers 2; $CTL resize $A 1; "
+                                 "await_workers 1");
+  INFO(r.output);
+  CHECK_THAT(r.output, Catch::Contains("exit=0"));
+  CHECK_THAT(r.output, !Catch::Contains("TIMEOUT") && !Catch::Contains("GONE"));
+  CHECK(fingerprints_in(r.output) == fingerprints_in(fixed.output));
+  // How the communicators were made: generation 1 afresh; generation 2 grown by both
+  // members where NCCL can (2.29), else afresh; generation 3 shrunk (2.27).
+  CHECK(count_matches(r.output, "nccl grow\\)") == (status.can_grow ? 2 : 0));
+  CHECK(count_matches(r.output, "nccl init\\)") >= (status.can_grow ? 1 : 3));
+  if (status.version >= 22700) CHECK(count_matches(r.output, "nccl shrink\\)") == 1);
 }

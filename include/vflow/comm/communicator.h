@@ -21,6 +21,8 @@ class PeerFailure : public Error {
   using Error::Error;
 };
 
+struct Rendezvous;
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -45,6 +47,13 @@ class Communicator {
                                                bool after_failure) {
     return nullptr;
   }
+  /// The communicator of the next generation when it keeps this generation's ranks, in
+  /// their order, and appends new ones: every member of this generation calls it with its
+  /// rendezvous in the next one, while each new rank calls make_communicator with
+  /// `Rendezvous::grown_from` set. Returns nullptr when the backend cannot (Gloo; NCCL
+  /// before 2.29, or a communicator aborted after a failure); throws PeerFailure when the
+  /// growth fails (the members then start afresh in a later generation).
+  virtual std::unique_ptr<Communicator> grow(const Rendezvous& next) { return nullptr; }
   /// Abandons every collective in flight and releases the connections at once (NCCL
   /// cannot be destroyed cleanly after a peer failed). Never throws.
   virtual void abort() {}
@@ -63,6 +72,10 @@ struct Rendezvous {
   bool host_store = false;
   std::string backend = "gloo";  ///< gloo | nccl (see make_communicator)
   int cuda_device = 0;           ///< nccl: this rank's CUDA device index
+  /// nccl: > 0 when this rank is new and joins the communicator that the earlier
+  /// members, ranks 0 .. grown_from - 1, grow (Communicator::grow), instead of
+  /// initialising one with everybody afresh.
+  int grown_from = 0;
 };
 
 /// A Gloo communicator on LibTorch's c10d (ProcessGroupGloo over a TCPStore client).

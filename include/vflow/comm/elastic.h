@@ -34,6 +34,32 @@ struct Generation {
   std::string describe() const;
 };
 
+/// How the members of a generation make its communicator (ControlPlane::agree_regroup).
+enum class Regroup {
+  kFresh,   ///< a fresh rendezvous
+  kShrink,  ///< every member shrinks the communicator of the same earlier generation
+  kGrow,    ///< that generation's members grow theirs, the new members join it
+};
+
+/// What one member offers towards the next generation's communicator.
+struct RegroupOffer {
+  enum class Kind {
+    kNone,    ///< nothing: it holds no communicator it could derive the next one from
+    kShrink,  ///< it holds `parent`'s communicator and the next generation drops ranks of it
+    kGrow,    ///< it holds `parent`'s communicator and the next generation appends ranks
+    kJoin,    ///< it is new and can join a grown communicator
+  };
+  Kind kind = Kind::kNone;
+  int64_t parent = 0;   ///< kShrink, kGrow: the generation whose communicator it holds
+  int64_t members = 0;  ///< kGrow: that generation's size (its members come first)
+};
+
+/// What the members of a generation agreed (ControlPlane::agree_regroup).
+struct RegroupAnswer {
+  Regroup how = Regroup::kFresh;
+  int64_t grown_from = 0;  ///< kGrow: the earlier generation's size; new ranks start there
+};
+
 /// Bounds every generation respects.
 struct JobLimits {
   int64_t virtual_nodes = 1;
@@ -92,14 +118,18 @@ class ControlPlane {
   void report_survivor(int64_t generation, const std::string& member, int64_t step);
   std::optional<int64_t> survivor_step(int64_t generation, const std::string& member);
   bool failure_reported(int64_t generation);
-  /// Whether every member of `generation` holds the communicator of generation `parent`
-  /// (0: `me` holds none), so that they can derive the next one from it together (an
-  /// NCCL shrink, which every remaining rank must call). Each member publishes what it
-  /// holds and reads the others'; the answer is settled once in the store, so all
-  /// members get the same one. Throws PeerFailure, in every member, when one has said
-  /// nothing within the `timeout` of the first member to give up on it.
-  bool all_hold_parent(int64_t generation, const std::vector<std::string>& members,
-                       const std::string& me, int64_t parent, std::chrono::milliseconds timeout);
+  /// How the members of `generation` make its communicator, agreed between them: each
+  /// publishes what it can offer and reads the others' offers; the answer is settled once
+  /// in the store, so all members get the same one. kShrink when every member holds the
+  /// communicator of the same earlier generation and offers to shrink it; kGrow when the
+  /// members that come first are exactly that earlier generation's members, all offering
+  /// to grow its communicator, and every later one offers to join it; otherwise kFresh.
+  /// Throws PeerFailure, in every
+  /// member, when one has said nothing within the `timeout` of the first member to give
+  /// up on it.
+  RegroupAnswer agree_regroup(int64_t generation, const std::vector<std::string>& members,
+                              const std::string& me, const RegroupOffer& offer,
+                              std::chrono::milliseconds timeout);
   void publish_step(int64_t step);
   /// A member's measured compute time per vnode (the coordinator re-plans with them).
   void publish_speed(const std::string& member, double seconds_per_vnode);

@@ -16,9 +16,10 @@ namespace vflow::comm {
 
 /// What this build and machine offer for NCCL. Never throws.
 struct NcclStatus {
-  bool built = false;  ///< the backend library was found and loaded
-  int version = 0;     ///< NCCL's version code of the loaded library (e.g. 22809)
-  int devices = 0;     ///< CUDA devices visible to this process
+  bool built = false;     ///< the backend library was found and loaded
+  int version = 0;        ///< NCCL's version code of the loaded library (e.g. 22809)
+  bool can_grow = false;  ///< it can add ranks to a communicator (ncclCommGrow, >= 2.29)
+  int devices = 0;        ///< CUDA devices visible to this process
   std::vector<std::string> device_names;  ///< their names (e.g. "NVIDIA H200")
   std::string reason;                     ///< why it is not usable (empty when it is)
   bool usable() const { return built && devices > 0; }
@@ -37,8 +38,9 @@ int64_t cuda_memory_used(int device);
 /// CUDA device (used in place) or on the CPU (staged through device memory). Collectives
 /// wait for completion, polling NCCL's asynchronous error state; a failure or timeout
 /// aborts the communicator and throws PeerFailure naming the call, file:line and NCCL's
-/// message. `shrink` uses ncclCommShrink (NCCL >= 2.27) for a planned scale-in; after a
-/// failure, and for growth, the members initialise afresh.
+/// message. `shrink` uses ncclCommShrink (NCCL >= 2.27) for a planned scale-in, `grow`
+/// and `Rendezvous::grown_from` use ncclCommGrow (NCCL >= 2.29) for a planned scale-out;
+/// after a failure, and where NCCL cannot, the members initialise afresh.
 /// Throws Error when the backend is not built or no CUDA device is visible.
 std::unique_ptr<Communicator> make_nccl_communicator(const Rendezvous& rendezvous);
 

@@ -76,46 +76,106 @@ bool shares_a_device(c10d::Store& store, int rank, int size, int device) {
   return static_cast<int>(seen.size()) < size;
 }
 
+// ncclCommShrink came with NCCL 2.27, ncclCommGrow and ncclCommGetUniqueId with 2.29.
+// They are weak references, so that a backend built against newer headers still loads
+// with an older libnccl (and does without them).
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
+#define VFLOW_NCCL_HAS_SHRINK 1
+#pragma weak ncclCommShrink
+#else
+#define VFLOW_NCCL_HAS_SHRINK 0
+#endif
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 29, 0)
+#define VFLOW_NCCL_HAS_GROW 1
+#pragma weak ncclCommGrow
+#pragma weak ncclCommGetUniqueId
+#else
+#define VFLOW_NCCL_HAS_GROW 0
+#endif
+
+bool runs_at_least(int major, int minor) {
+  int version = 0;
+  return ncclGetVersion(&version) == ncclSuccess && version >= NCCL_VERSION(major, minor, 0);
+}
+
+/// Whether this build and the NCCL loaded at run time can shrink a communicator.
+bool can_shrink() {
+#if VFLOW_NCCL_HAS_SHRINK
+  return ncclCommShrink != nullptr && runs_at_least(2, 27);
+#else
+  return false;
+#endif
+}
+
+/// Whether this build and the NCCL loaded at run time can grow a communicator.
+bool can_grow() {
+#if VFLOW_NCCL_HAS_GROW
+  return ncclCommGrow != nullptr && ncclCommGetUniqueId != nullptr && runs_at_least(2, 29);
+#else
+  return false;
+#endif
+}
+
+void publish_id(c10d::Store& store, const std::string& key, const ncclUniqueId& id) {
+  const auto* bytes = reinterpret_cast<const uint8_t*>(&id);
+  store.set(key, std::vector<uint8_t>(bytes, bytes + sizeof id));
+}
+
+ncclUniqueId read_id(c10d::Store& store, const std::string& key) {
+  ncclUniqueId id{};
+  const auto bytes = store.get(key);
+  if (bytes.size() != sizeof id) {
+    throw Error(
+        fmt::format("the store holds an NCCL id of {} bytes, not {}", bytes.size(), sizeof id));
+  }
+  std::memcpy(&id, bytes.data(), sizeof id);
+  return id;
+}
+
+const char* const kUniqueIdKey = "nccl/unique_id";
+const char* const kGrowIdKey = "nccl/grow_id";
+/// How many earlier ranks have called ncclCommGrow: the new ranks call it after them.
+const char* const kGrowStartedKey = "nccl/grow_started";
+
 class NcclCommunicator final : public Communicator {
  public:
-  /// A fresh communicator: the unique id travels through the generation's store prefix.
+  /// A fresh communicator, or a new rank joining a grown one (`r.grown_from` > 0): the
+  /// id travels through the generation's store prefix.
   explicit NcclCommunicator(const Rendezvous& r)
       : rank_(r.rank), size_(r.world_size), device_(r.cuda_device), timeout_(r.timeout) {
-    VFLOW_CUDA_CHECK(cudaSetDevice(device_));
-    c10::intrusive_ptr<c10d::Store> prefixed;
-    ncclUniqueId id{};
-    try {
-      store_ = open_store(r.store_host, r.store_port, r.timeout, r.host_store);
-      prefixed = c10::make_intrusive<c10d::PrefixStore>("gen/" + r.generation, store_);
-      if (size_ > 1 && shares_a_device(*prefixed, rank_, size_, device_)) allow_shared_device();
-      if (rank_ == 0) {
-        check("ncclGetUniqueId", ncclGetUniqueId(&id), __FILE__, __LINE__);
-        const auto* bytes = reinterpret_cast<const uint8_t*>(&id);
-        prefixed->set("nccl/unique_id", std::vector<uint8_t>(bytes, bytes + sizeof id));
-      } else {
-        const auto bytes = prefixed->get("nccl/unique_id");
-        if (bytes.size() != sizeof id) {
-          throw Error(fmt::format("the store holds an NCCL id of {} bytes, not {}", bytes.size(),
-                                  sizeof id));
-        }
-        std::memcpy(&id, bytes.data(), sizeof id);
-      }
-    } catch (const Error&) {
-      throw;
-    } catch (const std::exception& e) {
-      const std::string what = e.what();
-      throw PeerFailure(
-          fmt::format("[comm] rank {} of {} could not exchange the NCCL id of generation {} at "
-                      "{}:{} within {} ms: {}",
-                      rank_, size_, r.generation, r.store_host, r.store_port, timeout_.count(),
-                      what.substr(0, what.find('\n'))));
+    const bool joins = r.grown_from > 0;
+    const char* const call = joins ? "ncclCommGrow" : "ncclCommInitRankConfig";
+    if (joins && (!can_grow() || rank_ < r.grown_from || size_ <= r.grown_from)) {
+      throw Error(fmt::format(
+          "[comm] rank {} of {} cannot join a communicator grown from {} rank(s){}", rank_, size_,
+          r.grown_from, can_grow() ? "" : ": ncclCommGrow needs NCCL 2.29 or later"));
     }
+    VFLOW_CUDA_CHECK(cudaSetDevice(device_));
+    ncclUniqueId id{};
+    exchange(r, [&](c10d::Store& prefixed) {
+      if (joins) {
+        await_count(prefixed, kGrowStartedKey, r.grown_from, "the earlier ranks to grow");
+        id = read_id(prefixed, kGrowIdKey);  // made by rank 0 before it counted itself
+      } else if (rank_ == 0) {
+        check("ncclGetUniqueId", ncclGetUniqueId(&id), __FILE__, __LINE__);
+        publish_id(prefixed, kUniqueIdKey, id);
+      } else {
+        id = read_id(prefixed, kUniqueIdKey);
+      }
+    });
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
     try {
-      check("ncclCommInitRankConfig", ncclCommInitRankConfig(&comm_, size_, id, rank_, &config),
-            __FILE__, __LINE__);
-      await_ready("ncclCommInitRankConfig", __FILE__, __LINE__);
+#if VFLOW_NCCL_HAS_GROW
+      if (joins) {
+        check(call, ncclCommGrow(nullptr, size_, &id, rank_, &comm_, &config), __FILE__, __LINE__);
+      } else {
+        check(call, ncclCommInitRankConfig(&comm_, size_, id, rank_, &config), __FILE__, __LINE__);
+      }
+#else
+      check(call, ncclCommInitRankConfig(&comm_, size_, id, rank_, &config), __FILE__, __LINE__);
+#endif
+      await_ready(call, __FILE__, __LINE__);
       create_stream();
     } catch (...) {
       abort_now();  // no destructor runs for a constructor that throws
@@ -123,8 +183,8 @@ class NcclCommunicator final : public Communicator {
       if (stream_) cudaStreamDestroy(stream_);
       throw;
     }
-    spdlog::debug("[comm] NCCL rank {} of {} on cuda:{} ready (generation {})", rank_, size_,
-                  device_, r.generation);
+    spdlog::debug("[comm] NCCL rank {} of {} on cuda:{} ready (generation {}{})", rank_, size_,
+                  device_, r.generation, joins ? ", joined by growth" : "");
   }
 
   NcclCommunicator(const NcclCommunicator&) = delete;
@@ -215,12 +275,9 @@ class NcclCommunicator final : public Communicator {
   /// for NCCL: both return nullptr, and the caller initialises afresh.
   std::unique_ptr<Communicator> shrink(const std::vector<int>& excluded,
                                        bool after_failure) override {
-#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
+#if VFLOW_NCCL_HAS_SHRINK
     std::lock_guard<std::mutex> lock(calls_);
-    int version = 0;
-    ncclGetVersion(&version);
-    if (aborted_ || abort_requested_ || after_failure || excluded.empty() ||
-        version < NCCL_VERSION(2, 27, 0)) {
+    if (aborted_ || abort_requested_ || after_failure || excluded.empty() || !can_shrink()) {
       return nullptr;
     }
     VFLOW_CUDA_CHECK(cudaSetDevice(device_));
@@ -230,35 +287,60 @@ class NcclCommunicator final : public Communicator {
     ncclComm_t child = nullptr;
     const auto status = ncclCommShrink(comm_, ranks.data(), static_cast<int>(ranks.size()), &child,
                                        &config, NCCL_SHRINK_DEFAULT);
-    // In non-blocking mode the child's handle is written when the parent's asynchronous
-    // state leaves ncclInProgress: wait on the parent, never on `child` before that. A
-    // failure or timeout aborts the parent (joining NCCL's shrink job) and lands here.
-    std::string why;
     try {
-      check("ncclCommShrink", status, __FILE__, __LINE__);
-      await_ready("ncclCommShrink", __FILE__, __LINE__);
+      await_child("ncclCommShrink", status, child);
     } catch (const Error& e) {
-      why = e.what();
-    }
-    if (!why.empty() || !child) {
       spdlog::warn("[comm] ncclCommShrink on rank {} of {} failed ({}); initialising afresh", rank_,
-                   size_, why.empty() ? "no communicator" : why);
-      abort_now();  // (already done after a failure) joins the shrink job before `child` goes
-      if (child) ncclCommAbort(child);
+                   size_, e.what());
       return nullptr;
     }
-    auto next = std::unique_ptr<NcclCommunicator>(new NcclCommunicator(child, *this));
-    next->await_ready("ncclCommShrink", __FILE__, __LINE__);
-    int rank = 0;
-    int count = 0;
-    next->check("ncclCommUserRank", ncclCommUserRank(child, &rank), __FILE__, __LINE__);
-    next->check("ncclCommCount", ncclCommCount(child, &count), __FILE__, __LINE__);
-    next->rank_ = rank;
-    next->size_ = count;
-    next->create_stream();
-    return next;
+    return adopt(child, "ncclCommShrink");
 #else
     return nullptr;  // NCCL before 2.27 has no shrink: the caller initialises afresh
+#endif
+  }
+
+  /// A healthy communicator grows by the ranks that come after its own (a planned
+  /// scale-out). Rank 0 makes the grow id; every earlier rank calls ncclCommGrow and then
+  /// counts itself under the next generation's prefix, and the new ranks call it once all
+  /// have (NCCL's documentation does not say that another order works). Any failure is a
+  /// PeerFailure: the new ranks are already waiting, so the generation fails as a whole.
+  std::unique_ptr<Communicator> grow(const Rendezvous& next) override {
+#if VFLOW_NCCL_HAS_GROW
+    std::lock_guard<std::mutex> lock(calls_);
+    if (aborted_ || abort_requested_ || next.world_size <= size_ || next.rank != rank_ ||
+        !can_grow()) {
+      return nullptr;
+    }
+    ncclComm_t child = nullptr;
+    try {
+      VFLOW_CUDA_CHECK(cudaSetDevice(device_));
+      ncclResult_t status = ncclSuccess;
+      exchange(next, [&](c10d::Store& prefixed) {
+        ncclUniqueId id{};
+        if (rank_ == 0) {
+          const auto made = ncclCommGetUniqueId(comm_, &id);
+          if (made != ncclSuccess) fail("ncclCommGetUniqueId", made, __FILE__, __LINE__);
+        }
+        ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+        config.blocking = 0;
+        status =
+            ncclCommGrow(comm_, next.world_size, rank_ == 0 ? &id : nullptr, -1, &child, &config);
+        check("ncclCommGrow", status, __FILE__, __LINE__);
+        if (rank_ == 0) publish_id(prefixed, kGrowIdKey, id);
+        prefixed.add(kGrowStartedKey, 1);
+      });
+      await_child("ncclCommGrow", status, child);
+    } catch (const std::exception& e) {
+      abort_now();  // joins NCCL's job before `child` is read
+      if (child) ncclCommAbort(child);
+      if (dynamic_cast<const PeerFailure*>(&e)) throw;
+      throw PeerFailure(e.what());
+    }
+    return adopt(child, "ncclCommGrow");
+#else
+    (void)next;
+    return nullptr;  // NCCL before 2.29 cannot grow: everyone initialises afresh
 #endif
   }
 
@@ -274,7 +356,7 @@ class NcclCommunicator final : public Communicator {
   }
 
  private:
-  /// The child of a shrink: shares the parent's device, timeout and store.
+  /// The child of a shrink or grow: shares the parent's device, timeout and store.
   NcclCommunicator(ncclComm_t child, const NcclCommunicator& parent)
       : comm_(child),
         rank_(parent.rank_),
@@ -282,6 +364,79 @@ class NcclCommunicator final : public Communicator {
         device_(parent.device_),
         timeout_(parent.timeout_),
         store_(parent.store_) {}
+
+  /// Meets the generation's other ranks in the job's store: checks that no two of them
+  /// share a device (NCCL refuses that, or hangs), then runs `body` on the generation's
+  /// prefix (the id exchange). A store that fails or peers that do not come within the
+  /// timeout are a PeerFailure.
+  template <typename Body>
+  void exchange(const Rendezvous& r, Body body) {
+    try {
+      if (!store_) store_ = open_store(r.store_host, r.store_port, r.timeout, r.host_store);
+      auto prefixed = c10::make_intrusive<c10d::PrefixStore>("gen/" + r.generation, store_);
+      if (r.world_size > 1 && shares_a_device(*prefixed, r.rank, r.world_size, device_)) {
+        allow_shared_device();
+      }
+      body(*prefixed);
+    } catch (const Error&) {
+      throw;
+    } catch (const std::exception& e) {
+      const std::string what = e.what();
+      throw PeerFailure(
+          fmt::format("[comm] rank {} of {} could not exchange the NCCL id of generation {} at "
+                      "{}:{} within {} ms: {}",
+                      r.rank, r.world_size, r.generation, r.store_host, r.store_port,
+                      timeout_.count(), what.substr(0, what.find('\n'))));
+    }
+  }
+
+  /// Waits until the store's counter `key` reaches `count` (PeerFailure after the
+  /// timeout, saying what it waited for).
+  void await_count(c10d::Store& store, const std::string& key, int count, const char* what) {
+    const auto deadline = Clock::now() + timeout_;
+    int64_t seen = 0;
+    while ((seen = store.add(key, 0)) < count) {
+      if (Clock::now() > deadline) {
+        throw PeerFailure(fmt::format("[comm] rank {} of {} waited {} ms for {} ({} of {})", rank_,
+                                      size_, timeout_.count(), what, seen, count));
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+
+  /// Waits until NCCL has made the child of a shrink or grow. In non-blocking mode the
+  /// child's handle is written when the parent's asynchronous state leaves
+  /// ncclInProgress: wait on the parent, never read `child` before that. A failure or
+  /// timeout aborts the parent (joining NCCL's job) and the child, and throws.
+  void await_child(const char* call, ncclResult_t status, ncclComm_t& child) {
+    try {
+      check(call, status, __FILE__, __LINE__);
+      await_ready(call, __FILE__, __LINE__);
+      if (!child) {
+        throw PeerFailure(
+            fmt::format("[comm] {} on rank {} of {} gave no communicator", call, rank_, size_));
+      }
+    } catch (...) {
+      abort_now();  // (already done by a failure) joins the job before `child` is read
+      if (child) ncclCommAbort(child);
+      child = nullptr;
+      throw;
+    }
+  }
+
+  /// The child NCCL made on the parent's side, once it is ready on its own.
+  std::unique_ptr<Communicator> adopt(ncclComm_t child, const char* call) {
+    auto next = std::unique_ptr<NcclCommunicator>(new NcclCommunicator(child, *this));
+    next->await_ready(call, __FILE__, __LINE__);
+    int rank = 0;
+    int count = 0;
+    next->check("ncclCommUserRank", ncclCommUserRank(child, &rank), __FILE__, __LINE__);
+    next->check("ncclCommCount", ncclCommCount(child, &count), __FILE__, __LINE__);
+    next->rank_ = rank;
+    next->size_ = count;
+    next->create_stream();
+    return next;
+  }
 
   void create_stream() {
     VFLOW_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
@@ -454,6 +609,11 @@ extern "C" {
 __attribute__((visibility("default"))) int vflow_nccl_version() {
   int version = 0;
   return ncclGetVersion(&version) == ncclSuccess ? version : 0;
+}
+
+/// 1 when this build and the NCCL loaded can grow a communicator (NCCL >= 2.29).
+__attribute__((visibility("default"))) int vflow_nccl_can_grow() {
+  return vflow::comm::can_grow() ? 1 : 0;
 }
 
 /// CUDA devices visible, or -1 with CUDA's reason in `why`.
