@@ -234,12 +234,33 @@ DataSplits load_text_lm(const TextLmOptions& options) {
   return DataSplits{make(train), make(test)};
 }
 
+namespace {
+
+/// Debian 12's fortunes-it installs its files in it/ (linked from the top level);
+/// Debian 13's installs them at the top level only, beside the English ones.
+std::vector<std::string> italian_fortunes(const fs::path& root) {
+  std::error_code ec;
+  if (fs::is_directory(root / "it", ec)) return {(root / "it").string()};
+  static const char* const kNames[] = {"adams",    "banner",        "computer", "definizioni",
+                                       "formiche", "italia",        "itatrek",  "jackfr",
+                                       "leggi",    "lercio",        "luke",     "luttazzi",
+                                       "norm",     "paolotedeschi", "salvo",    "zuse"};
+  std::vector<std::string> out;
+  for (const char* name : kNames) {
+    if (fs::is_regular_file(root / name, ec)) out.push_back((root / name).string());
+  }
+  if (out.empty()) return {(root / "it").string()};  // the error names Debian 12's place
+  return out;
+}
+
+}  // namespace
+
 std::vector<std::pair<std::string, std::vector<std::string>>> fortunes_language_classes(
     const std::string& root) {
   const fs::path r(root);
   return {{"de", {(r / "de").string()}},
           {"es", {(r / "es").string()}},
-          {"it", {(r / "it").string()}},
+          {"it", italian_fortunes(r)},
           {"pt", {(r / "brasil").string()}}};
 }
 

@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include <catch2/catch.hpp>
+#include <filesystem>
 #include <set>
 
 #include "support.h"
@@ -134,6 +135,34 @@ TEST_CASE("language modelling windows predict the next byte", "[unit][text]") {
   CHECK(torch::equal(train->inputs()[0].slice(0, 1, 16), train->targets()[0].slice(0, 0, 15)));
   CHECK(sentence_of(train->inputs()[0]) == text.substr(0, 16));
   CHECK(train->info().num_classes == ByteTokenizer::kVocabSize);
+}
+
+TEST_CASE("The Italian fortunes are found in Debian 12's and Debian 13's layouts", "[unit][text]") {
+  auto italian = [](const std::string& root) {
+    for (const auto& [language, paths] : vflow::data::fortunes_language_classes(root)) {
+      if (language == "it") return paths;
+    }
+    return std::vector<std::string>{};
+  };
+  // Debian 12: an it/ directory (the top-level names link into it).
+  TempDir debian12;
+  std::filesystem::create_directories(debian12.file("it"));
+  vflow::testing::write_file(debian12.file("it/formiche"), "Una\n%\nDue\n%\n");
+  CHECK(italian(debian12.path()) == std::vector<std::string>{debian12.file("it")});
+  // Debian 13: the Italian files at the top level, beside English ones.
+  TempDir debian13;
+  for (const char* name : {"zuse", "formiche", "computers", "art"}) {
+    vflow::testing::write_file(debian13.file(name), "Una\n%\nDue\n%\n");
+  }
+  CHECK(italian(debian13.path()) ==
+        std::vector<std::string>{debian13.file("formiche"), debian13.file("zuse")});
+  // Neither: the error names Debian 12's place.
+  TempDir none;
+  vflow::data::TextClassesOptions langid;
+  langid.classes = vflow::data::fortunes_language_classes(none.path());
+  CHECK(italian(none.path()) == std::vector<std::string>{none.file("it")});
+  CHECK_THROWS_WITH(vflow::data::load_text_classes(langid),
+                    Catch::Contains("no such text file or directory"));
 }
 
 TEST_CASE("Debian's fortune packages give the language-ID and language-model tasks",
