@@ -3,21 +3,11 @@
 #include <CLI/CLI.hpp>
 #include <iostream>
 
+#include "exit_code.h"
 #include "vflow/comm/elastic.h"
+#include "vflow/core/address.h"
 
 namespace {
-
-std::pair<std::string, int> parse_address(const std::string& address) {
-  const auto colon = address.rfind(':');
-  if (colon == std::string::npos || colon + 1 == address.size()) {
-    throw vflow::Error("the job address must be HOST:PORT, got '" + address + "'");
-  }
-  try {
-    return {address.substr(0, colon), std::stoi(address.substr(colon + 1))};
-  } catch (const std::exception&) {
-    throw vflow::Error("the job address must be HOST:PORT, got '" + address + "'");
-  }
-}
 
 void print_status(const vflow::comm::JobStatus& s) {
   std::cout << "state " << s.state << "\n"
@@ -38,28 +28,32 @@ void print_status(const vflow::comm::JobStatus& s) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"vflow-ctl: control a running elastic vflow job"};
+  CLI::App app{
+      "vflow-ctl: control a running elastic vflow job\n"
+      "exit codes: 0 done, 2 usage error, 5 coordinator unreachable, 7 request refused"};
   app.require_subcommand(1);
   std::string address;
   int64_t workers = 0;
   double timeout_s = 10;
   app.add_option("--timeout", timeout_s, "seconds to wait for the coordinator")
-      ->check(CLI::PositiveNumber);
+      ->check(vflow::apps::positive_number());
   auto* status = app.add_subcommand("status", "print the job's generation, step and workers");
   status->add_option("address", address, "the job's coordinator, HOST:PORT")->required();
   auto* resize = app.add_subcommand(
       "resize", "ask for K workers; takes effect at the next step boundary, no restart");
   resize->add_option("address", address, "the job's coordinator, HOST:PORT")->required();
-  resize->add_option("workers", workers, "the new worker count")->required();
+  resize->add_option("workers", workers, "the new worker count")
+      ->required()
+      ->check(vflow::apps::at_least(1));
   auto* stop = app.add_subcommand(
       "stop", "stop every worker after the same step (rank 0 writes a checkpoint)");
   stop->add_option("address", address, "the job's coordinator, HOST:PORT")->required();
-  CLI11_PARSE(app, argc, argv);
+  if (const int code = vflow::apps::parse_command_line(app, argc, argv); code >= 0) return code;
 
-  try {
-    const auto [host, port] = parse_address(address);
+  return vflow::apps::run_reporting_errors([&]() -> int {
+    const auto where = vflow::parse_host_port(address, "the job's address");
     vflow::comm::ControlPlane control(
-        host, port, std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
+        where.host, where.port, std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
     if (*status) {
       print_status(control.status());
     } else if (*resize) {
@@ -69,9 +63,6 @@ int main(int argc, char** argv) {
       control.request_stop();
       std::cout << "stop requested\n";
     }
-    return 0;
-  } catch (const std::exception& e) {
-    std::cerr << "error: " << e.what() << "\n";
-    return 1;
-  }
+    return vflow::kExitOk;
+  });
 }

@@ -28,12 +28,18 @@ vflow::hetero::DeviceGroup parse_group(const std::string& text) {
   }
   vflow::hetero::DeviceGroup g;
   g.device_type = parts[0];
-  try {
-    g.count = std::stoll(parts[1]);
-    if (parts.size() == 3) g.memory_cap_bytes = std::stoll(parts[2]) << 20;
-  } catch (const std::exception&) {
-    throw vflow::SpecError("--devices: '" + text + "' has a count or cap that is not a number");
-  }
+  // Whole numbers only: a count of 1 to 1,000,000 devices, a cap of at most 2^40 MiB.
+  const auto number = [&](const std::string& digits, int64_t min, int64_t max) {
+    if (digits.empty() || digits.size() > 13 ||
+        digits.find_first_not_of("0123456789") != std::string::npos || std::stoll(digits) < min ||
+        std::stoll(digits) > max) {
+      throw vflow::SpecError("--devices: '" + text + "': expected a count of 1 to " +
+                             std::to_string(max) + (parts.size() == 3 ? " and a cap in MiB" : ""));
+    }
+    return std::stoll(digits);
+  };
+  g.count = number(parts[1], 1, 1'000'000);
+  if (parts.size() == 3) g.memory_cap_bytes = number(parts[2], 1, int64_t{1} << 40) << 20;
   return g;
 }
 
@@ -52,8 +58,8 @@ int main(int argc, char** argv) {
   app.add_flag("--relaxed", relaxed,
                "also plan relaxed mode: a vnode size per device type (changes the result: "
                "batch norm sees other batches)");
-  CLI11_PARSE(app, argc, argv);
-  return vflow::apps::run_reporting_errors([&] {
+  if (const int code = vflow::apps::parse_command_line(app, argc, argv); code >= 0) return code;
+  return vflow::apps::run_reporting_errors([&]() -> int {
     const auto spec = vflow::engine::load_job_spec(spec_path, overrides);
     vflow::hetero::PlanRequest request;
     request.global_batch = spec.semantic.global_batch;
@@ -98,6 +104,6 @@ int main(int argc, char** argv) {
                 << "  workers: " << r.workers.size() << "\n  layout:\n"
                 << vflow::hetero::layout_yaml(request, r);
     }
-    return 0;
+    return vflow::kExitOk;
   });
 }

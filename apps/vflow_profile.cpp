@@ -6,6 +6,7 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <exception>
 #include <iostream>
 #include <thread>
 
@@ -100,9 +101,23 @@ double allreduce_seconds(int64_t numel, const torch::Device& device, int repeats
     }
     times[static_cast<size_t>(rank)] = median(t);
   };
-  std::thread other(worker, 1);
-  worker(0);
+  // An exception of the second rank is rethrown here, never left to end its thread.
+  std::exception_ptr failed;
+  std::thread other([&] {
+    try {
+      worker(1);
+    } catch (...) {
+      failed = std::current_exception();
+    }
+  });
+  try {
+    worker(0);
+  } catch (...) {
+    other.join();
+    throw;
+  }
   other.join();
+  if (failed) std::rethrow_exception(failed);
   return std::max(times[0], times[1]);
 }
 
@@ -123,14 +138,15 @@ int main(int argc, char** argv) {
   std::string device;
   app.add_option("--device", device, "cpu, cuda or cuda:K (sets resources.device)");
   app.add_option("--sizes", sizes, "vnode sizes to measure")->delimiter(',');
-  app.add_option("--repeats", repeats, "timed steps per size (median)")->check(CLI::PositiveNumber);
+  app.add_option("--repeats", repeats, "timed steps per size (median)")
+      ->check(vflow::apps::at_least(1, 1000000));
   app.add_option("--out", out, "profile file to write")->required();
   app.add_option("--cpu-quota", cpu_quota,
                  "limit this process to this many cores (cgroup cpu controller), to profile a "
                  "slower CPU device type")
-      ->check(CLI::PositiveNumber);
-  CLI11_PARSE(app, argc, argv);
-  return vflow::apps::run_reporting_errors([&] {
+      ->check(vflow::apps::positive_number());
+  if (const int code = vflow::apps::parse_command_line(app, argc, argv); code >= 0) return code;
+  return vflow::apps::run_reporting_errors([&]() -> int {
     if (!device.empty()) overrides.push_back("resources.device=" + device);
     const auto spec = vflow::engine::load_job_spec(spec_path, overrides);
     spdlog::set_level(spdlog::level::warn);
@@ -164,6 +180,6 @@ int main(int argc, char** argv) {
     if (cpu_quota > 0) vflow::hetero::release_cpu_quota("vflow-" + device_type);
     std::cout << "wrote " << out << " (device type " << device_type << ", model " << profile.model
               << ")\n";
-    return 0;
+    return vflow::kExitOk;
   });
 }

@@ -8,12 +8,12 @@
 #include <filesystem>
 #include <iostream>
 
+#include "exit_code.h"
 #include "vflow/core/error.h"
 #include "vflow/scheduler/experiment.h"
 #include "vflow/scheduler/live.h"
 
 namespace {
-enum ExitCode { kOk = 0, kFailure = 1, kBadInput = 2, kInterrupted = 130 };
 
 std::atomic<bool> g_stop{false};
 void on_signal(int) {
@@ -42,8 +42,8 @@ int run_live_mode(const std::string& jobs_path, vflow::scheduler::LiveOptions op
   const auto result = sched::run_live(jobs, options);
   std::cout << sched::comparison_table(result.experiment.summaries, "");
   sched::write_experiment(result.experiment, "", options.out_dir);
-  if (result.interrupted) return kInterrupted;
-  return result.all_completed() ? kOk : kFailure;
+  if (result.interrupted) return vflow::kExitStopped;
+  return result.all_completed() ? vflow::kExitOk : vflow::kExitFailure;
 }
 }  // namespace
 
@@ -59,14 +59,14 @@ int main(int argc, char** argv) {
   simulate->add_option("--workload", options.workload, "synthetic (Gavel shape) | paper")
       ->check(CLI::IsMember({"synthetic", "paper"}));
   simulate->add_option("--jobs", options.synthetic.num_jobs, "synthetic jobs")
-      ->check(CLI::PositiveNumber);
+      ->check(vflow::apps::at_least(1));
   simulate->add_option("--rate", rate, "arrival rate, e.g. 12/h, 0.5/min, 0.01/s");
   simulate->add_option("--seed", options.synthetic.seed, "workload seed");
   simulate->add_option("--trace", options.gavel_trace, "Gavel-style trace (TSV)");
   simulate->add_option("--philly", options.philly_trace, "Philly-derived trace (CSV)");
   simulate->add_option("--philly-model", options.philly_model, "model of every Philly job");
   simulate->add_option("--devices", devices, "homogeneous cluster of N devices")
-      ->check(CLI::PositiveNumber);
+      ->check(vflow::apps::at_least(1));
   simulate->add_option("--cluster", cluster, "typed cluster, e.g. v100:36,p100:36,k80:36");
   simulate->add_option("--throughput", throughput, "throughput file (TSV)");
   simulate->add_option("--policy", options.policies, "policy name(s), or 'all'")->delimiter(',');
@@ -83,21 +83,16 @@ int main(int argc, char** argv) {
   std::string jobs_path;
   live->add_option("--slots", live_options.slots, "worker slots")
       ->required()
-      ->check(CLI::PositiveNumber);
+      ->check(vflow::apps::at_least(1));
   live->add_option("--jobs", jobs_path, "jobs file (YAML)")->required();
   live->add_option("--policy", live_options.policy, "policy name");
   live->add_option("--out", live_options.out_dir, "results, job logs and checkpoints")->required();
   live->add_option("--train", live_options.train_binary,
                    "vflow-train executable (default: next to vflow-sched)");
   live->add_option("--poll", live_options.poll_s, "event-loop period, seconds")
-      ->check(CLI::PositiveNumber);
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    const int code = app.exit(e);
-    return code == 0 ? kOk : kBadInput;
-  }
-  try {
+      ->check(vflow::apps::positive_number());
+  if (const int code = vflow::apps::parse_command_line(app, argc, argv); code >= 0) return code;
+  return vflow::apps::run_reporting_errors([&]() -> int {
     if (live->parsed()) return run_live_mode(jobs_path, live_options);
     // Config first, then flags given on the command line override it.
     auto flags = options.config;
@@ -114,26 +109,21 @@ int main(int argc, char** argv) {
     options.synthetic.jobs_per_hour = sched::parse_rate(rate);
     if (!measure.empty()) {
       const auto colon = measure.find(':');
-      if (colon == std::string::npos) throw vflow::SpecError("--measure: expected FROM:TO");
-      options.metrics.measure_from = std::stoi(measure.substr(0, colon));
-      options.metrics.measure_to = std::stoi(measure.substr(colon + 1));
+      const auto number = [&](const std::string& text) {
+        if (text.empty() || text.size() > 9 ||
+            text.find_first_not_of("0123456789") != std::string::npos) {
+          throw vflow::SpecError("--measure: expected FROM:TO, two job ids, got '" + measure + "'");
+        }
+        return std::stoi(text);
+      };
+      if (colon == std::string::npos) number("");
+      options.metrics.measure_from = number(measure.substr(0, colon));
+      options.metrics.measure_to = number(measure.substr(colon + 1));
     }
     const auto log = [](const std::string& line) { std::cerr << line << '\n'; };
     const auto result = sched::run_experiment(options, log);
     std::cout << sched::comparison_table(result.summaries, options.baseline);
     if (!out_dir.empty()) sched::write_experiment(result, options.baseline, out_dir);
-    return kOk;
-  } catch (const vflow::SpecError& e) {
-    std::cerr << "vflow-sched: " << e.what() << '\n';
-    return kBadInput;
-  } catch (const vflow::DataError& e) {
-    std::cerr << "vflow-sched: " << e.what() << '\n';
-    return kBadInput;
-  } catch (const std::invalid_argument& e) {
-    std::cerr << "vflow-sched: bad number in --measure\n";
-    return kBadInput;
-  } catch (const std::exception& e) {
-    std::cerr << "vflow-sched: " << e.what() << '\n';
-    return kFailure;
-  }
+    return vflow::kExitOk;
+  });
 }

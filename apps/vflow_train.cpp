@@ -9,6 +9,8 @@
 #include <cstdlib>
 #include <iostream>
 
+#include "exit_code.h"
+#include "vflow/core/address.h"
 #include "vflow/hetero/cpu_quota.h"
 #include "vflow/vflow.h"
 
@@ -31,17 +33,6 @@ std::string self_executable(const char* argv0) {
   return path;
 }
 
-enum ExitCode {
-  kOk = 0,
-  kFailure = 1,
-  kBadSpec = 2,
-  kBadData = 3,
-  kBadCheckpoint = 4,
-  kPeerFailure = 5,
-  kOutOfMemory = 6,
-  kStopped = 130
-};
-
 int report(const vflow::engine::TrainResult& result) {
   if (result.evaluation) {
     std::cout << "test accuracy " << 100.0 * result.evaluation->accuracy << "% after "
@@ -50,9 +41,9 @@ int report(const vflow::engine::TrainResult& result) {
   std::cout << "fingerprint " << result.fingerprint << "\n";
   if (!result.completed) {
     spdlog::warn("[train] stopped at step {}", result.steps);
-    return kStopped;
+    return vflow::kExitStopped;
   }
-  return kOk;
+  return vflow::kExitOk;
 }
 
 vflow::comm::JobLimits limits_of(const vflow::engine::JobSpec& spec) {
@@ -98,7 +89,7 @@ int run_as_elastic_worker(const vflow::engine::JobSpec& job,
   options.stop_flag = &g_stop;
   options.leave_flag = &g_leave;
   const auto outcome = vflow::engine::run_elastic_worker(spec, options);
-  if (outcome.kind != vflow::engine::ElasticOutcome::Kind::kFinished) return kOk;
+  if (outcome.kind != vflow::engine::ElasticOutcome::Kind::kFinished) return vflow::kExitOk;
   return report(outcome.result);
 }
 }  // namespace
@@ -124,14 +115,14 @@ int main(int argc, char** argv) {
                  "only host the job's store on HOST:PORT for --workers workers started elsewhere "
                  "(VFLOW_RANK, VFLOW_WORLD_SIZE, VFLOW_STORE=HOST:PORT), until all have finished");
   app.add_option("--workers", workers, "worker processes on this machine (sets resources.workers)")
-      ->check(CLI::PositiveNumber);
+      ->check(vflow::apps::at_least(1));
   app.add_option("--port", port,
                  "with --workers: the coordinator's port on 127.0.0.1, the address vflow-ctl "
                  "talks to (default: any free port, printed at start)")
-      ->check(CLI::Range(0, 65535));
-  CLI11_PARSE(app, argc, argv);
+      ->check(vflow::apps::tcp_port());
+  if (const int code = vflow::apps::parse_command_line(app, argc, argv); code >= 0) return code;
 
-  try {
+  return vflow::apps::run_reporting_errors([&]() -> int {
     if (!resume.empty()) overrides.push_back("output.checkpoint.resume=" + resume);
     if (workers > 0) overrides.push_back("resources.workers=" + std::to_string(workers));
     const auto spec = vflow::engine::load_job_spec(spec_path, overrides);
@@ -139,11 +130,11 @@ int main(int argc, char** argv) {
     spdlog::set_pattern("[%H:%M:%S] %v");
     if (print_spec) {
       std::cout << spec.semantic_yaml();
-      return kOk;
+      return vflow::kExitOk;
     }
     if (check_only) {
       std::cout << spec.source << ": valid\n";
-      return kOk;
+      return vflow::kExitOk;
     }
     const auto elastic_worker = vflow::comm::elastic_worker_from_environment();
     std::signal(SIGINT, on_signal);
@@ -154,13 +145,13 @@ int main(int argc, char** argv) {
     const auto timeout =
         std::chrono::milliseconds(static_cast<int64_t>(spec.resources.timeout_s * 1000));
     if (!coordinate.empty()) {
-      const auto colon = coordinate.rfind(':');
-      if (colon == std::string::npos) throw vflow::SpecError("--coordinator needs HOST:PORT");
-      vflow::comm::Coordinator coordinator(coordinate.substr(0, colon),
-                                           std::stoi(coordinate.substr(colon + 1)), timeout);
+      const auto address = vflow::parse_host_port(coordinate, "--coordinator");
+      vflow::comm::Coordinator coordinator(address.host, address.port, timeout);
       spdlog::info("[coordinator] serving {}:{} for {} workers", coordinator.host(),
                    coordinator.port(), spec.resources.workers);
-      return coordinator.serve(static_cast<int>(spec.resources.workers), &g_stop) ? kOk : kStopped;
+      return coordinator.serve(static_cast<int>(spec.resources.workers), &g_stop)
+                 ? vflow::kExitOk
+                 : vflow::kExitStopped;
     }
     if (elastic_worker) return run_as_elastic_worker(spec, *elastic_worker, timeout);
     auto rendezvous = vflow::comm::rendezvous_from_environment(timeout);
@@ -197,23 +188,5 @@ int main(int argc, char** argv) {
     const auto result = vflow::engine::run_job(spec, options);
     if (options.communicator) options.communicator->leave();
     return report(result);
-  } catch (const vflow::SpecError& e) {
-    std::cerr << "error: " << e.what() << "\n";
-    return kBadSpec;
-  } catch (const vflow::DataError& e) {
-    std::cerr << "data error: " << e.what() << "\n";
-    return kBadData;
-  } catch (const vflow::CheckpointError& e) {
-    std::cerr << "checkpoint error: " << e.what() << "\n";
-    return kBadCheckpoint;
-  } catch (const vflow::comm::PeerFailure& e) {
-    std::cerr << "peer failure: " << e.what() << "\n";
-    return kPeerFailure;
-  } catch (const vflow::OutOfMemory& e) {
-    std::cerr << "error: " << e.what() << "\n";
-    return kOutOfMemory;
-  } catch (const std::exception& e) {
-    std::cerr << "error: " << e.what() << "\n";
-    return kFailure;
-  }
+  });
 }

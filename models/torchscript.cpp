@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <map>
 
+#include "core/input_file.h"
 #include "vflow/core/error.h"
 #include "vflow/vnode/stateful_kernels.h"
 
@@ -54,6 +55,10 @@ std::optional<vnode::RunningStatsView> running_stats_of(const torch::jit::Module
 }  // namespace
 
 TorchScriptModel::TorchScriptModel(const std::string& path) : path_(path) {
+  // Refused unless a regular file: LibTorch's reader would block on a FIFO.
+  if (const auto in = core::open_input_file(path); !in.ok()) {
+    throw SpecError(fmt::format("{}: cannot read the TorchScript module: {}", path, in.error));
+  }
   try {
     module_ = std::make_unique<torch::jit::Module>(torch::jit::load(path));
   } catch (const std::exception& e) {

@@ -43,6 +43,18 @@ std::string read_file(const std::string& path) {
   return s.str();
 }
 
+namespace {
+std::string test_threads() {
+  const char* v = std::getenv("VFLOW_TEST_THREADS");
+  return v && *v ? std::string(v) : std::string();
+}
+}  // namespace
+
+std::string threads_flag() {
+  const auto threads = test_threads();
+  return threads.empty() ? "" : " --set resources.threads=" + threads;
+}
+
 engine::JobSpec small_job(const std::vector<std::string>& overrides) {
   static const char* text = R"(
 semantic:
@@ -61,6 +73,9 @@ output:
 )";
   SpecNode root = parse_yaml(text, "<small test job>");
   for (const auto& o : overrides) apply_override(root, o);
+  if (const auto threads = test_threads(); !threads.empty()) {
+    apply_override(root, "resources.threads=" + threads);
+  }
   return engine::parse_job_spec(root);
 }
 

@@ -27,6 +27,12 @@ class TempDir {
 void write_file(const std::string& path, const std::string& content);
 std::string read_file(const std::string& path);
 
+/// The numerically sensitive tests ([numeric]) must hold on any x86-64 CPU, BLAS kernel and
+/// thread count (docs/testing.md). VFLOW_TEST_THREADS, set by hand for that check only,
+/// replaces the intra-op thread count of small_job() and of the command lines that add
+/// threads_flag().
+std::string threads_flag();
+
 /// A small job on synthetic data (fast enough for unit tests), validated.
 engine::JobSpec small_job(const std::vector<std::string>& overrides = {});
 

@@ -8,8 +8,10 @@
 #include <string_view>
 #include <thread>
 
+#include "comm/control_records.h"
 #include "comm/store.h"
 #include "vflow/comm/communicator.h"
+#include "vflow/core/exit_code.h"
 
 namespace vflow::comm {
 
@@ -41,57 +43,8 @@ std::string join(const std::vector<std::string>& items) {
   return out;
 }
 
-std::vector<std::string> split(const std::string& text, char sep) {
-  std::vector<std::string> out;
-  std::stringstream in(text);
-  std::string item;
-  while (std::getline(in, item, sep)) {
-    if (!item.empty()) out.push_back(item);
-  }
-  return out;
-}
-
 int64_t to_int(const std::string& text, const std::string& key) {
-  try {
-    return std::stoll(text);
-  } catch (const std::exception&) {
-    throw Error(fmt::format("[elastic] store key '{}' holds '{}', not a number", key, text));
-  }
-}
-
-std::string offer_text(const RegroupOffer& offer) {
-  switch (offer.kind) {
-    case RegroupOffer::Kind::kShrink:
-      return fmt::format("shrink {}", offer.parent);
-    case RegroupOffer::Kind::kGrow:
-      return fmt::format("grow {} {}", offer.parent, offer.members);
-    case RegroupOffer::Kind::kJoin:
-      return "join";
-    case RegroupOffer::Kind::kNone:
-      break;
-  }
-  return "none";
-}
-
-/// The rule of agree_regroup over every member's offer, in rank order: "shrink",
-/// "grow <members of the earlier generation>" or "fresh".
-std::string regroup_answer(const std::vector<std::string>& offers) {
-  if (offers.empty()) return "fresh";
-  const auto& first = offers.front();
-  // Members offering the same shrink or grow of one generation, from the first rank on.
-  size_t same = 0;
-  while (same < offers.size() && offers[same] == first) ++same;
-  if (first.rfind("shrink ", 0) == 0) return same == offers.size() ? "shrink" : "fresh";
-  if (first.rfind("grow ", 0) != 0) return "fresh";
-  // "grow <parent> <members>": exactly the earlier members first, then only new ones.
-  const auto parts = split(first, ' ');
-  if (parts.size() != 3 || parts[2] != std::to_string(same) || same == offers.size()) {
-    return "fresh";
-  }
-  for (size_t m = same; m < offers.size(); ++m) {
-    if (offers[m] != "join") return "fresh";
-  }
-  return fmt::format("grow {}", same);
+  return records::decode_int(text, key);
 }
 
 }  // namespace
@@ -169,7 +122,7 @@ int64_t ControlPlane::add(const std::string& key, int64_t delta) {
 void ControlPlane::request_resize(int64_t workers) {
   const auto l = limits();
   if (workers < l.min_workers || workers > l.max_workers) {
-    throw Error(
+    throw RequestRefused(
         fmt::format("cannot resize to {} workers: this job allows {} to {} (resources.min_workers, "
                     "resources.max_workers; at most its {} virtual nodes)",
                     workers, l.min_workers, l.max_workers, l.virtual_nodes));
@@ -180,6 +133,7 @@ void ControlPlane::request_resize(int64_t workers) {
 }
 
 void ControlPlane::request_stop() {
+  limits();  // refused unless this is an elastic job's coordinator
   set(kStop, "1");
   add(kNews, 1);
 }
@@ -194,19 +148,15 @@ bool ControlPlane::leave_requested(const std::string& member) {
   return get("ctl/leave/" + member).has_value();
 }
 
-void ControlPlane::publish_limits(const JobLimits& l) {
-  set(kLimits, fmt::format("{} {} {}", l.virtual_nodes, l.min_workers, l.max_workers));
-}
+void ControlPlane::publish_limits(const JobLimits& l) { set(kLimits, records::encode_limits(l)); }
 
 JobLimits ControlPlane::limits() {
   const auto text = get(kLimits);
   if (!text) {
-    throw Error(fmt::format("{}:{} is not the coordinator of an elastic vflow job", host_, port_));
+    throw RequestRefused(
+        fmt::format("{}:{} is not the coordinator of an elastic vflow job", host_, port_));
   }
-  JobLimits l;
-  std::istringstream in(*text);
-  in >> l.virtual_nodes >> l.min_workers >> l.max_workers;
-  return l;
+  return records::decode_limits(*text, kLimits);
 }
 
 std::pair<int64_t, int64_t> ControlPlane::resize_request() {
@@ -216,10 +166,7 @@ std::pair<int64_t, int64_t> ControlPlane::resize_request() {
 }
 
 void ControlPlane::publish(const Generation& g) {
-  std::vector<std::string> counts;
-  for (const int64_t c : g.vnodes) counts.push_back(std::to_string(c));
-  set(generation_key(g.id), fmt::format("{}|{}|{}|{}|{}", g.donor, g.transfer_state ? 1 : 0,
-                                        g.stop ? 1 : 0, join(g.members), join(counts)));
+  set(generation_key(g.id), records::encode_generation(g));
   set(kLatest, std::to_string(g.id));
   add(kNews, 1);
 }
@@ -234,25 +181,7 @@ int64_t ControlPlane::latest_generation() {
 Generation ControlPlane::generation(int64_t id) {
   const auto text = get(generation_key(id));
   if (!text) throw Error(fmt::format("[elastic] generation {} was never published", id));
-  Generation g;
-  g.id = id;
-  const auto parts = [&] {
-    std::vector<std::string> out;
-    std::string rest = *text;
-    for (int i = 0; i < 4; ++i) {
-      const auto bar = rest.find('|');
-      out.push_back(rest.substr(0, bar));
-      rest = bar == std::string::npos ? "" : rest.substr(bar + 1);
-    }
-    out.push_back(rest);
-    return out;
-  }();
-  g.donor = parts[0];
-  g.transfer_state = parts[1] == "1";
-  g.stop = parts[2] == "1";
-  g.members = split(parts[3], ',');
-  for (const auto& c : split(parts[4], ',')) g.vnodes.push_back(to_int(c, "vnodes"));
-  return g;
+  return records::decode_generation(id, *text, generation_key(id));
 }
 
 void ControlPlane::mark_ready(const std::string& member, int64_t pid) {
@@ -278,7 +207,7 @@ RegroupAnswer ControlPlane::agree_regroup(int64_t generation,
                                           const std::vector<std::string>& members,
                                           const std::string& me, const RegroupOffer& offer,
                                           std::chrono::milliseconds timeout) {
-  set(member_key(generation, "offer", me), offer_text(offer));
+  set(member_key(generation, "offer", me), records::encode_offer(offer));
   // The first member that knows the answer (every offer read, or its deadline passed)
   // settles it once with compare-and-set; every member follows the settled answer, so a
   // member that gave up waiting cannot leave the others regrouping without it.
@@ -292,13 +221,7 @@ RegroupAnswer ControlPlane::agree_regroup(int64_t generation,
           generation, settled.substr(kMissing.size()),
           std::chrono::duration<double>(timeout).count()));
     }
-    RegroupAnswer answer;
-    if (settled == "shrink") answer.how = Regroup::kShrink;
-    if (settled.rfind("grow ", 0) == 0) {
-      answer.how = Regroup::kGrow;
-      answer.grown_from = to_int(settled.substr(5), settled_key);
-    }
-    return answer;
+    return records::decode_regroup_answer(settled, settled_key);
   };
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   std::vector<std::string> offers;
@@ -315,7 +238,7 @@ RegroupAnswer ControlPlane::agree_regroup(int64_t generation,
     }
     offers.push_back(*text);
   }
-  return follow(compare_set(settled_key, regroup_answer(offers)));
+  return follow(compare_set(settled_key, records::regroup_answer(offers)));
 }
 
 std::optional<int64_t> ControlPlane::survivor_step(int64_t generation, const std::string& member) {
@@ -407,7 +330,12 @@ void GenerationManager::start(const std::vector<std::string>& members,
 
 void GenerationManager::on_exit(const std::string& member, int exit_code) {
   joiners_.erase(std::remove(joiners_.begin(), joiners_.end(), member), joiners_.end());
-  // Status 0 is a worker that left or finished; anything else died.
+  // Status 0 is a worker that left or finished; 130 after a requested stop is a worker
+  // that stopped as asked; anything else died.
+  if (current_.rank_of(member) >= 0 && exit_code == kExitStopped && control_.stop_requested()) {
+    spdlog::info("[elastic] worker {} of generation {} stopped as requested", member, current_.id);
+    return;
+  }
   if (current_.rank_of(member) >= 0 && exit_code != 0) {
     spdlog::warn("[elastic] worker {} of generation {} died (status {})", member, current_.id,
                  exit_code);

@@ -17,6 +17,8 @@
 
 #include "comm/store.h"
 #include "vflow/comm/elastic.h"
+#include "vflow/core/address.h"
+#include "vflow/core/exit_code.h"
 
 namespace vflow::comm {
 
@@ -67,9 +69,8 @@ int env_int(const char* name, const std::string& value) {
   return static_cast<int>(v);
 }
 std::pair<std::string, int> store_address(const std::string& store) {
-  const auto colon = store.rfind(':');
-  if (colon == std::string::npos) throw Error("VFLOW_STORE must be host:port, got '" + store + "'");
-  return {store.substr(0, colon), env_int("VFLOW_STORE", store.substr(colon + 1))};
+  const HostPort address = parse_host_port(store, "VFLOW_STORE");
+  return {address.host, address.port};
 }
 }  // namespace
 
@@ -365,11 +366,11 @@ int launch_local(const LaunchOptions& options) {
   }
   if (failure != 0) return failure;
   const std::string done = control.done();
-  if (done == "completed") return 0;
+  if (done == "completed") return kExitOk;
   // Stopped on request: a signal to this launcher, or `vflow-ctl stop` (the control plane).
-  if (stop_sent || control.stop_requested()) return 130;
+  if (stop_sent || control.stop_requested()) return kExitStopped;
   spdlog::error("[launch] the job ended {}", done.empty() ? "without finishing" : done);
-  return 5;
+  return kExitPeerFailure;
 }
 
 }  // namespace vflow::comm

@@ -1,6 +1,7 @@
 #include "vflow/core/spec_node.h"
 
 #include <fmt/format.h>
+#include <yaml-cpp/depthguard.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -9,8 +10,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <sstream>
 
+#include "core/input_file.h"
 #include "vflow/core/error.h"
 #include "vflow/core/registry.h"
 
@@ -42,6 +45,13 @@ SpecNode SpecNode::map(SpecLocation where, std::string path) {
 SpecNode SpecNode::sequence(SpecLocation where, std::string path) {
   SpecNode n;
   n.kind_ = Kind::Sequence;
+  n.where_ = std::move(where);
+  n.path_ = std::move(path);
+  return n;
+}
+
+SpecNode SpecNode::none(SpecLocation where, std::string path) {
+  SpecNode n;
   n.where_ = std::move(where);
   n.path_ = std::move(path);
   return n;
@@ -148,20 +158,51 @@ SpecLocation location_of(const YAML::Mark& mark, const std::string& source) {
   return SpecLocation{source, mark.line + 1, mark.column + 1};
 }
 
-SpecNode convert(const YAML::Node& y, const std::string& source, const std::string& path) {
+/// What one document may hold once its aliases are expanded. A job spec nests a few
+/// levels and holds a few hundred values; the bounds stop an alias that contains
+/// itself (`a: &x [*x]`) or aliases that repeat one another exponentially.
+struct ConvertBudget {
+  size_t values_left = kYamlMaxValues;
+};
+
+std::string where_text(const SpecLocation& where, const std::string& path) {
+  return fmt::format("{}: {}", where.str(), path.empty() ? "<top level>" : path);
+}
+
+SpecNode convert(const YAML::Node& y, const std::string& source, const std::string& path, int depth,
+                 ConvertBudget& budget) {
   const SpecLocation where = location_of(y.Mark(), source);
+  if (depth > kYamlMaxDepth) {
+    const std::string shown = path.size() > 48 ? path.substr(0, 48) + "..." : path;
+    throw SpecError(
+        fmt::format("{}: nested more than {} levels deep (an alias that contains "
+                    "itself?)",
+                    where_text(where, shown), kYamlMaxDepth));
+  }
+  if (budget.values_left == 0) {
+    throw SpecError(
+        fmt::format("{}: the document holds more than {} values once its aliases "
+                    "are expanded",
+                    where_text(where, path), kYamlMaxValues));
+  }
+  --budget.values_left;
   switch (y.Type()) {
     case YAML::NodeType::Undefined:
-    case YAML::NodeType::Null: {
-      SpecNode n;
-      n.reroot(path);
-      return n;
-    }
+    case YAML::NodeType::Null:
+      return SpecNode::none(where, path);
     case YAML::NodeType::Scalar:
+      if (y.Scalar().size() > kYamlMaxScalarBytes) {
+        throw SpecError(fmt::format("{}: a value of {} bytes; at most {} are accepted",
+                                    where_text(where, path), y.Scalar().size(),
+                                    kYamlMaxScalarBytes));
+      }
       return SpecNode::scalar(y.Scalar(), where, path);
     case YAML::NodeType::Sequence: {
       SpecNode n = SpecNode::sequence(where, path);
-      for (const auto& item : y) n.append(convert(item, source, ""));
+      size_t index = 0;
+      for (const auto& item : y) {
+        n.append(convert(item, source, fmt::format("{}[{}]", path, index++), depth + 1, budget));
+      }
       return n;
     }
     case YAML::NodeType::Map: {
@@ -169,15 +210,19 @@ SpecNode convert(const YAML::Node& y, const std::string& source, const std::stri
       for (const auto& kv : y) {
         const SpecLocation key_where = location_of(kv.first.Mark(), source);
         if (!kv.first.IsScalar()) {
-          throw SpecError(fmt::format("{}: {}: map keys must be plain names", key_where.str(),
-                                      path.empty() ? "<top level>" : path));
+          throw SpecError(
+              fmt::format("{}: map keys must be plain names", where_text(key_where, path)));
         }
         const std::string key = kv.first.Scalar();
+        if (key.size() > kYamlMaxKeyBytes) {
+          throw SpecError(fmt::format("{}: a key of {} bytes; at most {} are accepted",
+                                      where_text(key_where, path), key.size(), kYamlMaxKeyBytes));
+        }
         if (n.find(key)) {
           throw SpecError(
               fmt::format("{}: {}: duplicate key", key_where.str(), child_path(path, key)));
         }
-        n.set(key, convert(kv.second, source, ""), key_where);
+        n.set(key, convert(kv.second, source, child_path(path, key), depth + 1, budget), key_where);
       }
       return n;
     }
@@ -185,39 +230,120 @@ SpecNode convert(const YAML::Node& y, const std::string& source, const std::stri
   return {};
 }
 
-}  // namespace
+/// Length of the UTF-8 sequence starting at text[i] (1 to 4), or 0 if it is not one.
+size_t utf8_length(const std::string& text, size_t i) {
+  const auto byte = [&](size_t k) { return static_cast<unsigned char>(text[k]); };
+  const unsigned char c = byte(i);
+  size_t n = 0;
+  uint32_t code = 0;
+  if (c < 0x80) return 1;
+  if ((c & 0xE0) == 0xC0) {
+    n = 2;
+    code = c & 0x1F;
+  } else if ((c & 0xF0) == 0xE0) {
+    n = 3;
+    code = c & 0x0F;
+  } else if ((c & 0xF8) == 0xF0) {
+    n = 4;
+    code = c & 0x07;
+  } else {
+    return 0;
+  }
+  if (i + n > text.size()) return 0;
+  for (size_t k = 1; k < n; ++k) {
+    if ((byte(i + k) & 0xC0) != 0x80) return 0;
+    code = (code << 6) | (byte(i + k) & 0x3F);
+  }
+  // Overlong forms, UTF-16 surrogates and values past Unicode's range.
+  static constexpr uint32_t kMin[] = {0, 0, 0x80, 0x800, 0x10000};
+  if (code < kMin[n] || (code >= 0xD800 && code <= 0xDFFF) || code > 0x10FFFF) return 0;
+  return n;
+}
 
-SpecNode parse_yaml(const std::string& text, const std::string& source_name) {
+/// YAML text is UTF-8 without control characters other than tab and line breaks; the
+/// first offending byte is named by line and column, and nothing else is parsed.
+void check_yaml_text(const std::string& text, const std::string& source) {
+  int line = 1;
+  int column = 1;
+  for (size_t i = 0; i < text.size();) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    const size_t n = utf8_length(text, i);
+    const bool control = c < 0x20 && c != '\t' && c != '\n' && c != '\r';
+    if (n == 0 || control || c == 0x7F) {
+      throw SpecError(
+          fmt::format("{}: byte 0x{:02x} is not allowed in YAML text (it must be "
+                      "UTF-8 without control characters)",
+                      SpecLocation{source, line, column}.str(), c));
+    }
+    if (c == '\n') {
+      ++line;
+      column = 1;
+    } else {
+      ++column;
+    }
+    i += n;
+  }
+}
+
+SpecNode parse_checked(const std::string& text, const std::string& source_name,
+                       const std::string& base_path = "") {
+  check_yaml_text(text, source_name);
   YAML::Node root;
   try {
     root = YAML::Load(text);
+  } catch (const YAML::DeepRecursion& e) {
+    // yaml-cpp's own bound; its message ("bad file") and position say nothing useful.
+    throw SpecError(fmt::format("{}: nested more than {} levels deep", source_name,
+                                std::max(e.depth() - 1, kYamlMaxDepth)));
   } catch (const YAML::Exception& e) {
     throw SpecError(
         fmt::format("{}: YAML syntax error: {}", location_of(e.mark, source_name).str(), e.msg));
   }
-  return convert(root, source_name, "");
+  ConvertBudget budget;
+  return convert(root, source_name, base_path, 0, budget);
 }
 
-SpecNode load_yaml_file(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw SpecError(fmt::format("{}: cannot open job spec: {}", path, std::strerror(errno)));
-  std::stringstream buf;
-  buf << in.rdbuf();
-  return parse_yaml(buf.str(), path);
+}  // namespace
+
+SpecNode parse_yaml(const std::string& text, const std::string& source_name) {
+  if (text.size() > kYamlMaxFileBytes) {
+    throw SpecError(fmt::format("{}: {} of YAML; at most {} are accepted", source_name,
+                                core::describe_size(text.size()),
+                                core::describe_size(kYamlMaxFileBytes)));
+  }
+  return parse_checked(text, source_name);
+}
+
+SpecNode load_yaml_file(const std::string& path, const std::string& what) {
+  const auto in = core::read_input_file(path, kYamlMaxFileBytes);
+  if (!in.ok()) throw SpecError(fmt::format("{}: cannot read the {}: {}", path, what, in.error));
+  SpecNode root = parse_checked(in.bytes, path);
+  if (root.is_null()) {
+    throw SpecError(fmt::format("{}: the {} is empty (no YAML document)", path, what));
+  }
+  return root;
 }
 
 void apply_override(SpecNode& root, const std::string& assignment) {
   const auto eq = assignment.find('=');
-  const SpecLocation where{fmt::format("--set {}", assignment), 0, 0};
+  const SpecLocation where{fmt::format("--set {}", printable(assignment)), 0, 0};
   if (eq == std::string::npos || eq == 0) {
     throw SpecError(fmt::format("{}: expected key=value, e.g. --set semantic.seed=7", where.str()));
   }
-  const std::string key = assignment.substr(0, eq);
+  const std::string key = printable(assignment.substr(0, eq));
+  if (assignment.size() > kYamlMaxScalarBytes) {
+    throw SpecError(fmt::format("--set: an override of {} bytes; at most {} are accepted",
+                                assignment.size(), kYamlMaxScalarBytes));
+  }
+  // Errors inside the value name the override itself, not a line of it.
   SpecNode value;
   try {
-    value = convert(YAML::Load(assignment.substr(eq + 1)), where.file, "");
-  } catch (const YAML::Exception& e) {
-    throw SpecError(fmt::format("{}: cannot parse the value: {}", where.str(), e.msg));
+    value = parse_checked(assignment.substr(eq + 1), where.file, key);
+  } catch (const SpecError& e) {
+    const std::string what = e.what();
+    const auto colon = what.find(": ", where.file.size());
+    throw SpecError(fmt::format("{}: cannot parse the value: {}", where.str(),
+                                colon == std::string::npos ? what : what.substr(colon + 2)));
   }
   // Every node of the override carries the override itself as its location.
   value.relocate(where);
@@ -228,6 +354,10 @@ void apply_override(SpecNode& root, const std::string& assignment) {
   while (std::getline(parts, part, '.')) {
     if (part.empty()) throw SpecError(fmt::format("{}: empty key component", where.str()));
     names.push_back(part);
+  }
+  if (names.size() > static_cast<size_t>(kYamlMaxDepth)) {
+    throw SpecError(
+        fmt::format("{}: a key of more than {} components", where.str(), kYamlMaxDepth));
   }
   for (size_t i = 0; i + 1 < names.size(); ++i) {
     if (!node->is_map() && !node->is_null()) {
@@ -243,6 +373,23 @@ void apply_override(SpecNode& root, const std::string& assignment) {
   // "key=null" (or "key=") unsets a key, e.g. --set semantic.epochs=null with --set
   // semantic.steps=N.
   node->set(names.back(), std::move(value), where);
+}
+
+std::string printable(const std::string& text) {
+  std::string out;
+  out.reserve(text.size());
+  for (size_t i = 0; i < text.size();) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    const size_t n = utf8_length(text, i);
+    if (n == 0 || c < 0x20 || c == 0x7F) {
+      out += fmt::format("\\x{:02x}", c);
+      ++i;
+    } else {
+      out.append(text, i, n);
+      i += n;
+    }
+  }
+  return out;
 }
 
 void throw_unknown_name(const SpecNode& name_node, const std::string& kind, const std::string& name,
@@ -288,8 +435,10 @@ namespace {
 
 const SpecNode& expect_scalar(const SpecNode& n, const char* what) {
   if (!n.is_scalar()) {
-    throw SpecError(fmt::format("{}: expected {}, got a {}", n.describe(), what,
-                                n.is_map() ? "section" : "list"));
+    throw SpecError(fmt::format("{}: expected {}, got {}", n.describe(), what,
+                                n.is_map()        ? "a section"
+                                : n.is_sequence() ? "a list"
+                                                  : "nothing"));
   }
   return n;
 }
@@ -318,10 +467,15 @@ double parse_double(const SpecNode& n) {
 
 template <typename T>
 void check_range(const SpecNode& n, T v, T min, T max) {
-  if (v < min || v > max) {
-    throw SpecError(
-        fmt::format("{}: value {} is out of range [{}, {}]", n.describe(), v, min, max));
+  if (v >= min && v <= max) return;
+  // A bound at the type's limit is no bound worth printing.
+  if (max == std::numeric_limits<T>::max()) {
+    throw SpecError(fmt::format("{}: must be >= {}, got {}", n.describe(), min, v));
   }
+  if (min == std::numeric_limits<T>::lowest()) {
+    throw SpecError(fmt::format("{}: must be <= {}, got {}", n.describe(), max, v));
+  }
+  throw SpecError(fmt::format("{}: value {} is out of range [{}, {}]", n.describe(), v, min, max));
 }
 
 }  // namespace
@@ -370,22 +524,37 @@ std::string OptionReader::get_choice(const std::string& key, const std::string& 
   return s;
 }
 
-std::vector<int64_t> OptionReader::get_int_list(const std::string& key,
-                                                std::vector<int64_t> fallback, int64_t min,
-                                                int64_t max) {
-  const SpecNode* n = lookup(key);
-  if (!n) return fallback;
-  if (!n->is_sequence()) {
-    throw SpecError(fmt::format("{}: expected a list of integers, e.g. [32, 64]", n->describe()));
-  }
-  std::vector<int64_t> out;
-  for (const auto& item : n->items()) {
-    const int64_t v = parse_int(item);
+namespace {
+template <typename T, typename Parse>
+std::vector<T> parse_list(const SpecNode& n, T min, T max, Parse parse, const char* expected) {
+  if (!n.is_sequence()) throw SpecError(fmt::format("{}: expected {}", n.describe(), expected));
+  std::vector<T> out;
+  for (const auto& item : n.items()) {
+    const T v = parse(item);
     check_range(item, v, min, max);
     out.push_back(v);
   }
   return out;
 }
+}  // namespace
+
+std::vector<int64_t> OptionReader::get_int_list(const std::string& key,
+                                                std::vector<int64_t> fallback, int64_t min,
+                                                int64_t max) {
+  const SpecNode* n = lookup(key);
+  if (!n) return fallback;
+  return parse_list(*n, min, max, parse_int, "a list of integers, e.g. [32, 64]");
+}
+
+std::vector<double> OptionReader::get_double_list(const std::string& key,
+                                                  std::vector<double> fallback, double min,
+                                                  double max) {
+  const SpecNode* n = lookup(key);
+  if (!n) return fallback;
+  return parse_list(*n, min, max, parse_double, "a list of numbers, e.g. [10, 20]");
+}
+
+const SpecNode* OptionReader::value(const std::string& key) { return lookup(key); }
 
 const SpecNode& OptionReader::section(const std::string& key) {
   const SpecNode* n = lookup(key);

@@ -1,6 +1,7 @@
 #include "vflow/data/fashion_mnist.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/torch.h>
 #include <zlib.h>
 
@@ -8,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "core/input_file.h"
 #include "vflow/core/error.h"
 
 namespace vflow::data {
@@ -24,11 +26,12 @@ constexpr double kStd = 0.3530;
 
 class GzReader {
  public:
-  explicit GzReader(const std::string& path) : path_(path), file_(gzopen(path.c_str(), "rb")) {
-    if (!file_) {
-      throw DataError(
-          fmt::format("{}: cannot open: {}", path, std::strerror(errno ? errno : ENOENT)));
-    }
+  explicit GzReader(const std::string& path) : path_(path) {
+    core::OpenedInput in = core::open_input_file(path);
+    if (!in.ok()) throw DataError(fmt::format("{}: cannot read: {}", path, in.error));
+    file_ = gzdopen(in.fd.get(), "rb");
+    if (!file_) throw DataError(fmt::format("{}: cannot open: {}", path, std::strerror(errno)));
+    in.fd.release();  // gzclose closes it
   }
   ~GzReader() { gzclose(file_); }
   GzReader(const GzReader&) = delete;
@@ -59,8 +62,15 @@ class GzReader {
 
  private:
   std::string path_;
-  gzFile file_;
+  gzFile file_ = nullptr;
 };
+
+/// The largest data section an idx file may announce (Fashion-MNIST's training images are
+/// 47 MB): a header is checked against it before anything is allocated.
+constexpr uint64_t kMaxIdxBytes = uint64_t{16} << 30;
+/// Data is read in pieces of this size, so that a header that lies about the size ends in
+/// "truncated" after reading what is there, not in one huge allocation.
+constexpr size_t kIdxReadChunk = size_t{64} << 20;
 
 uint32_t big_endian(const uint8_t* p) {
   return (uint32_t{p[0]} << 24) | (uint32_t{p[1]} << 16) | (uint32_t{p[2]} << 8) | uint32_t{p[3]};
@@ -92,19 +102,33 @@ IdxFile read_idx_file(const std::string& path, uint32_t expected_magic) {
   }
   IdxFile file;
   const int ndims = static_cast<int>(magic & 0xFF);
-  int64_t total = 1;
+  uint64_t total = 1;
   for (int i = 0; i < ndims; ++i) {
     uint8_t dim[4];
     if (in.read(dim, 4) != 4) {
       throw DataError(
           fmt::format("{}: truncated in the header (dimension {} of {})", path, i + 1, ndims));
     }
-    file.dims.push_back(big_endian(dim));
-    total *= file.dims.back();
+    const uint64_t size = big_endian(dim);
+    file.dims.push_back(static_cast<int64_t>(size));
+    // Checked before multiplying: the product of three 32-bit sizes overflows 64 bits.
+    total = size != 0 && total > kMaxIdxBytes / size ? kMaxIdxBytes + 1 : total * size;
+    if (total > kMaxIdxBytes) {
+      throw DataError(
+          fmt::format("{}: the header announces dimensions {}, more than the {} GiB "
+                      "an idx file may hold",
+                      path, fmt::join(file.dims, " x "), kMaxIdxBytes >> 30));
+    }
   }
-  file.data.resize(static_cast<size_t>(total));
-  const size_t got = in.read(file.data.data(), file.data.size());
-  if (got != file.data.size()) {
+  size_t got = 0;
+  while (got < total) {
+    const size_t want = std::min<uint64_t>(total - got, kIdxReadChunk);
+    file.data.resize(got + want);
+    const size_t n = in.read(file.data.data() + got, want);
+    got += n;
+    if (n < want) break;
+  }
+  if (got != total) {
     throw DataError(fmt::format("{}: truncated: header announces {} bytes of data, found {}", path,
                                 total, got));
   }

@@ -11,6 +11,7 @@
 #include <sstream>
 #include <unordered_set>
 
+#include "core/input_file.h"
 #include "vflow/core/error.h"
 
 namespace vflow::data {
@@ -32,13 +33,13 @@ bool ends_with(const std::string& s, const std::string& suffix) {
          s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
+/// Text files are read whole; larger ones than this belong in a format of their own.
+constexpr uint64_t kMaxTextFileBytes = uint64_t{4} << 30;
+
 std::string read_file_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw DataError(fmt::format("{}: cannot open: {}", path, std::strerror(errno)));
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) throw DataError(fmt::format("{}: read error", path));
-  return text.str();
+  auto in = core::read_input_file(path, kMaxTextFileBytes);
+  if (!in.ok()) throw DataError(fmt::format("{}: cannot read: {}", path, in.error));
+  return std::move(in.bytes);
 }
 
 std::string trim_right(std::string s) {
@@ -89,7 +90,11 @@ std::vector<std::string> expand_text_paths(const std::vector<std::string>& paths
       continue;
     }
     if (!fs::is_directory(path, ec)) {
-      throw DataError(fmt::format("{}: no such text file or directory", path));
+      if (!fs::exists(fs::symlink_status(path, ec))) {
+        throw DataError(fmt::format("{}: no such text file or directory", path));
+      }
+      // A FIFO, a device or a socket: say which, without opening it for long.
+      throw DataError(fmt::format("{}: {}", path, core::open_input_file(path).error));
     }
     std::vector<std::string> found;
     for (const auto& entry : fs::directory_iterator(path, ec)) {

@@ -446,8 +446,7 @@ JobSpec parse_job_spec(const SpecNode& root, bool check_components) {
 
 JobSpec load_job_spec(const std::string& path, const std::vector<std::string>& overrides) {
   SpecNode root = path.empty() ? parse_yaml(default_job_yaml(), "<built-in default job>")
-                               : load_yaml_file(path);
-  if (root.is_null()) root = SpecNode::map(SpecLocation{path, 0, 0});
+                               : load_yaml_file(path, "job spec");
   for (const auto& o : overrides) apply_override(root, o);
   JobSpec spec = parse_job_spec(root);
   spec.source = path.empty() ? "<built-in default job>" : path;

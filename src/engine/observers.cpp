@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "core/output_file.h"
 #include "vflow/core/error.h"
 #include "vflow/engine/checkpoint.h"
 #include "vflow/engine/tensorboard.h"
@@ -123,20 +124,35 @@ void ProgressObserver::on_train_end(Trainer& trainer) {
 
 // ---- metrics -------------------------------------------------------------------------
 
+namespace {
+/// Logs the first failed write of an output file, and the first success after it: a full
+/// disk gives two lines, not one per step.
+void note_write(const std::string& what, const std::string& path, const std::string& error,
+                bool& failing) {
+  if (!error.empty() && !failing) {
+    spdlog::error(
+        "[engine] {} {}: cannot write: {}; its records are dropped until writes "
+        "succeed again, training goes on",
+        what, path, error);
+  } else if (error.empty() && failing) {
+    spdlog::info("[engine] {} {}: writing again", what, path);
+  }
+  failing = !error.empty();
+}
+}  // namespace
+
 MetricsObserver::MetricsObserver(const std::string& path, int64_t every_steps)
-    : path_(path), file_(std::fopen(path.c_str(), "a")), every_steps_(every_steps) {
-  if (!file_) {
+    : path_(path), file_(std::make_unique<core::AppendFile>(path)), every_steps_(every_steps) {
+  if (!file_->is_open()) {
     throw SpecError(fmt::format("output.logging.metrics: cannot open '{}' for writing: {}", path,
-                                std::strerror(errno)));
+                                file_->error()));
   }
 }
 
-MetricsObserver::~MetricsObserver() { std::fclose(file_); }
+MetricsObserver::~MetricsObserver() = default;
 
 void MetricsObserver::write(const std::string& line) {
-  std::fputs(line.c_str(), file_);
-  std::fputc('\n', file_);
-  std::fflush(file_);
+  note_write("metrics file", path_, file_->append(line + "\n"), failing_);
 }
 
 void MetricsObserver::on_step_end(Trainer& trainer, const StepInfo& info) {
@@ -177,9 +193,20 @@ TensorBoardObserver::TensorBoardObserver(std::string dir, int64_t every_steps)
 
 TensorBoardObserver::~TensorBoardObserver() = default;
 
-TensorBoardWriter& TensorBoardObserver::writer() {
-  if (!writer_) writer_ = std::make_unique<TensorBoardWriter>(dir_);
-  return *writer_;
+TensorBoardWriter* TensorBoardObserver::writer() {
+  if (!writer_) {
+    try {
+      writer_ = std::make_unique<TensorBoardWriter>(dir_);
+    } catch (const Error& e) {
+      note_write("TensorBoard directory", dir_, e.what(), failing_);
+      return nullptr;
+    }
+  }
+  return writer_.get();
+}
+
+void TensorBoardObserver::flush() {
+  note_write("TensorBoard event file", writer_->path(), writer_->try_flush(), failing_);
 }
 
 void TensorBoardObserver::on_step_end(Trainer& trainer, const StepInfo& info) {
@@ -187,24 +214,28 @@ void TensorBoardObserver::on_step_end(Trainer& trainer, const StepInfo& info) {
   seconds_ += info.seconds;
   const int64_t done = info.step + 1;
   if (done % every_steps_ != 0 && done != info.total_steps) return;
-  auto& w = writer();
-  w.scalar("train/loss", done, info.loss);
-  w.scalar("train/lr", done, info.lr);
-  if (seconds_ > 0) w.scalar("train/examples_per_second", done, examples_ / seconds_);
-  w.flush();
+  const bool timed = seconds_ > 0;
+  const double examples_per_second = timed ? examples_ / seconds_ : 0;
   examples_ = 0;
   seconds_ = 0;
+  auto* w = writer();
+  if (!w) return;
+  w->scalar("train/loss", done, info.loss);
+  w->scalar("train/lr", done, info.lr);
+  if (timed) w->scalar("train/examples_per_second", done, examples_per_second);
+  flush();
 }
 
 void TensorBoardObserver::on_evaluation(Trainer& trainer, const EvalResult& result) {
-  auto& w = writer();
-  w.scalar("eval/loss", result.step, result.loss);
-  w.scalar("eval/accuracy", result.step, result.accuracy);
-  w.flush();
+  auto* w = writer();
+  if (!w) return;
+  w->scalar("eval/loss", result.step, result.loss);
+  w->scalar("eval/accuracy", result.step, result.accuracy);
+  flush();
 }
 
 void TensorBoardObserver::on_train_end(Trainer& trainer) {
-  if (writer_) writer_->flush();
+  if (writer_) flush();
 }
 
 // ---- checkpoints -----------------------------------------------------------------------
@@ -213,15 +244,22 @@ CheckpointObserver::CheckpointObserver(const CheckpointSpec& spec) : spec_(spec)
 
 void CheckpointObserver::save(Trainer& trainer) {
   if (last_step_ == trainer.step()) return;
-  last_step_ = trainer.step();
   const std::string path = checkpoint_path(spec_.dir, trainer.step());
   trainer.save_checkpoint(path);
+  last_step_ = trainer.step();
   prune_checkpoints(spec_.dir, spec_.keep);
   spdlog::info("[checkpoint] wrote {}", path);
 }
 
 void CheckpointObserver::on_step_end(Trainer& trainer, const StepInfo& info) {
-  if (spec_.every_steps > 0 && (info.step + 1) % spec_.every_steps == 0) save(trainer);
+  if (spec_.every_steps <= 0 || (info.step + 1) % spec_.every_steps != 0) return;
+  try {
+    save(trainer);
+  } catch (const CheckpointError& e) {
+    // Stopping here would lose everything trained since the last checkpoint; the
+    // checkpoint at the end must succeed and tries again.
+    spdlog::error("[checkpoint] {}; earlier checkpoints are kept and training goes on", e.what());
+  }
 }
 
 void CheckpointObserver::on_train_end(Trainer& trainer) { save(trainer); }
@@ -240,20 +278,29 @@ void LeaderOnly::on_train_end(Trainer& trainer) {
 }
 
 ExampleLogObserver::ExampleLogObserver(const std::string& path)
-    : path_(path), fd_(::open(path.c_str(), O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC, 0644)) {
-  if (fd_ < 0) {
+    : path_(path), file_(std::make_unique<core::AppendFile>(path)) {
+  if (!file_->is_open()) {
     throw SpecError(fmt::format("output.logging.examples: cannot open '{}' for writing: {}", path,
-                                std::strerror(errno)));
+                                file_->error()));
   }
 }
 
-ExampleLogObserver::~ExampleLogObserver() { ::close(fd_); }
+ExampleLogObserver::~ExampleLogObserver() = default;
 
 namespace {
 
 /// The step of the last line of an example log, or -1 for an empty file; reads the
 /// file's tail only.
-int64_t last_logged_step(int fd, const std::string& path) {
+int64_t last_logged_step(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    throw Error(
+        fmt::format("output.logging.examples: cannot read {}: {}", path, std::strerror(errno)));
+  }
+  struct Close {
+    int fd;
+    ~Close() { ::close(fd); }
+  } close_fd{fd};
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
     throw Error(
@@ -298,7 +345,7 @@ void ExampleLogObserver::on_state_donated(Trainer&) {
   if (last_step_ < 0 || last_lines_.empty()) return;
   int64_t logged = 0;
   try {
-    logged = last_logged_step(fd_, path_);
+    logged = last_logged_step(path_);
   } catch (const Error& e) {  // an audit file must not stop the job
     spdlog::warn("[engine] {}; step {} may be missing from it", e.what(), last_step_);
     return;
@@ -311,10 +358,7 @@ void ExampleLogObserver::on_state_donated(Trainer&) {
 
 void ExampleLogObserver::append(const std::string& text) {
   // One append per step: lines of concurrent workers never interleave.
-  if (!text.empty() &&
-      ::write(fd_, text.data(), text.size()) != static_cast<ssize_t>(text.size())) {
-    spdlog::warn("[engine] {}: short write: {}", path_, std::strerror(errno));
-  }
+  if (!text.empty()) note_write("examples audit", path_, file_->append(text), failing_);
 }
 
 }  // namespace vflow::engine

@@ -12,6 +12,8 @@
 #include <filesystem>
 #include <tuple>
 
+#include "core/input_file.h"
+#include "core/output_file.h"
 #include "vflow/core/error.h"
 
 namespace vflow::engine {
@@ -314,20 +316,10 @@ uint32_t load_le32(const unsigned char* p) {
 }
 
 std::string read_whole_file(const std::string& path) {
-  std::FILE* file = std::fopen(path.c_str(), "rb");
-  if (!file) {
-    throw DataError(
-        fmt::format("{}: cannot open TensorBoard event file: {}", path, std::strerror(errno)));
-  }
-  std::string content;
-  char buffer[1 << 16];
-  size_t n;
-  while ((n = std::fread(buffer, 1, sizeof buffer, file)) > 0) content.append(buffer, n);
-  const bool failed = std::ferror(file);
-  const int err = errno;
-  std::fclose(file);
-  if (failed) throw DataError(fmt::format("{}: read error: {}", path, std::strerror(err)));
-  return content;
+  auto in = core::read_input_file(path, uint64_t{1} << 40);
+  if (!in.ok())
+    throw DataError(fmt::format("{}: cannot read TensorBoard event file: {}", path, in.error));
+  return std::move(in.bytes);
 }
 
 std::string hostname() {
@@ -358,38 +350,27 @@ TensorBoardWriter::TensorBoardWriter(const std::string& dir) {
       (fs::path(dir) /
        fmt::format("{}{}.{}.{}", kFilePrefix, static_cast<int64_t>(now), hostname(), ::getpid()))
           .string();
-  // O_EXCL: two writers started in the same second must not truncate each other's file.
+  // Exclusive: two writers started in the same second must not append to one file.
   for (int attempt = 0; !file_; ++attempt) {
     path_ = attempt == 0 ? base : fmt::format("{}.{}", base, attempt);
-    const int fd = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-    if (fd < 0) {
-      if (errno == EEXIST && attempt < 1000) continue;
+    auto file = std::make_unique<core::AppendFile>(path_, /*exclusive=*/true);
+    if (!file->is_open()) {
+      if (file->error_number() == EEXIST && attempt < 1000) continue;
       throw Error(
-          fmt::format("{}: cannot create TensorBoard event file: {}", path_, std::strerror(errno)));
+          fmt::format("{}: cannot create TensorBoard event file: {}", path_, file->error()));
     }
-    file_ = ::fdopen(fd, "wb");
-    if (!file_) {
-      const int err = errno;
-      ::close(fd);
-      throw Error(
-          fmt::format("{}: cannot open TensorBoard event file: {}", path_, std::strerror(err)));
-    }
+    file_ = std::move(file);
   }
   std::string event;
   put_double(event, event_field::kWallTime, now);
   put_bytes(event, event_field::kFileVersion, "brain.Event:2");
-  try {
-    write_record(event);
-    // Flushed at once so that the file is a valid event file from the start.
-    flush();
-  } catch (...) {
-    std::fclose(file_);
-    throw;
-  }
+  write_record(event);
+  // Flushed at once so that the file is a valid event file from the start.
+  flush();
 }
 
 TensorBoardWriter::~TensorBoardWriter() {
-  if (file_) std::fclose(file_);
+  if (file_ && !pending_.empty()) file_->append(pending_);
 }
 
 void TensorBoardWriter::scalar(const std::string& tag, int64_t step, double value,
@@ -411,10 +392,16 @@ void TensorBoardWriter::scalar(const std::string& tag, int64_t step, double valu
   scalar(tag, step, value, unix_now());
 }
 
+std::string TensorBoardWriter::try_flush() {
+  if (pending_.empty()) return "";
+  std::string error = file_->append(pending_);
+  pending_.clear();
+  return error;
+}
+
 void TensorBoardWriter::flush() {
-  if (std::fflush(file_) != 0) {
-    throw Error(
-        fmt::format("{}: cannot write TensorBoard event file: {}", path_, std::strerror(errno)));
+  if (const std::string error = try_flush(); !error.empty()) {
+    throw Error(fmt::format("{}: cannot write TensorBoard event file: {}", path_, error));
   }
 }
 
@@ -427,10 +414,7 @@ void TensorBoardWriter::write_record(const std::string& data) {
   put_fixed32(record, masked_crc32c(record.data(), 8));
   record += data;
   put_fixed32(record, masked_crc32c(data.data(), data.size()));
-  if (std::fwrite(record.data(), 1, record.size(), file_) != record.size()) {
-    throw Error(
-        fmt::format("{}: cannot write TensorBoard event file: {}", path_, std::strerror(errno)));
-  }
+  pending_ += record;
 }
 
 // ---- reader --------------------------------------------------------------------------

@@ -13,12 +13,14 @@
 #include <sstream>
 #include <thread>
 
+#include "core/input_file.h"
 #include "core/torch_compat.h"
 #include "engine/background_task.h"
 #include "engine/copy_stream.h"
 #include "vflow/comm/launcher.h"
 #include "vflow/comm/nccl.h"
 #include "vflow/core/error.h"
+#include "vflow/core/spec_node.h"
 #include "vflow/engine/checkpoint.h"
 #include "vflow/engine/fingerprint.h"
 #include "vflow/engine/lr_schedule.h"
@@ -32,6 +34,8 @@ namespace vflow::engine {
 namespace {
 
 constexpr int64_t kCheckpointFormat = 1;
+/// Checkpoints are read whole into memory; this only bounds what a wrong path can cost.
+constexpr uint64_t kMaxCheckpointBytes = uint64_t{1} << 40;
 // Deterministic reduction: values are summed as integers in units of 2^-36 (about
 // 1.5e-11); |value| must stay below 2^20 so that 128 vnodes cannot overflow int64.
 constexpr double kFixedPointScale = 68719476736.0;  // 2^36
@@ -56,7 +60,13 @@ std::string first_difference(const std::string& a, const std::string& b) {
     if (!ga && !gb) return "(no difference)";
     if (!ga) la = "(end)";
     if (!gb) lb = "(end)";
-    if (la != lb) return fmt::format("checkpoint has '{}', this job has '{}'", la, lb);
+    if (la != lb) {
+      // The checkpoint's text may be anything (a damaged file): shown short and printable.
+      const auto shown = [](const std::string& line) {
+        return printable(line.size() > 200 ? line.substr(0, 200) + "..." : line);
+      };
+      return fmt::format("checkpoint has '{}', this job has '{}'", shown(la), shown(lb));
+    }
   }
 }
 
@@ -585,6 +595,23 @@ void Trainer::publish_evaluation(const EvalResult& result) {
 const std::optional<EvalResult>& Trainer::last_evaluation() const { return impl_->last_eval; }
 
 namespace {
+/// Inside a catch block: LibTorch's c10::Error, or the plain std::exception its TorchScript
+/// type parser throws (torch::jit::ErrorReport, on a damaged archive's class names), as a
+/// CheckpointError; vflow's own errors pass unchanged.
+[[noreturn]] void rethrow_as_checkpoint_error(const std::string& what) {
+  try {
+    throw;
+  } catch (const Error&) {
+    throw;
+  } catch (const c10::Error& e) {
+    throw CheckpointError(fmt::format("{}: {}", what, compat::message_of(e)));
+  } catch (const std::exception& e) {
+    const std::string message = e.what();
+    const std::string line = message.substr(0, message.find('\n'));
+    throw CheckpointError(fmt::format("{}: {}", what, line.empty() ? "a damaged archive" : line));
+  }
+}
+
 /// Reads a required value of a vflow state archive.
 c10::IValue read_value(torch::serialize::InputArchive& archive, const std::string& source,
                        const char* key) {
@@ -597,9 +624,9 @@ c10::IValue read_value(torch::serialize::InputArchive& archive, const std::strin
 }  // namespace
 
 void Trainer::save_checkpoint(const std::string& path) const {
-  torch::serialize::OutputArchive archive;
-  write_state(archive);
-  write_atomically(path, [&](const std::string& tmp) { archive.save_to(tmp); });
+  // Serialized in memory, then written with checked calls: LibTorch's file writer throws
+  // from its destructor when the disk fills, which ends the process in std::terminate.
+  write_atomically(path, state_bytes());
 }
 
 std::string Trainer::state_bytes() const {
@@ -610,17 +637,7 @@ std::string Trainer::state_bytes() const {
   return out.str();
 }
 
-void Trainer::load_state_bytes(const std::string& bytes) {
-  torch::serialize::InputArchive archive;
-  try {
-    // Onto this worker's device: the donor's may be another (a job can mix devices).
-    archive.load_from(bytes.data(), bytes.size(), impl_->device);
-  } catch (const c10::Error& e) {
-    throw CheckpointError(
-        fmt::format("transferred state: cannot read it: {}", compat::message_of(e)));
-  }
-  read_state(archive, "transferred state");
-}
+void Trainer::load_state_bytes(const std::string& bytes) { load_state(bytes, "transferred state"); }
 
 void Trainer::write_state(torch::serialize::OutputArchive& archive) const {
   auto& im = *impl_;
@@ -637,15 +654,31 @@ void Trainer::write_state(torch::serialize::OutputArchive& archive) const {
 }
 
 void Trainer::load_checkpoint(const std::string& path) {
+  // Read with vflow's own checks first: LibTorch's reader would block on a FIFO and read
+  // a device such as /dev/zero for ever.
+  const auto in = core::read_input_file(path, kMaxCheckpointBytes);
+  if (!in.ok())
+    throw CheckpointError(fmt::format("{}: cannot read checkpoint: {}", path, in.error));
+  // A damaged file is refused here: LibTorch checks no CRC and can crash on one.
+  check_archive(in.bytes, path);
+  load_state(in.bytes, path);
+  spdlog::info("[engine] resumed from {} at step {} (fingerprint {})", path, step(), fingerprint());
+}
+
+void Trainer::load_state(const std::string& bytes, const std::string& source) {
   torch::serialize::InputArchive archive;
   try {
-    archive.load_from(path, impl_->device);  // a checkpoint written on another device
-  } catch (const c10::Error& e) {
-    throw CheckpointError(
-        fmt::format("{}: cannot read checkpoint: {}", path, compat::message_of(e)));
+    // Onto this worker's device: the writer's may be another (a job can mix devices).
+    archive.load_from(bytes.data(), bytes.size(), impl_->device);
+  } catch (...) {
+    rethrow_as_checkpoint_error(source + ": cannot read checkpoint");
   }
-  read_state(archive, path);
-  spdlog::info("[engine] resumed from {} at step {} (fingerprint {})", path, step(), fingerprint());
+  try {
+    read_state(archive, source);
+  } catch (...) {
+    // A value of the wrong type (a damaged or foreign file).
+    rethrow_as_checkpoint_error(source + ": not a usable vflow checkpoint");
+  }
 }
 
 void Trainer::read_state(torch::serialize::InputArchive& archive, const std::string& path) {
@@ -679,6 +712,8 @@ void Trainer::read_state(torch::serialize::InputArchive& archive, const std::str
   } catch (const c10::Error& e) {
     throw CheckpointError(
         fmt::format("{}: does not fit this model: {}", path, compat::message_of(e)));
+  } catch (const std::exception& e) {
+    throw CheckpointError(fmt::format("{}: does not fit this model: {}", path, e.what()));
   }
   im.model->to(im.device);
   im.grads->bind();

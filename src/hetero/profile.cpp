@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <fstream>
 
+#include "core/output_file.h"
 #include "vflow/core/error.h"
 #include "vflow/core/spec_node.h"
 
@@ -52,7 +53,7 @@ int64_t DeviceProfile::vnode_peak_bytes(int64_t size) const {
 }
 
 DeviceProfile load_profile(const std::string& path) {
-  const SpecNode root = load_yaml_file(path);
+  const SpecNode root = load_yaml_file(path, "profile");
   OptionReader r(root);
   DeviceProfile p;
   p.device_type = r.get_string("device_type", "");
@@ -68,8 +69,15 @@ DeviceProfile load_profile(const std::string& path) {
     r.fail("points", "a profile needs a list of {vnode_size, seconds, peak_bytes} measurements");
   }
   for (const auto& item : points) {
+    if (!item.is_map()) {
+      throw SpecError(fmt::format("{}: expected a measurement {{vnode_size, seconds, peak_bytes}}",
+                                  item.describe()));
+    }
     OptionReader pr(item);
     DeviceProfile::Point point;
+    if (!pr.has("vnode_size") || !pr.has("seconds")) {
+      pr.fail(pr.has("vnode_size") ? "seconds" : "vnode_size", "every measurement needs it");
+    }
     point.vnode_size = pr.get_int("vnode_size", 0, 1, int64_t{1} << 40);
     point.seconds = pr.get_double("seconds", 0, 0, 1e9);
     point.peak_bytes = pr.get_int("peak_bytes", 0, 0, int64_t{1} << 62);
@@ -98,14 +106,8 @@ void save_profile(const DeviceProfile& p, const std::string& path) {
     text += fmt::format("  - {{vnode_size: {}, seconds: {:.9g}, peak_bytes: {}}}\n",
                         point.vnode_size, point.seconds, point.peak_bytes);
   }
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp);
-    out << text;
-    if (!out.flush()) throw Error(fmt::format("cannot write profile {}", tmp));
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    throw Error(fmt::format("cannot rename {} to {}", tmp, path));
+  if (const std::string error = core::write_file_atomically(path, text); !error.empty()) {
+    throw Error(fmt::format("{}: cannot write the profile: {}", path, error));
   }
 }
 

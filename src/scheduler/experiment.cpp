@@ -4,7 +4,10 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <sstream>
 
+#include "core/output_file.h"
 #include "parse.h"
 #include "vflow/core/error.h"
 
@@ -36,10 +39,11 @@ std::vector<std::string> policy_list(const std::vector<std::string>& names) {
 }
 
 void write_file(const std::string& path, const std::function<void(std::ostream&)>& body) {
-  std::ofstream out(path);
-  if (!out) throw DataError(fmt::format("{}: cannot write", path));
+  std::ostringstream out;
   body(out);
-  if (!out) throw DataError(fmt::format("{}: write failed", path));
+  if (const std::string error = core::write_file_atomically(path, out.str()); !error.empty()) {
+    throw Error(fmt::format("{}: cannot write: {}", path, error));
+  }
 }
 
 }  // namespace

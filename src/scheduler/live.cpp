@@ -10,13 +10,15 @@
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
-#include <yaml-cpp/yaml.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <memory>
 #include <set>
@@ -24,6 +26,8 @@
 
 #include "vflow/comm/elastic.h"
 #include "vflow/core/error.h"
+#include "vflow/core/exit_code.h"
+#include "vflow/core/spec_node.h"
 
 namespace vflow::scheduler {
 namespace {
@@ -33,104 +37,53 @@ using Clock = std::chrono::steady_clock;
 
 // ---- jobs file -----------------------------------------------------------------
 
-/// Typed access to one entry of a jobs file; every error names file:line:column: key.
-class EntryReader {
- public:
-  EntryReader(std::string path, YAML::Node entry) : path_(std::move(path)), entry_(entry) {}
-
-  std::string where(const YAML::Node& node, const std::string& key) const {
-    const auto mark = node.Mark();
-    return fmt::format("{}:{}:{}: {}", path_, mark.line + 1, mark.column + 1, key);
-  }
-  [[noreturn]] void fail(const std::string& key, const std::string& what) const {
-    const YAML::Node node = entry_[key];
-    throw SpecError(fmt::format("{}: {}", where(node ? node : entry_, key), what));
-  }
-  bool has(const std::string& key) const { return static_cast<bool>(entry_[key]); }
-
-  std::string text(const std::string& key) const {
-    const YAML::Node node = entry_[key];
-    if (!node) fail(key, "missing");
-    if (!node.IsScalar() || node.Scalar().empty()) fail(key, "expected a non-empty string");
-    return node.Scalar();
-  }
-  double number(const std::string& key, double fallback, double min) const {
-    const YAML::Node node = entry_[key];
-    if (!node) return fallback;
-    double value = 0;
-    try {
-      value = node.as<double>();
-    } catch (const YAML::Exception&) {
-      fail(key, "expected a number");
-    }
-    if (!(value >= min)) fail(key, fmt::format("must be >= {}", min));
-    return value;
-  }
-  int integer(const std::string& key, int fallback, int min) const {
-    const double value = number(key, fallback, min);
-    if (value != static_cast<int>(value)) fail(key, "expected an integer");
-    return static_cast<int>(value);
-  }
-  std::vector<std::string> strings(const std::string& key) const {
-    const YAML::Node node = entry_[key];
-    std::vector<std::string> out;
-    if (!node) return out;
-    if (!node.IsSequence()) fail(key, "expected a list of strings");
-    for (const auto& item : node) {
-      if (!item.IsScalar()) fail(key, "expected a list of strings");
-      out.push_back(item.Scalar());
-    }
-    return out;
-  }
-  void reject_unknown(const std::set<std::string>& known) const {
-    for (const auto& item : entry_) {
-      const auto key = item.first.as<std::string>();
-      if (!known.count(key)) {
-        throw SpecError(fmt::format("{}: unknown key", where(item.first, key)));
-      }
-    }
-  }
-
- private:
-  std::string path_;
-  YAML::Node entry_;
-};
-
 /// semantic.steps of a job spec when it is a plain number; the spec itself is vflow-train's
 /// to validate, so anything unreadable just leaves the estimate unknown.
 double spec_steps(const std::string& spec_path) {
   try {
-    const YAML::Node steps = YAML::LoadFile(spec_path)["semantic"]["steps"];
-    if (steps && steps.IsScalar()) return std::max(1.0, steps.as<double>());
-  } catch (const YAML::Exception&) {
+    const SpecNode root = load_yaml_file(spec_path, "job spec");
+    const SpecNode* semantic = root.is_map() ? root.find("semantic") : nullptr;
+    const SpecNode* steps = semantic && semantic->is_map() ? semantic->find("steps") : nullptr;
+    if (steps && steps->is_scalar()) {
+      char* end = nullptr;
+      const double v = std::strtod(steps->value().c_str(), &end);
+      if (end && *end == '\0' && std::isfinite(v)) return std::max(1.0, v);
+    }
+  } catch (const Error&) {
   }
   return 1;
 }
 
-LiveJob read_entry(const std::string& path, const YAML::Node& entry) {
-  const EntryReader r(path, entry);
-  r.reject_unknown({"name", "spec", "arrival_s", "weight", "demand", "min_workers", "max_workers",
-                    "steps", "args"});
+constexpr int kMaxInt = std::numeric_limits<int>::max();
+
+LiveJob read_entry(const std::string& path, const SpecNode& entry) {
+  OptionReader r(entry);
   LiveJob job;
-  const auto mark = entry.Mark();
-  job.origin = fmt::format("{}:{}", path, mark.line + 1);
-  job.name = r.text("name");
+  job.origin = fmt::format("{}:{}", path, entry.where().line);
+  job.name = r.get_string("name", "");
+  if (job.name.empty()) r.fail("name", "a job needs a name");
   const bool safe = std::all_of(job.name.begin(), job.name.end(), [](char c) {
     return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.';
   });
   if (!safe || job.name[0] == '.') r.fail("name", "use letters, digits, '-', '_' and '.'");
-  const fs::path spec = r.text("spec");
+  const fs::path spec = r.get_string("spec", "");
+  if (spec.empty()) r.fail("spec", "a job needs a job spec file");
   job.spec = (spec.is_absolute() ? spec : fs::path(path).parent_path() / spec).string();
-  if (!fs::is_regular_file(job.spec)) r.fail("spec", fmt::format("no such file {}", job.spec));
-  job.arrival_s = r.number("arrival_s", 0, 0);
-  job.weight = r.number("weight", 1, 1e-9);
-  job.demand = r.integer("demand", 1, 1);
-  job.min_workers = r.integer("min_workers", 1, 1);
-  job.max_workers = r.integer("max_workers", job.demand, 1);
+  std::error_code ec;
+  if (!fs::is_regular_file(job.spec, ec)) {
+    r.fail("spec", fmt::format("no such file {}", job.spec));
+  }
+  const double kUnbounded = std::numeric_limits<double>::max();
+  job.arrival_s = r.get_double("arrival_s", 0, 0, kUnbounded);
+  job.weight = r.get_double("weight", 1, 1e-9, kUnbounded);
+  job.demand = static_cast<int>(r.get_int("demand", 1, 1, kMaxInt));
+  job.min_workers = static_cast<int>(r.get_int("min_workers", 1, 1, kMaxInt));
+  job.max_workers = static_cast<int>(r.get_int("max_workers", job.demand, 1, kMaxInt));
   if (job.min_workers > job.demand) r.fail("min_workers", "must be <= demand");
   if (job.max_workers < job.demand) r.fail("max_workers", "must be >= demand");
-  job.steps = r.has("steps") ? r.number("steps", 1, 1) : spec_steps(job.spec);
-  job.args = r.strings("args");
+  job.steps = r.has("steps") ? r.get_double("steps", 1, 1, kUnbounded) : spec_steps(job.spec);
+  job.args = r.get_string_list("args", {});
+  r.finish();
   return job;
 }
 
@@ -169,7 +122,7 @@ bool port_open(int port) {
 /// killed together, and a terminal's Ctrl-C reaches only the scheduler), output to `log`.
 pid_t spawn(const std::vector<std::string>& argv, const std::string& log) {
   const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-  if (fd < 0) throw DataError(fmt::format("{}: cannot write: {}", log, std::strerror(errno)));
+  if (fd < 0) throw Error(fmt::format("{}: cannot write: {}", log, std::strerror(errno)));
   std::vector<char*> args;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
@@ -214,7 +167,7 @@ std::string plural(int n, const char* word) {
 
 // ---- the run -------------------------------------------------------------------
 
-constexpr int kStoppedExit = 130;  // vflow-train's status after a stop request
+constexpr int kStoppedExit = kExitStopped;  // vflow-train after a stop request
 
 struct LiveState {
   bool arrived = false;
@@ -254,6 +207,10 @@ class LiveRun {
       if (!names.insert(job.name).second) {
         throw SpecError(fmt::format("{}: name: '{}' is used twice", job.origin, job.name));
       }
+      if (job.demand > options.slots) {
+        throw SpecError(fmt::format("{}: demand {} does not fit the pool of {} slots (--slots)",
+                                    job.origin, job.demand, options.slots));
+      }
       records.push_back({job.arrival_s, job.name, job.steps, 0, job.demand, job.min_workers,
                          job.max_workers, job.weight, job.origin});
     }
@@ -263,7 +220,7 @@ class LiveRun {
     for (const auto dir : {"logs", "checkpoints"}) {
       std::error_code ec;
       fs::create_directories(fs::path(options.out_dir) / dir, ec);
-      if (ec) throw DataError(fmt::format("{}: cannot create: {}", options.out_dir, ec.message()));
+      if (ec) throw Error(fmt::format("{}: cannot create: {}", options.out_dir, ec.message()));
     }
     state_.resize(jobs_.size());
     result_.policy = policy_->name();
@@ -631,23 +588,15 @@ bool LiveResult::all_completed() const {
 }
 
 std::vector<LiveJob> read_live_jobs(const std::string& path) {
-  YAML::Node root;
-  try {
-    root = YAML::LoadFile(path);
-  } catch (const YAML::BadFile&) {
-    throw SpecError(fmt::format("{}: cannot open jobs file", path));
-  } catch (const YAML::ParserException& e) {
-    throw SpecError(fmt::format("{}:{}:{}: {}", path, e.mark.line + 1, e.mark.column + 1, e.msg));
-  }
-  if (!root.IsSequence() || root.size() == 0) {
-    throw SpecError(fmt::format("{}: expected a non-empty list of jobs", path));
+  const SpecNode root = load_yaml_file(path, "jobs file");
+  if (!root.is_sequence() || root.items().empty()) {
+    throw SpecError(fmt::format("{}: expected a non-empty list of jobs", root.where().str()));
   }
   std::vector<LiveJob> jobs;
-  for (const auto& entry : root) {
-    if (!entry.IsMap()) {
-      const auto mark = entry.Mark();
-      throw SpecError(fmt::format("{}:{}:{}: expected a job (a map with name, spec, ...)", path,
-                                  mark.line + 1, mark.column + 1));
+  for (const auto& entry : root.items()) {
+    if (!entry.is_map()) {
+      throw SpecError(
+          fmt::format("{}: expected a job (a map with name, spec, ...)", entry.describe()));
     }
     jobs.push_back(read_entry(path, entry));
   }

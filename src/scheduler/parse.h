@@ -1,13 +1,19 @@
 // Number parsing shared by the scheduler's readers (internal to src/scheduler).
 #pragma once
 
+#include <cmath>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <type_traits>
 
 namespace vflow::scheduler {
 
-/// `text` as a number when all of it is one (std::stoi / std::stod syntax), else nullopt.
+/// Traces and throughput tables are read whole; a million-job trace is about 50 MB.
+inline constexpr uint64_t kMaxTableFileBytes = uint64_t{4} << 30;
+
+/// `text` as a number when all of it is one (std::stoi / std::stod syntax) and finite,
+/// else nullopt.
 template <typename Number>
 std::optional<Number> parse_whole(const std::string& text) {
   size_t used = 0;
@@ -22,6 +28,9 @@ std::optional<Number> parse_whole(const std::string& text) {
     return std::nullopt;
   }
   if (used == 0 || used != text.size()) return std::nullopt;
+  if constexpr (std::is_floating_point_v<Number>) {
+    if (!std::isfinite(value)) return std::nullopt;
+  }
   return value;
 }
 

@@ -6,6 +6,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "core/input_file.h"
+#include "parse.h"
 #include "vflow/core/error.h"
 #include "vflow/scheduler/trace.h"
 
@@ -111,8 +113,11 @@ std::vector<std::string> ThroughputTable::models() const {
 }
 
 ThroughputTable ThroughputTable::load(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw DataError(fmt::format("{}: cannot open throughput file", path));
+  auto bytes = core::read_input_file(path, kMaxTableFileBytes);
+  if (!bytes.ok()) {
+    throw DataError(fmt::format("{}: cannot read the throughput file: {}", path, bytes.error));
+  }
+  std::istringstream in(std::move(bytes.bytes));
   return parse(in, path);
 }
 

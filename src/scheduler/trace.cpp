@@ -8,7 +8,9 @@
 #include <istream>
 #include <limits>
 #include <ostream>
+#include <sstream>
 
+#include "core/input_file.h"
 #include "parse.h"
 #include "vflow/core/error.h"
 
@@ -42,10 +44,10 @@ std::vector<std::string> split(const std::string& line, char delimiter) {
   return fields;
 }
 
-std::ifstream open_or_throw(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw DataError(fmt::format("{}: cannot open trace file", path));
-  return in;
+std::istringstream open_or_throw(const std::string& path) {
+  auto in = core::read_input_file(path, kMaxTableFileBytes);
+  if (!in.ok()) throw DataError(fmt::format("{}: cannot read the trace: {}", path, in.error));
+  return std::istringstream(std::move(in.bytes));
 }
 
 }  // namespace

@@ -194,10 +194,26 @@ TEST_CASE("resize requests outside min_workers..max_workers are refused clearly"
                   "$CTL resize $A 4; echo \"resize4=$?\"; $CTL resize $A 1; echo \"resize1=$?\"");
   INFO(r.output);
   CHECK_THAT(r.output,
-             Catch::Matchers::Contains("resize4=1") && Catch::Matchers::Contains("resize1=1"));
+             Catch::Matchers::Contains("resize4=7") && Catch::Matchers::Contains("resize1=7"));
   CHECK_THAT(r.output,
              Catch::Matchers::Contains("cannot resize to 4 workers: this job allows 2 to 3"));
   CHECK_THAT(r.output, Catch::Matchers::Contains("exit=0"));
+}
+
+TEST_CASE("vflow-ctl stop ends the job with 130 and logs no worker deaths",
+          "[multiproc][elastic]") {
+  TempDir dir;
+  const auto r = elastic_job(dir, 2, "",
+                             "$CTL stop $A; echo \"stop=$?\"; $CTL stop 127.0.0.1:1; "
+                             "echo \"unreachable=$?\"; $CTL stop nowhere; echo \"usage=$?\"");
+  INFO(r.output);
+  CHECK_THAT(r.output, Catch::Matchers::Contains("stop=0"));
+  CHECK_THAT(r.output, Catch::Matchers::Contains("unreachable=5"));
+  CHECK_THAT(r.output, Catch::Matchers::Contains("usage=2"));
+  CHECK(count_matches(r.output, "worker [0-9]+ of generation [0-9]+ stopped as requested") == 2);
+  CHECK(count_matches(r.output, "died") == 0);
+  CHECK_THAT(r.output, Catch::Matchers::Contains("exit=130"));
+  CHECK(nothing_left(dir));
 }
 
 TEST_CASE("below min_workers after a failure the job stops with a checkpoint",

@@ -53,9 +53,9 @@ TEST_CASE("deterministic jobs give the same fingerprint on 1, 2, 3 and 4 workers
   }
 }
 
-TEST_CASE("default jobs agree across worker counts within tolerance", "[multiproc]") {
-  const auto one = train(1, "");
-  const auto three = train(3, "");
+TEST_CASE("default jobs agree across worker counts within tolerance", "[multiproc][numeric]") {
+  const auto one = train(1, vflow::testing::threads_flag());
+  const auto three = train(3, vflow::testing::threads_flag());
   CHECK(three.fingerprints.size() == 1);  // all ranks hold the same state
   REQUIRE(one.losses.size() == three.losses.size());
   for (size_t i = 0; i < one.losses.size(); ++i) {

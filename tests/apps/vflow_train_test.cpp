@@ -1,7 +1,10 @@
 // vflow-train as a user runs it: exit codes and messages.
+#include <sys/stat.h>
+
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <regex>
+#include <sstream>
 
 #include "support.h"
 #include "vflow/engine/checkpoint.h"
@@ -76,12 +79,18 @@ TEST_CASE("vflow-train trains, prints the fingerprint and resumes", "[integratio
 }
 
 TEST_CASE("the default job reaches over 85% test accuracy on Fashion-MNIST",
-          "[slow][integration]") {
-  const auto r = run_command(kTrain + " --set output.logging.progress=lines");
+          "[slow][integration][numeric]") {
+  const auto r =
+      run_command(kTrain + " --set output.logging.progress=lines" + vflow::testing::threads_flag());
   INFO(r.output);
   REQUIRE(r.exit_code == 0);
+  // The final figure ("test accuracy X% after N steps"), not the evaluations after the
+  // first epochs (84.8% after epoch 1 on one machine, 91.0% at the end): the bound has
+  // a margin of about 6 points over every CPU and thread count measured (docs/testing.md).
   std::smatch m;
-  REQUIRE(std::regex_search(r.output, m, std::regex("test accuracy ([0-9.]+)%")));
+  REQUIRE(
+      std::regex_search(r.output, m, std::regex("test accuracy ([0-9.]+)% after ([0-9]+) steps")));
+  CHECK(m[2] == "705");
   CHECK(std::stod(m[1]) > 85.0);
 }
 
@@ -136,4 +145,115 @@ TEST_CASE("the example jobs are valid", "[integration]") {
     ++checked;
   }
   CHECK(checked >= 4);
+}
+
+TEST_CASE("hostile inputs end with a usage or data or checkpoint error and never crash or hang",
+          "[integration]") {
+  TempDir dir;
+  const auto write = [&](const std::string& name, const std::string& text) {
+    vflow::testing::write_file(dir.file(name), text);
+    return dir.file(name);
+  };
+  REQUIRE(::mkfifo(dir.file("fifo").c_str(), 0600) == 0);
+  // `timeout` turns a hang into exit 124, which no check below accepts.
+  const auto train = [&](const std::string& args) {
+    return run_command("timeout 60 " + kTrain + " " + args);
+  };
+  struct Case {
+    std::string args;
+    int exit_code;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {write("alias.yaml", "model: &a [*a]\n"), 2, "alias.yaml:1:8: model[0]"},
+      {write("deep.yaml", std::string(3000, '[') + std::string(3000, ']')), 2, "nested more than"},
+      {write("binary.yaml", std::string("semantic:\n  seed: \x01\xfe\n")), 2,
+       "binary.yaml:2:9: byte 0x01 is not allowed"},
+      {write("empty.yaml", ""), 2, "empty.yaml: the job spec is empty"},
+      {write("huge.yaml", "semantic: {seed: " + std::string(2 << 20, '7') + "}\n"), 2,
+       "huge.yaml:1:18: semantic.seed: a value of 2097152 bytes"},
+      {"/dev/zero", 2, "/dev/zero: cannot read the job spec: is a character device"},
+      {dir.file("fifo"), 2, "fifo: cannot read the job spec: is a FIFO"},
+      {dir.path(), 2, "cannot read the job spec: is a directory"},
+      {"--set 'semantic.model=&a [*a]'", 2, "--set semantic.model=&a [*a]: cannot parse the value"},
+      {"--workers 0", 2, "--workers: must be at least 1, got 0"},
+      {"--port 99999", 2, "--port: must be at most 65535, got 99999"},
+      {"--set output.checkpoint.resume=/dev/zero", 4,
+       "/dev/zero: cannot read checkpoint: is a character device"},
+      {"--set output.checkpoint.resume=" + dir.file("fifo"), 4, "is a FIFO"},
+      {"--set output.checkpoint.resume=" + write("junk.pt", "PK\x03\x04 not a zip"), 4,
+       "junk.pt: not a usable checkpoint: too short for a zip archive"},
+  };
+  for (const auto& c : cases) {
+    const auto r = train(c.args);
+    INFO(c.args.substr(0, 200) << "\n" << r.output.substr(0, 2000));
+    CHECK(r.exit_code == c.exit_code);
+    CHECK_THAT(r.output, Contains(c.message));
+  }
+  // A checkpoint with one byte changed in the middle: vflow's CRC check refuses it before
+  // LibTorch's reader (which checks no CRC) sees it.
+  REQUIRE(
+      run_command(kTrain + kSmall + " --set output.checkpoint.dir=" + dir.file("ckpt")).exit_code ==
+      0);
+  const std::string checkpoint = vflow::engine::latest_checkpoint(dir.file("ckpt"));
+  std::string bytes = vflow::testing::read_file(checkpoint);
+  bytes[bytes.size() / 2] = static_cast<char>(bytes[bytes.size() / 2] ^ 0x20);
+  vflow::testing::write_file(checkpoint, bytes);
+  const auto damaged =
+      train(kSmall + " --set output.checkpoint.dir=" + dir.file("ckpt") + " --resume latest");
+  CHECK(damaged.exit_code == 4);
+  CHECK_THAT(damaged.output, Contains("fails its CRC-32 check (the file is damaged)"));
+  // A data file that is a FIFO or a directory, where Fashion-MNIST's files are looked for.
+  std::filesystem::create_directories(dir.file("data"));
+  REQUIRE(::mkfifo(dir.file("data/train-images-idx3-ubyte.gz").c_str(), 0600) == 0);
+  write("data/train-labels-idx1-ubyte.gz", "");
+  const auto fifo_data = train("--set semantic.data.options.path=" + dir.file("data"));
+  CHECK(fifo_data.exit_code == 3);
+  CHECK_THAT(fifo_data.output, Contains("train-images-idx3-ubyte.gz: cannot read: is a FIFO"));
+}
+
+TEST_CASE("a full disk during checkpoints is a clean error that loses nothing", "[integration]") {
+  // A 1 MiB file system of this test's own (a tmpfs in a private mount namespace), for
+  // checkpoints of about 0.6 MB: the first fits, the second does not.
+  TempDir dir;
+  const std::string disk = dir.file("disk");
+  std::filesystem::create_directories(disk);
+  const std::string job =
+      kSmall + " --set semantic.model.options='{channels: [16], hidden: 300}'" +
+      " --set semantic.steps=30 --set output.checkpoint.dir=" + disk +
+      " --set output.checkpoint.every_steps=10 --set output.logging.metrics=" + disk +
+      "/metrics.jsonl --set output.logging.every_steps=1";
+  vflow::testing::write_file(
+      dir.file("full.sh"),
+      "mount -t tmpfs -o size=1m tmpfs " + disk + " || exit 1\n" + kTrain + job +
+          "\necho \"exit=$?\"\necho '== files'\nls " + disk + "\necho '== metrics'\ncat " + disk +
+          "/metrics.jsonl\necho '== resume'\n" + kTrain + job + " --resume latest\n");
+  const auto r = run_command("unshare --mount --map-root-user sh " + dir.file("full.sh"));
+  INFO(r.output);
+  const auto part = [&](const std::string& from, const std::string& to) {
+    const auto a = r.output.find(from);
+    const auto b = r.output.find(to);
+    REQUIRE(a != std::string::npos);
+    REQUIRE(b != std::string::npos);
+    return r.output.substr(a + from.size(), b - a - from.size());
+  };
+  const std::string run = part("", "== files");
+  CHECK_THAT(run, Contains("[checkpoint] wrote " + disk + "/step-00000010.pt"));
+  CHECK_THAT(run, Contains(disk + "/step-00000020.pt: cannot write checkpoint: ") &&
+                      Contains("No space left on device; earlier checkpoints are kept"));
+  // The checkpoint at the end must succeed: it cannot, so the job ends with exit code 4.
+  CHECK_THAT(run, Contains("checkpoint error: " + disk + "/step-00000030.pt"));
+  CHECK_THAT(run, Contains("exit=4"));
+  CHECK_THAT(run, !Contains("terminate called") && !Contains("Aborted"));
+  // Only the checkpoint that was written is there, no temporary file.
+  CHECK(part("== files\n", "== metrics") == "metrics.jsonl\nstep-00000010.pt\n");
+  // The metrics file lost records, never parts of one.
+  std::istringstream metrics(part("== metrics\n", "== resume"));
+  int records = 0;
+  for (std::string line; std::getline(metrics, line); ++records) {
+    CHECK(std::regex_match(line, std::regex(R"(\{"event":"[a-z]+",.*\})")));
+  }
+  CHECK(records >= 10);
+  // The earlier checkpoint is whole: a run resumes from it.
+  CHECK_THAT(r.output, Contains("resumed from " + disk + "/step-00000010.pt at step 10"));
 }

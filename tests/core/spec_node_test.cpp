@@ -1,7 +1,12 @@
 #include "vflow/core/spec_node.h"
 
-#include <catch2/catch.hpp>
+#include <fmt/format.h>
+#include <sys/stat.h>
 
+#include <catch2/catch.hpp>
+#include <functional>
+
+#include "support.h"
 #include "vflow/core/error.h"
 
 using Catch::Matchers::Contains;
@@ -59,4 +64,94 @@ TEST_CASE("overrides replace or create keys and carry their own location", "[uni
   CHECK(root.find("a")->find("b")->describe() == "--set a.b=2: a.b");
   CHECK_THROWS_AS(vflow::apply_override(root, "novalue"), SpecError);
   CHECK_THROWS_AS(vflow::apply_override(root, "a.b.x=1"), SpecError);
+}
+
+namespace {
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const SpecError& e) {
+    return e.what();
+  }
+  return "";
+}
+std::string parse_error(const std::string& text) {
+  return error_of([&] { vflow::parse_yaml(text, "h.yaml"); });
+}
+}  // namespace
+
+TEST_CASE("hostile YAML is refused with a located message, never a crash", "[unit]") {
+  // An alias that contains itself: yaml-cpp builds a cyclic node graph.
+  CHECK_THAT(parse_error("model: &a [*a]\n"),
+             Contains("h.yaml:1:") && Contains("nested more than 64 levels"));
+  CHECK_THAT(parse_error("a: &x {b: *x}\n"), Contains("nested more than 64 levels"));
+  // Deep nesting, as flow and as block collections.
+  CHECK_THAT(parse_error(std::string(100, '[') + std::string(100, ']')),
+             Contains("h.yaml:1:66: ") && Contains("nested more than 64 levels"));
+  CHECK_THAT(parse_error(std::string(5000, '[') + std::string(5000, ']')),
+             Contains("h.yaml: nested more than"));
+  std::string block;
+  for (int i = 0; i < 100; ++i) block += std::string(static_cast<size_t>(i), ' ') + "k:\n";
+  CHECK_THAT(parse_error(block), Contains("h.yaml:66:") && Contains("nested more than"));
+  // Aliases that repeat one another: 10^7 values from a few lines.
+  std::string bomb = "a: &a0 [x, x, x, x, x, x, x, x, x, x]\n";
+  for (int i = 1; i < 8; ++i) {
+    bomb += fmt::format(
+        "b{0}: &a{0} [*a{1}, *a{1}, *a{1}, *a{1}, *a{1}, *a{1}, *a{1}, *a{1}, "
+        "*a{1}, *a{1}]\n",
+        i, i - 1);
+  }
+  CHECK_THAT(parse_error(bomb), Contains("h.yaml:") && Contains("more than 200000 values"));
+  // Plain anchors and aliases are fine.
+  const SpecNode ok = vflow::parse_yaml("a: &x {b: 1}\nc: *x\n", "h.yaml");
+  CHECK(ok.find("c")->find("b")->value() == "1");
+  CHECK(ok.find("c")->find("b")->path() == "c.b");
+  // Huge values and keys.
+  CHECK_THAT(parse_error("a: " + std::string((1 << 20) + 1, 'x') + "\n"),
+             Contains("h.yaml:1:4: a: a value of 1048577 bytes"));
+  CHECK_THAT(parse_error("? " + std::string(2000, 'k') + "\n: 1\n"),
+             Contains("a key of 2000 bytes"));
+  // Bytes that are not UTF-8 text, or control characters.
+  CHECK_THAT(parse_error(std::string("a: 1\nb: \xff\xfe\n")),
+             Contains("h.yaml:2:4: byte 0xff is not allowed"));
+  CHECK_THAT(parse_error(std::string("a: x\0y\n", 7)), Contains("h.yaml:1:5: byte 0x00"));
+  CHECK_THAT(parse_error("a: \x1b[31m\n"), Contains("h.yaml:1:4: byte 0x1b"));
+  CHECK_THAT(parse_error("a: \xc0\xaf\n"), Contains("byte 0xc0"));       // overlong '/'
+  CHECK(parse_error("name: \xc3\xa9t\xc3\xa9 \xe2\x9c\x93\n").empty());  // real UTF-8 is text
+  CHECK(vflow::parse_yaml("", "h.yaml").is_null());
+}
+
+TEST_CASE("YAML files: empty documents and paths that are not regular files", "[unit]") {
+  vflow::testing::TempDir dir;
+  const auto load_error = [](const std::string& path) {
+    return error_of([&] { vflow::load_yaml_file(path, "job spec"); });
+  };
+  vflow::testing::write_file(dir.file("empty.yaml"), "");
+  CHECK(load_error(dir.file("empty.yaml")) ==
+        dir.file("empty.yaml") + ": the job spec is empty (no YAML document)");
+  vflow::testing::write_file(dir.file("comment.yaml"), "# nothing\n");
+  CHECK_THAT(load_error(dir.file("comment.yaml")), Contains("is empty"));
+  CHECK_THAT(load_error(dir.path()), Contains(": cannot read the job spec: is a directory"));
+  CHECK_THAT(load_error("/dev/zero"),
+             Contains("/dev/zero: cannot read the job spec: is a character device"));
+  REQUIRE(::mkfifo(dir.file("fifo").c_str(), 0600) == 0);
+  CHECK_THAT(load_error(dir.file("fifo")), Contains("is a FIFO"));  // without blocking
+  CHECK_THAT(load_error(dir.file("missing.yaml")), Contains("cannot open: No such file"));
+}
+
+TEST_CASE("override values get the same bounds and name the override", "[unit]") {
+  SpecNode root = vflow::parse_yaml("a: {b: 1}\n", "o.yaml");
+  const auto set_error = [&](const std::string& assignment) {
+    return error_of([&] { vflow::apply_override(root, assignment); });
+  };
+  CHECK_THAT(set_error("a.b=&x [*x]"),
+             Contains("--set a.b=&x [*x]: cannot parse the value: a.b[0][0]") &&
+                 Contains("nested more than 64 levels"));
+  CHECK_THAT(set_error("a.b=[1, 2"), Contains("--set a.b=[1, 2: cannot parse the value:"));
+  CHECK_THAT(set_error(std::string("a.b=\x01\xff")),
+             Contains("--set a.b=\\x01\\xff: cannot parse the value: byte 0x01"));
+  CHECK_THAT(set_error("a.b=" + std::string(500, '{')), Contains("cannot parse the value"));
+  // "key=" unsets the key (documented), it is not an error.
+  CHECK(set_error("a.b=").empty());
+  CHECK(root.find("a")->find("b")->is_null());
 }

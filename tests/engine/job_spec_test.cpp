@@ -62,8 +62,10 @@ TEST_CASE("a planned layout may put workers on several device types", "[unit][he
   }
 }
 
-TEST_CASE("an empty job file means every default", "[unit]") {
-  CHECK(error_of("") == "");
+TEST_CASE("an empty job file is refused; {} means every default", "[unit]") {
+  CHECK(error_of("") == "job.yaml: the job spec is empty (no YAML document)");
+  CHECK(error_of("# only a comment\n") != "");
+  CHECK(error_of("{}\n") == "");
   CHECK(error_of("semantic: {}\n") == "");
 }
 
@@ -158,18 +160,19 @@ TEST_CASE("each class of bad job spec is rejected with file, line and key", "[un
     CHECK_THAT(error_of("semantic:\n  global_batch: [1,\n"), Contains("job.yaml:"));
   }
   SECTION("a missing file") {
-    CHECK_THROWS_WITH(load_job_spec("/nonexistent/job.yaml"),
-                      Contains("/nonexistent/job.yaml: cannot open job spec"));
+    CHECK_THROWS_WITH(
+        load_job_spec("/nonexistent/job.yaml"),
+        Contains("/nonexistent/job.yaml: cannot read the job spec: cannot open: No such file"));
   }
 }
 
 TEST_CASE("command-line overrides go through the same validation", "[unit]") {
-  CHECK(error_of("", {"semantic.global_batch=128", "semantic.virtual_nodes=16"}) == "");
+  CHECK(error_of("{}\n", {"semantic.global_batch=128", "semantic.virtual_nodes=16"}) == "");
   CHECK_THAT(
-      error_of("", {"semantic.virtual_nodes=7"}),
+      error_of("{}\n", {"semantic.virtual_nodes=7"}),
       Contains("--set semantic.virtual_nodes=7: semantic.virtual_nodes: global_batch 256 is not "
                "divisible by virtual_nodes 7"));
-  CHECK_THAT(error_of("", {"semantic.optimzer.lr=0.1"}),
+  CHECK_THAT(error_of("{}\n", {"semantic.optimzer.lr=0.1"}),
              Contains("--set semantic.optimzer.lr=0.1: semantic.optimzer: unknown key"));
   CHECK_THROWS_WITH(
       load_job_spec("", {"semantic.optimizer.name=adamw"}),

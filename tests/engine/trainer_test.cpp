@@ -40,7 +40,7 @@ TEST_CASE("learning-rate schedules", "[unit]") {
   CHECK(vflow::engine::LrSchedule(s, 0.3, 100).at(77) == Approx(0.3));
 }
 
-TEST_CASE("a small job learns its synthetic task", "[integration]") {
+TEST_CASE("a small job learns its synthetic task", "[integration][numeric]") {
   for (const char* optimizer : {"{name: sgd, lr: 0.05}", "{name: adamw, lr: 0.003}"}) {
     CAPTURE(optimizer);
     const auto result =
@@ -51,7 +51,9 @@ TEST_CASE("a small job learns its synthetic task", "[integration]") {
     CHECK(result.steps == 30);
     REQUIRE(result.evaluation.has_value());
     INFO("accuracy " << result.evaluation->accuracy);
-    CHECK(result.evaluation->accuracy > 0.6);  // 4 classes: chance is 0.25
+    // 4 classes: chance is 0.25. Measured 0.875-0.898 (sgd) and 0.664 (adamw) over every
+    // CPU variant and thread count of docs/testing.md; the bound sits halfway to chance.
+    CHECK(result.evaluation->accuracy > 0.45);
   }
 }
 

@@ -20,7 +20,7 @@ using vflow::testing::small_job;
 using vflow::testing::TempDir;
 
 TEST_CASE("a BERT-style encoder learns language identification on the fortune packages",
-          "[integration][text]") {
+          "[integration][text][numeric]") {
   const auto result = run_job(small_job({
       "semantic.model={name: bert, options: {preset: tiny, layers: 1}}",
       "semantic.data={name: fortunes-langid, options: {per_class: 240, max_length: 48}}",
@@ -37,7 +37,8 @@ TEST_CASE("a BERT-style encoder learns language identification on the fortune pa
   CHECK(result.evaluation->accuracy > 0.5);
 }
 
-TEST_CASE("the Transformer language model trains on the English fortunes", "[integration][text]") {
+TEST_CASE("the Transformer language model trains on the English fortunes",
+          "[integration][text][numeric]") {
   const auto result = run_job(small_job({
       "semantic.model={name: transformer-lm, options: {layers: 1, hidden: 64, heads: 2}}",
       "semantic.data={name: fortunes-lm, options: {context: 32, test_every: 200}}",
@@ -113,7 +114,8 @@ TEST_CASE("a TorchScript job trains from the shorthand, and PyTorch reads its ch
   CHECK_THAT(r.output, Contains("All keys matched successfully"));
 }
 
-TEST_CASE("precision bf16 runs the forward pass under bfloat16 autocast", "[integration]") {
+TEST_CASE("precision bf16 runs the forward pass under bfloat16 autocast",
+          "[integration][numeric][bf16]") {
   {
     const auto a = torch::randn({8, 8});
     const vflow::compat::AutocastGuard on(torch::kCPU, true);
@@ -125,8 +127,12 @@ TEST_CASE("precision bf16 runs the forward pass under bfloat16 autocast", "[inte
   }
   CHECK(torch::mm(torch::randn({4, 4}), torch::randn({4, 4})).scalar_type() == torch::kFloat32);
 
+  // 40 steps: long enough for the bounds to have a clear margin on every CPU. The last
+  // step's loss of a 20-step run sat at 1.1991 to 1.2000 against a bound of 1.2 depending
+  // on the CPU's vector kernels (docs/testing.md); the evaluation over the test split after
+  // 40 steps is 0.52 in both precisions, against chance at ln 4 = 1.39.
   auto run = [](const std::string& precision) {
-    auto spec = vflow::testing::small_job({"semantic.precision=" + precision});
+    auto spec = vflow::testing::small_job({"semantic.precision=" + precision, "semantic.steps=40"});
     return vflow::engine::run_job(spec);
   };
   const auto fp32 = run("fp32");
@@ -136,8 +142,13 @@ TEST_CASE("precision bf16 runs the forward pass under bfloat16 autocast", "[inte
   CHECK(bf16.fingerprint == again.fingerprint);
   REQUIRE(bf16.evaluation);
   REQUIRE(fp32.evaluation);
-  CHECK(bf16.final_loss < 1.2);  // 4 classes: chance is ln 4 = 1.39
+  INFO("fp32: accuracy " << fp32.evaluation->accuracy << " loss " << fp32.evaluation->loss
+                         << "; bf16: accuracy " << bf16.evaluation->accuracy << " loss "
+                         << bf16.evaluation->loss);
+  CHECK(bf16.evaluation->loss < 0.9);
+  CHECK(bf16.evaluation->accuracy > 0.7);  // 4 classes: chance is 0.25
   CHECK(std::abs(bf16.evaluation->accuracy - fp32.evaluation->accuracy) < 0.1);
+  CHECK(std::abs(bf16.evaluation->loss - fp32.evaluation->loss) < 0.1);
   // Part of the semantic text (a checkpoint refuses to resume under the other precision)
   // and of the model digest (profiles are per precision); absent for fp32.
   const auto b = vflow::testing::small_job({"semantic.precision=bf16"});

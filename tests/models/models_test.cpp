@@ -43,7 +43,7 @@ constexpr int64_t kVocab = vflow::data::ByteTokenizer::kVocabSize;
 
 }  // namespace
 
-TEST_CASE("ResNets give [n, classes] logits and learn", "[unit][models]") {
+TEST_CASE("ResNets give [n, classes] logits and learn", "[unit][models][numeric]") {
   struct Case {
     std::string options;
     ModelContext ctx;
@@ -74,7 +74,8 @@ TEST_CASE("ResNets give [n, classes] logits and learn", "[unit][models]") {
   }
 }
 
-TEST_CASE("the BERT-style encoder classifies token sequences and learns", "[unit][models]") {
+TEST_CASE("the BERT-style encoder classifies token sequences and learns",
+          "[unit][models][numeric]") {
   const ModelContext ctx{{16}, 4, kVocab};
   auto tokens = torch::randint(vflow::data::ByteTokenizer::kFirstByte, kVocab, {6, 16});
   tokens.slice(1, 10, 16).fill_(vflow::data::ByteTokenizer::kPad);  // padded tails
@@ -108,7 +109,8 @@ TEST_CASE("the BERT-style encoder classifies token sequences and learns", "[unit
                      (kVocab + 16) * 256 + 2 * 256 + 256 * 256 + 256 + 256 * 4 + 4);
 }
 
-TEST_CASE("the Transformer language model predicts every next token causally", "[unit][models]") {
+TEST_CASE("the Transformer language model predicts every next token causally",
+          "[unit][models][numeric]") {
   const ModelContext ctx{{12}, kVocab, kVocab};
   auto model = build("transformer-lm", "{layers: 2, hidden: 32, heads: 4, dropout: 0}", ctx);
   const auto tokens = torch::randint(vflow::data::ByteTokenizer::kFirstByte, kVocab, {3, 12});

@@ -99,7 +99,8 @@ void check_one_batch_gradients(const JobSpec& spec) {
 
 }  // namespace
 
-TEST_CASE("the gradient of N weighted vnodes equals the one-big-batch gradient", "[unit]") {
+TEST_CASE("the gradient of N weighted vnodes equals the one-big-batch gradient",
+          "[unit][numeric]") {
   for (const int64_t n : {1, 4, 12}) {
     CAPTURE(n);
     const auto spec = frozen_job("mlp", n, false);
@@ -143,12 +144,13 @@ void check_sequential_statistics(const JobSpec& spec, size_t buffers) {
 
 }  // namespace
 
-TEST_CASE("batch-norm running statistics follow sequential updates in vnode order", "[unit]") {
+TEST_CASE("batch-norm running statistics follow sequential updates in vnode order",
+          "[unit][numeric]") {
   // 108 examples: two full batches of 48, then a tail of 12 (2 per vnode).
   check_sequential_statistics(frozen_job("mlp", 6, true, 108), 6);  // 2 BatchNorm1d x 3
 }
 
-TEST_CASE("ResNet's batch norms follow the stateful-kernel rule", "[unit]") {
+TEST_CASE("ResNet's batch norms follow the stateful-kernel rule", "[unit][numeric]") {
   // Stem + 8 basic blocks (2 norms each) + 3 projection shortcuts = 20 norms x 3 buffers.
   check_sequential_statistics(frozen_job_of("{name: resnet, options: {depth: 18, width: 4}}",
                                             "{train_size: 108, shape: [3, 8, 8], classes: 4}", 4),
@@ -171,7 +173,8 @@ TEST_CASE("batch norms inside a TorchScript model follow the stateful-kernel rul
       3);
 }
 
-TEST_CASE("the contribution table reproduces cumulative-average batch norm too", "[unit]") {
+TEST_CASE("the contribution table reproduces cumulative-average batch norm too",
+          "[unit][numeric]") {
   torch::manual_seed(0);
   auto bn = torch::nn::BatchNorm2d(torch::nn::BatchNorm2dOptions(3).momentum(c10::nullopt));
   auto reference = torch::nn::BatchNorm2d(torch::nn::BatchNorm2dOptions(3).momentum(c10::nullopt));
@@ -275,7 +278,8 @@ TEST_CASE("dropout inside vnode v of step s draws from a generator seeded by (se
   }
 }
 
-TEST_CASE("relaxed vnode sizes: weighted gradients and batch norm per vnode still hold", "[unit]") {
+TEST_CASE("relaxed vnode sizes: weighted gradients and batch norm per vnode still hold",
+          "[unit][numeric]") {
   const std::string sizes = "semantic.vnode_sizes=[10, 2, 7, 5, 24]";  // B = 48, N = 5
   {
     const auto spec = vflow::testing::small_job(

@@ -14,12 +14,8 @@
 namespace vflow::comm {
 
 /// A collective did not complete because a peer died, closed its connection or
-/// stayed silent past the timeout. The collective's output is undefined; nothing
-/// has been applied to the model.
-class PeerFailure : public Error {
- public:
-  using Error::Error;
-};
+/// stayed silent past the timeout (vflow/core/error.h).
+using vflow::PeerFailure;
 
 struct Rendezvous;
 

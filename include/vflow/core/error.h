@@ -43,6 +43,21 @@ class OutOfMemory : public Error {
   using Error::Error;
 };
 
+/// A peer did not answer: a collective did not complete because a worker died, closed its
+/// connection or stayed silent past the timeout (its output is undefined; nothing has
+/// been applied to the model), or the job's coordinator cannot be reached.
+class PeerFailure : public Error {
+ public:
+  using Error::Error;
+};
+
+/// A running job's coordinator refused a request, e.g. a resize outside the job's limits
+/// or an address that is not an elastic vflow job.
+class RequestRefused : public Error {
+ public:
+  using Error::Error;
+};
+
 /// A violated internal invariant: a bug in vflow, not a user mistake.
 class InternalError : public Error {
  public:

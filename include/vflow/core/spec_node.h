@@ -6,6 +6,7 @@
 // typed getters with ranges, and finish() rejects keys nobody asked for.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -32,6 +33,8 @@ class SpecNode {
   static SpecNode scalar(std::string value, SpecLocation where = {}, std::string path = {});
   static SpecNode map(SpecLocation where = {}, std::string path = {});
   static SpecNode sequence(SpecLocation where = {}, std::string path = {});
+  /// A null value that still knows where it was written (`key:` or `- ` with nothing after).
+  static SpecNode none(SpecLocation where, std::string path = {});
 
   Kind kind() const { return kind_; }
   bool is_null() const { return kind_ == Kind::Null; }
@@ -75,13 +78,29 @@ class SpecNode {
   std::string path_;
 };
 
+/// Bounds on every YAML input (job specs, overrides, profiles, scheduler files): deeper
+/// nesting, more values (aliases expanded), longer values or larger files are a SpecError.
+inline constexpr int kYamlMaxDepth = 64;
+inline constexpr size_t kYamlMaxValues = 200'000;
+inline constexpr size_t kYamlMaxScalarBytes = 1 << 20;
+inline constexpr size_t kYamlMaxKeyBytes = 1024;
+inline constexpr size_t kYamlMaxFileBytes = 64 << 20;
+
 /// Applies "a.b.c=value" to a tree; the value is parsed as a YAML scalar or flow collection.
+/// "a.b.c=" or "a.b.c=null" unsets the key. Errors name the override itself.
 void apply_override(SpecNode& root, const std::string& assignment);
 
-/// Parses YAML text into a SpecNode tree. Syntax errors become SpecError with file:line.
+/// Parses YAML text into a SpecNode tree. Text that is not UTF-8 or holds control
+/// characters, syntax errors and the bounds above become SpecError with file:line.
+/// An empty text is a Null node.
 SpecNode parse_yaml(const std::string& text, const std::string& source_name);
-/// Reads and parses a YAML file; a missing or unreadable file is a SpecError naming it.
-SpecNode load_yaml_file(const std::string& path);
+/// Reads and parses a YAML file that holds a `what` ("job spec", "profile", ...). A
+/// missing, unreadable or empty file, or one that is not a regular file (a directory, a
+/// FIFO, a device), is a SpecError naming it.
+SpecNode load_yaml_file(const std::string& path, const std::string& what);
+
+/// `text` with bytes that a terminal would not show as themselves written as \xNN.
+std::string printable(const std::string& text);
 
 /// Strict, typed reader over one map node. Every getter marks its key as known;
 /// finish() throws SpecError for keys that no getter asked for, naming the choices.
@@ -99,6 +118,10 @@ class OptionReader {
                          const std::vector<std::string>& choices);
   std::vector<int64_t> get_int_list(const std::string& key, std::vector<int64_t> fallback,
                                     int64_t min, int64_t max);
+  std::vector<double> get_double_list(const std::string& key, std::vector<double> fallback,
+                                      double min, double max);
+  /// A value of any kind (nullptr when absent or null), for keys that take several forms.
+  const SpecNode* value(const std::string& key);
   /// A list of strings; a single scalar counts as a list of one.
   std::vector<std::string> get_string_list(const std::string& key,
                                            std::vector<std::string> fallback);

@@ -2,8 +2,8 @@
 #pragma once
 
 #include <cstdint>
-#include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace vflow::engine {
@@ -16,9 +16,17 @@ std::vector<std::string> list_checkpoints(const std::string& dir);
 std::string latest_checkpoint(const std::string& dir);
 /// Deletes all but the newest `keep` checkpoints in `dir`.
 void prune_checkpoints(const std::string& dir, int64_t keep);
-/// Writes `write(tmp_path)` to a temporary file, fsyncs it, renames it over `path`
-/// and fsyncs the directory: readers see the old file or the complete new one.
-void write_atomically(const std::string& path,
-                      const std::function<void(const std::string&)>& write);
+/// Writes `bytes` to a temporary file beside `path`, fsyncs it, renames it over `path`
+/// and fsyncs the directory: readers see the old file or the complete new one. On failure
+/// (a full disk, say) the temporary file is removed, `path` is untouched, and the
+/// CheckpointError names the file and the cause.
+void write_atomically(const std::string& path, const std::string& bytes);
+
+/// Checks that `bytes` are a whole, undamaged checkpoint archive before LibTorch's reader
+/// sees them: a zip archive (ZIP64 included) whose every entry lies inside the file, is
+/// stored or deflated, and matches its CRC-32, with the archive's data.pkl. Throws a
+/// CheckpointError naming `source` and what is wrong. (LibTorch's reader checks none of the
+/// CRCs, and its TorchScript importer can crash on a damaged entry.)
+void check_archive(std::string_view bytes, const std::string& source);
 
 }  // namespace vflow::engine

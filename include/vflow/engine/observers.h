@@ -9,6 +9,10 @@
 
 #include "vflow/engine/trainer.h"
 
+namespace vflow::core {
+class AppendFile;
+}
+
 namespace vflow::engine {
 
 /// Evaluates on the test split every k epochs / k steps and once at the end.
@@ -45,7 +49,8 @@ class ProgressObserver final : public TrainingObserver {
   std::chrono::steady_clock::time_point last_draw_;
 };
 
-/// Appends one JSON object per line: {"event":"step"|"eval"|"end", ...}.
+/// Appends one JSON object per line: {"event":"step"|"eval"|"end", ...}. A line that
+/// cannot be written (a full disk) is dropped whole and logged, and training goes on.
 class MetricsObserver final : public TrainingObserver {
  public:
   MetricsObserver(const std::string& path, int64_t every_steps);
@@ -57,7 +62,8 @@ class MetricsObserver final : public TrainingObserver {
  private:
   void write(const std::string& line);
   std::string path_;
-  std::FILE* file_;
+  std::unique_ptr<core::AppendFile> file_;
+  bool failing_ = false;  ///< the last write failed (logged once until one succeeds)
   int64_t every_steps_;
   struct Window {  // sums since the last record
     int64_t examples = 0;
@@ -70,7 +76,8 @@ class TensorBoardWriter;
 
 /// TensorBoard scalars (train/loss, train/lr, train/examples_per_second, eval/loss,
 /// eval/accuracy) every k steps and at each evaluation, in an event file in `dir`
-/// (created on the first record, so a worker that never leads writes none).
+/// (created on the first record, so a worker that never leads writes none). Events that
+/// cannot be written are dropped whole and logged, and training goes on.
 class TensorBoardObserver final : public TrainingObserver {
  public:
   TensorBoardObserver(std::string dir, int64_t every_steps);
@@ -80,7 +87,10 @@ class TensorBoardObserver final : public TrainingObserver {
   void on_train_end(Trainer& trainer) override;
 
  private:
-  TensorBoardWriter& writer();
+  /// The writer, created on first use; nullptr when it cannot be (logged).
+  TensorBoardWriter* writer();
+  void flush();
+  bool failing_ = false;
   std::string dir_;
   int64_t every_steps_;
   std::unique_ptr<TensorBoardWriter> writer_;
@@ -88,7 +98,10 @@ class TensorBoardObserver final : public TrainingObserver {
   double seconds_ = 0;
 };
 
-/// Writes checkpoints every k steps and at the end (also when stopped early).
+/// Writes checkpoints every k steps and at the end (also when stopped early). A periodic
+/// checkpoint that cannot be written (a full disk) is logged as an error naming the file
+/// and the cause, the previous checkpoint stays, and training goes on; the next one tries
+/// again. The checkpoint at the end must succeed: its CheckpointError ends the run.
 class CheckpointObserver final : public TrainingObserver {
  public:
   explicit CheckpointObserver(const CheckpointSpec& spec);
@@ -134,7 +147,8 @@ class ExampleLogObserver final : public TrainingObserver {
   void append(const std::string& text);
 
   std::string path_;
-  int fd_;
+  std::unique_ptr<core::AppendFile> file_;
+  bool failing_ = false;
   int64_t last_step_ = -1;  ///< the step of last_lines_
   std::string last_lines_;
 };

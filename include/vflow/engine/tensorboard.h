@@ -9,8 +9,13 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <memory>
 #include <string>
 #include <vector>
+
+namespace vflow::core {
+class AppendFile;
+}
 
 namespace vflow::engine {
 
@@ -23,7 +28,8 @@ uint32_t crc32c(const void* data, size_t size);
 /// "events.out.tfevents.<unix seconds>.<hostname>.<pid>" (".<n>" appended if that name is
 /// taken), so several writers may share a directory. Records are buffered: call flush() to
 /// make them visible to readers and to learn about write errors; the destructor flushes too but
-/// cannot report failure. Not thread-safe.
+/// cannot report failure. A flush that fails (a full disk) leaves no partial record behind:
+/// the file stays readable and its buffered records are dropped. Not thread-safe.
 class TensorBoardWriter {
  public:
   /// Creates `dir` if needed and writes the file's first event (file_version "brain.Event:2").
@@ -34,13 +40,16 @@ class TensorBoardWriter {
   TensorBoardWriter& operator=(const TensorBoardWriter&) = delete;
 
   /// One point of the chart `tag`. `wall_time` is in seconds since the Unix epoch; `value` is
-  /// stored as a float (Summary.Value.simple_value). Throws vflow::Error on a write error.
+  /// stored as a float (Summary.Value.simple_value).
   void scalar(const std::string& tag, int64_t step, double value, double wall_time);
   /// As above, stamped with the current time.
   void scalar(const std::string& tag, int64_t step, double value);
 
-  /// Pushes buffered records to the file; throws vflow::Error on failure.
+  /// Pushes buffered records to the file in one write; throws vflow::Error naming the file
+  /// and the cause on failure, after dropping them.
   void flush();
+  /// As flush(), but returns the cause of a failure ("" on success) instead of throwing.
+  std::string try_flush();
 
   /// The event file this writer appends to.
   const std::string& path() const { return path_; }
@@ -49,7 +58,8 @@ class TensorBoardWriter {
   void write_record(const std::string& data);
 
   std::string path_;
-  std::FILE* file_ = nullptr;
+  std::unique_ptr<core::AppendFile> file_;
+  std::string pending_;  ///< framed records not yet written
 };
 
 /// One Summary.Value with a simple_value, with the step and time of its Event.

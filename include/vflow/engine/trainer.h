@@ -199,6 +199,8 @@ class Trainer {
  private:
   void write_state(torch::serialize::OutputArchive& archive) const;
   void read_state(torch::serialize::InputArchive& archive, const std::string& source);
+  /// Parses and restores serialized state; every failure is a CheckpointError naming source.
+  void load_state(const std::string& bytes, const std::string& source);
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
