@@ -72,6 +72,9 @@ def pytorch_run(vnodes, micro, width, examples):
     import torch.nn.functional as F
 
     torch.manual_seed(1)
+    # Full float32, as vflow runs it: no TF32 in cuDNN convolutions or cuBLAS products.
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
     device = torch.device("cuda:0")
     x_all = torch.randn(8192, 3, 32, 32)
     y_all = torch.randint(0, 10, (8192,))

@@ -25,6 +25,7 @@
 #include <cstdio>
 #include <iostream>
 
+#include "core/torch_compat.h"
 #include "vflow/vflow.h"
 
 namespace {
@@ -268,6 +269,8 @@ int main(int argc, char** argv) {
   app.add_option("--width", c.width, "resnet18: first-stage channels (64 = ResNet-18)");
   CLI11_PARSE(app, argc, argv);
   spdlog::set_level(spdlog::level::warn);
+  // Both loops in full float32, as vflow's trainer runs (no TF32 on the GPU).
+  vflow::compat::use_full_float32();
 
   if (!child.empty()) {
     c.vnodes = vnodes.front();

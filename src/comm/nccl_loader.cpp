@@ -3,6 +3,7 @@
 // install tree alike); VFLOW_NCCL_BACKEND names another file.
 #include <dlfcn.h>
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include <cstdlib>
 #include <mutex>
@@ -35,6 +36,10 @@ const Backend& backend() {
   static Backend loaded;
   static std::once_flag once;
   std::call_once(once, [] {
+    // NCCL 2.30 and later take two ranks on one GPU (tests, small jobs) only when asked;
+    // NCCL reads its variables once, at its first call, so this comes before any. A value
+    // the user set wins; older NCCL ignores the variable (vflow refuses that case itself).
+    ::setenv("NCCL_MULTI_RANK_GPU_ENABLE", "1", /*overwrite=*/0);
     const char* chosen = std::getenv("VFLOW_NCCL_BACKEND");
     std::string path = chosen && *chosen ? chosen : beside_this_library("libvflow_nccl.so");
     void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
@@ -63,7 +68,14 @@ const Backend& backend() {
       loaded.error =
           fmt::format("{} is not a vflow NCCL backend (its entry points are missing)", path);
       loaded.create = nullptr;
+      return;
     }
+    // Which NCCL a process really uses decides what it can do (shrink, grow, two ranks on
+    // one GPU): say it once, with the library's path.
+    auto* library = reinterpret_cast<const char* (*)()>(dlsym(handle, "vflow_nccl_library"));
+    const int v = loaded.version();
+    spdlog::info("[comm] NCCL backend {}: NCCL {}.{}.{} from {}", path, v / 10000, v / 100 % 100,
+                 v % 100, library ? library() : "an unknown path");
   });
   return loaded;
 }

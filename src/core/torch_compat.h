@@ -25,6 +25,15 @@ inline void set_deterministic_algorithms(bool enabled) {
   if (enabled) at::globalContext().setBenchmarkCuDNN(false);
 }
 
+/// float32 stays float32 on every device: no TF32 in cuBLAS matrix products or cuDNN
+/// convolutions (LibTorch lets cuDNN use TF32 on Ampere and Hopper by default), so that an
+/// fp32 job's result does not depend on the GPU generation, and CPU-vs-GPU comparisons hold
+/// at float32 tolerances. Reduced precision is what `semantic.precision: bf16` is for.
+inline void use_full_float32() {
+  at::globalContext().setAllowTF32CuBLAS(false);
+  at::globalContext().setAllowTF32CuDNN(false);
+}
+
 /// Mixed precision for one forward pass on `device`: matrix products and convolutions
 /// in `dtype`, the rest as autocast decides (parameters stay float32). Autocast state is
 /// per thread; the cache of cast weights is cleared when the outermost guard ends.

@@ -146,6 +146,7 @@ void configure_runtime(const JobSpec& spec) {
           : static_cast<int64_t>(std::max(1U, std::thread::hardware_concurrency()));
   torch::set_num_threads(static_cast<int>(threads));
   compat::set_deterministic_algorithms(spec.semantic.deterministic);
+  compat::use_full_float32();
   if (spec.resources.memory_limit_mb > 0) {
     // OpenBLAS (0.3.21, Debian 12) retries a failed allocation of its per-thread work
     // buffers forever instead of failing (OpenBLAS issue 5289): let it allocate them for

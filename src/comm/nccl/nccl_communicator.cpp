@@ -3,6 +3,7 @@
 // LibTorch. Loaded by src/comm/nccl_loader.cpp through the three C entry points at the
 // end of this file.
 #include <cuda_runtime_api.h>
+#include <dlfcn.h>
 #include <fmt/format.h>
 #include <nccl.h>
 #include <spdlog/spdlog.h>
@@ -454,8 +455,8 @@ class NcclCommunicator final : public Communicator {
           "resources.backend: gloo",
           rank_, device_, version));
     }
-    // NCCL_MULTI_RANK_GPU_ENABLE is set by the loader before any NCCL call (NCCL reads
-    // its variables once per process).
+    // NCCL_MULTI_RANK_GPU_ENABLE is set by the loader (src/comm/nccl_loader.cpp) before any
+    // NCCL call, unless the user set it (NCCL reads its variables once per process).
   }
 
   void ensure_usable(const char* call) {
@@ -609,6 +610,18 @@ extern "C" {
 __attribute__((visibility("default"))) int vflow_nccl_version() {
   int version = 0;
   return ncclGetVersion(&version) == ncclSuccess ? version : 0;
+}
+
+/// The path of the NCCL library this backend runs on (the dynamic loader's choice).
+__attribute__((visibility("default"))) const char* vflow_nccl_library() {
+  static const std::string path = [] {
+    Dl_info info{};
+    if (dladdr(reinterpret_cast<void*>(&ncclGetVersion), &info) == 0 || !info.dli_fname) {
+      return std::string("an unknown path");
+    }
+    return std::string(info.dli_fname);
+  }();
+  return path.c_str();
 }
 
 /// 1 when this build and the NCCL loaded can grow a communicator (NCCL >= 2.29).
