@@ -108,12 +108,24 @@ def pytorch_run(vnodes, micro, width, examples):
     print(f"RESULT {steps * vnodes * micro / seconds:.3f} {device_memory_mib(torch):.1f}")
 
 
+def run(cmd):
+    """Runs a measurement; on failure its whole output goes to stderr, not just a code."""
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.stderr.write(f"gpu_compare: {' '.join(cmd)} failed with exit code "
+                         f"{done.returncode}\n--- its stdout ---\n{done.stdout}"
+                         f"--- its stderr ---\n{done.stderr}\n")
+        sys.exit(1)
+    return done.stdout
+
+
 def measure_pytorch(args, vnodes):
-    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", str(vnodes),
-                          "--micro-batch", str(args.micro_batch), "--width", str(args.width),
-                          "--examples", str(args.examples)],
-                         capture_output=True, text=True, check=True).stdout
+    out = run([sys.executable, os.path.abspath(__file__), "--child", str(vnodes),
+               "--micro-batch", str(args.micro_batch), "--width", str(args.width),
+               "--examples", str(args.examples)])
     m = re.search(r"RESULT ([0-9.]+) ([0-9.]+)", out)
+    if not m:
+        sys.exit(f"gpu_compare: no RESULT line from the PyTorch measurement:\n{out}")
     return float(m.group(1)), float(m.group(2))
 
 
@@ -124,7 +136,7 @@ def measure_vflow(args):
            "--vnodes", args.vnodes, "--micro-batch", str(args.micro_batch),
            "--examples", str(args.examples), "--repeats", str(args.repeats)]
     print("$ " + " ".join(cmd), flush=True)
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    out = run(cmd)
     rows = {}
     for line in out.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
@@ -161,6 +173,8 @@ def main():
         runs = [measure_pytorch(args, v) for _ in range(args.repeats)]
         py = statistics.median(r[0] for r in runs)
         py_mem = statistics.median(r[1] for r in runs)
+        if v not in vflow:
+            sys.exit(f"gpu_compare: vnode_overhead printed no row for V={v}")
         ev, ep, ev_mem = vflow[v]
         ratio = ev / py
         worst = ratio if worst is None else min(worst, ratio)

@@ -1,103 +1,226 @@
 #!/usr/bin/env bash
-# The GPU check: builds vflow on a GPU machine against the PyTorch installation's
-# LibTorch (CUDA) and the NCCL found there, runs the [cuda] tests, the CPU unit tests
-# (PyTorch's LibTorch 2.x) and the GPU benchmark. Meant to finish in under 8
-# minutes on a 16-core machine.
+# The GPU check (docs/gpu.md, "Running the GPU check"). A GPU machine is lent for one
+# command of at most 10 minutes, sends back only files written under one folder, and
+# has no internet: so the check is one bounded command that writes every log there.
 #
-# The GPU machine has no internet and no Debian packages; the few libraries vflow needs
-# besides PyTorch travel with the working tree as .deb files, unpacked into a private
-# prefix (never into /):
+#   scripts/gpu-check.sh fetch [DEPS]        where Debian 12's mirror is reachable: the
+#                                            .deb files the GPU machine lacks, into DEPS
+#                                            (default .gpu-deps, about 2 MB)
+#   scripts/gpu-check.sh run DEPS OUT        on the GPU machine: unpack DEPS into a fresh
+#                                            directory, configure against PyTorch's
+#                                            LibTorch and NCCL, build, run the [cuda]
+#                                            tests, the GPU benchmark, the CPU unit tests
+#   scripts/gpu-check.sh rehearse DEPS OUT   on a CPU machine: every step of `run`, with the
+#                                            CPU's tests and a one-step CPU benchmark
 #
-#   scripts/gpu-check.sh fetch [DIR]   # where Debian 12's mirror is reachable: downloads
-#                                      # the .deb files into DIR (default .gpu-deps)
-#   scripts/gpu-check.sh run [DIR]     # on the GPU machine: unpack, build, test, measure
-#
-# `run` writes build-gpu/ and its logs to ${VFLOW_GPU_LOGS:-build-gpu/logs}.
-set -euo pipefail
+# OUT receives six files: summary.txt (each stage's status and seconds), setup.log
+# (unpacking, what was found, configure), build.log, cuda-tests.log, bench.log and
+# unit-tests.log. Each stage runs under its own hard time limit (seconds, env to change):
+#   VFLOW_GPU_SETUP_S=60  VFLOW_GPU_BUILD_S=240  VFLOW_GPU_CUDA_S=120  VFLOW_GPU_BENCH_S=90
+# and the CPU unit tests get what remains of VFLOW_GPU_TOTAL_S=540 (at least 30 s), so
+# the whole check ends before 9 minutes and its logs come back even when a stage fails
+# or runs out of time. A stage's output goes to its log file only, never through a pipe
+# that could cut it; the screen gets the summary and the end of each failed stage's log.
+set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-MODE="${1:-run}"
-DEPS="$(cd "$ROOT" && realpath -m "${2:-.gpu-deps}")"
-# What the GPU machine lacks: yaml-cpp, fmt, spdlog, CLI11, Catch2 (2.x), Gloo's headers.
-# And Fashion-MNIST (31 MB) for the tests that train on it.
+MODE="${1:-}"
+# What the GPU machine lacks: yaml-cpp, fmt, spdlog, CLI11, Catch2 (2.x), Gloo's headers,
+# zlib's headers. The [cuda] tests and the benchmark use synthetic data: no Fashion-MNIST.
 PACKAGES=(libyaml-cpp-dev libyaml-cpp0.7 libfmt-dev libfmt9 libspdlog-dev libspdlog1.10
-          libcli11-dev catch2 libgloo-dev zlib1g-dev dataset-fashion-mnist)
+          libcli11-dev catch2 libgloo-dev zlib1g-dev)
 
-say() { printf '\n== %s (%ss)\n' "$*" "$SECONDS"; }
+usage() {
+  echo "usage: $0 fetch [DEPS] | run DEPS OUT | rehearse DEPS OUT" >&2
+  exit 2
+}
 
 if [[ "$MODE" == fetch ]]; then
+  set -e
+  DEPS="$(realpath -m "${2:-$ROOT/.gpu-deps}")"
   mkdir -p "$DEPS"
   (cd "$DEPS" && apt-get download "${PACKAGES[@]}")
   ls -l "$DEPS"
+  du -sh "$DEPS"
   exit 0
 fi
-[[ "$MODE" == run ]] || { echo "usage: $0 fetch|run [DIR]" >&2; exit 2; }
+[[ "$MODE" == run || "$MODE" == rehearse ]] || usage
+[[ $# -eq 3 ]] || usage
+DEPS="$(realpath -m "$2")"
+OUT="$(realpath -m "$3")"
+[[ -d "$DEPS" ]] || { echo "no dependency folder $DEPS (scripts/gpu-check.sh fetch)" >&2; exit 2; }
+mkdir -p "$OUT" || exit 2
 
-LOGS="${VFLOW_GPU_LOGS:-$ROOT/build-gpu/logs}"
-mkdir -p "$LOGS"
-PREFIX=/tmp/vflow-gpu-prefix
-say "unpacking $(ls "$DEPS"/*.deb | wc -l) packages into $PREFIX"
-rm -rf "$PREFIX" && mkdir -p "$PREFIX"
-for deb in "$DEPS"/*.deb; do dpkg-deb -x "$deb" "$PREFIX"; done
-# zlib1g-dev's libz.so points at Debian's absolute path: point it at this system's zlib.
-LIBZ="$(ldconfig -p | awk '/libz\.so\.1 /{print $NF; exit}')"
-[[ -n "$LIBZ" ]] && ln -sf "$LIBZ" "$PREFIX/usr/lib/x86_64-linux-gnu/libz.so"
-export LD_LIBRARY_PATH="$PREFIX/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-# Jobs and tests read Fashion-MNIST from Debian's path: a link to the unpacked copy.
-if [[ ! -e /usr/share/datasets/fashion-mnist && -d "$PREFIX/usr/share/datasets/fashion-mnist" ]]; then
-  mkdir -p /usr/share/datasets
-  ln -s "$PREFIX/usr/share/datasets/fashion-mnist" /usr/share/datasets/fashion-mnist
-fi
+BUILD="${VFLOW_GPU_BUILD_DIR:-$ROOT/build-gpu}"
+[[ "$MODE" == rehearse ]] && BUILD="${VFLOW_GPU_BUILD_DIR:-$ROOT/build-gpu-rehearse}"
+SUMMARY="$OUT/summary.txt"
+SETUP_LOG="$OUT/setup.log"
+: >"$SUMMARY"
+for f in setup build cuda-tests bench unit-tests; do : >"$OUT/$f.log"; done
+TOTAL_S="${VFLOW_GPU_TOTAL_S:-540}"
+START=$SECONDS
+FAILED=0
 
-say "finding PyTorch, CUDA and NCCL"
-PY="${PYTHON:-python3}"
-TORCH_DIR="$("$PY" -c 'import os, torch; print(os.path.dirname(torch.__file__))')"
-"$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda,
-  "gpus", torch.cuda.device_count(), "nccl", torch.cuda.nccl.version())' | tee "$LOGS/versions.txt"
-SITE="$(dirname "$TORCH_DIR")"
-NCCL_H="$(find "$SITE/nvidia" -name nccl.h 2>/dev/null | head -1 || true)"
-NCCL_ROOT="${NCCL_H:+$(dirname "$(dirname "$NCCL_H")")}"
-NCCL_ROOT="${NCCL_ROOT:-/usr/local/cuda}"
-# CUDA's runtime headers and library (vflow's NCCL backend) and the toolkit that
-# LibTorch's CMake config asks for: CUDA_HOME if set, else where nvcc is, else
-# /usr/local/cuda, else PyTorch's pip packages (headers and runtime, no nvcc).
-if [[ -z "${CUDA_HOME:-}" ]]; then
-  NVCC="$(command -v nvcc || true)"
-  if [[ -n "$NVCC" ]]; then
-    CUDA_HOME="$(dirname "$(dirname "$(readlink -f "$NVCC")")")"
-  elif [[ -f /usr/local/cuda/include/cuda_runtime_api.h ]]; then
-    CUDA_HOME=/usr/local/cuda
-  else
-    CUDART_H="$(find "$SITE/nvidia" -name cuda_runtime_api.h 2>/dev/null | head -1 || true)"
-    CUDA_HOME="${CUDART_H:+$(dirname "$(dirname "$CUDART_H")")}"
-    CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}"
+note() { printf '%s\n' "$*" | tee -a "$SUMMARY"; }
+
+# stage NAME LIMIT LOG FUNCTION: runs FUNCTION in a child bash under `timeout`, its output
+# appended to LOG; records status and seconds in the summary.
+stage() {
+  local name="$1" limit="$2" log="$3" fn="$4"
+  local begin=$SECONDS rc
+  printf '\n== %s (limit %s s) %s\n' "$name" "$limit" "$(date -u +%T)" >>"$log"
+  timeout --kill-after=10 "$limit" bash -c "$fn" >>"$log" 2>&1
+  rc=$?
+  local status="ok"
+  if ((rc == 124 || rc == 137)); then
+    status="TIMED OUT after ${limit} s"
+  elif ((rc != 0)); then
+    status="FAILED (exit $rc)"
   fi
+  note "$(printf '%-11s %-28s %4s s  (log %s)' "$name" "$status" "$((SECONDS - begin))" \
+    "$(basename "$log")")"
+  if [[ "$status" != ok ]]; then
+    FAILED=1
+    echo "---- end of $(basename "$log") ----"
+    tail -n 40 "$log"
+    echo "----"
+  fi
+  return "$rc"
+}
+
+# The carried packages go to a fresh directory of their own (emptied first; at a fixed
+# path, so that ccache recognises the compile commands of a second rehearsal), and the
+# Python that has torch runs the benchmark too.
+PREFIX="${VFLOW_GPU_PREFIX:-/tmp/vflow-gpu-deps-$(id -u)}"
+rm -rf "$PREFIX" && mkdir -p "$PREFIX" || exit 2
+PY=""
+for candidate in ${PYTHON:-} python3 /usr/bin/python3; do
+  if "$candidate" -c 'import torch' 2>/dev/null; then PY="$candidate"; break; fi
+done
+export ROOT MODE DEPS OUT BUILD SETUP_LOG PREFIX PY
+export LD_LIBRARY_PATH="$PREFIX/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+
+# ---- setup: unpack, find LibTorch, CUDA and NCCL, configure ------------------------------
+
+setup() {
+  set -e
+  shopt -s nullglob
+  local debs=("$DEPS"/*.deb)
+  ((${#debs[@]} > 0)) || { echo "no .deb files in $DEPS (scripts/gpu-check.sh fetch)"; return 1; }
+  echo "unpacking ${#debs[@]} packages into $PREFIX (never into /)"
+  for deb in "${debs[@]}"; do dpkg-deb -x "$deb" "$PREFIX"; done
+  # zlib1g-dev's libz.so points at Debian's absolute path: point it at this system's zlib.
+  local libz
+  libz="$(ldconfig -p | awk '/libz\.so\.1 /{print $NF; exit}')"
+  local carried_libz="$PREFIX/usr/lib/x86_64-linux-gnu/libz.so"
+  if [[ -n "$libz" && -L "$carried_libz" ]]; then ln -sf "$libz" "$carried_libz"; fi
+
+  # LibTorch: the first Python that imports torch; its share/cmake (pip's wheels), else
+  # the system's (Debian's python3-torch has no C++ part: libtorch-dev's, for rehearsals).
+  [[ -n "$PY" ]] || { echo "no Python with torch found (set PYTHON)"; return 1; }
+  local torch_dir torch_cmake site
+  torch_dir="$("$PY" -c 'import os, torch; print(os.path.dirname(torch.__file__))')"
+  site="$(dirname "$torch_dir")"
+  echo "python: $PY; torch: $torch_dir"
+  "$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda,
+    "gpus", torch.cuda.device_count() if torch.cuda.is_available() else 0)'
+  if [[ -d "$torch_dir/share/cmake/Torch" ]]; then
+    torch_cmake="$torch_dir/share/cmake"
+  elif [[ -f /usr/lib/x86_64-linux-gnu/cmake/Torch/TorchConfig.cmake ]]; then
+    torch_cmake=/usr/lib/x86_64-linux-gnu/cmake
+    echo "torch has no share/cmake: using the system's LibTorch in $torch_cmake"
+  else
+    echo "no LibTorch CMake config in $torch_dir/share/cmake nor in the system"; return 1
+  fi
+  # Headers the torch package brings that could be taken for the carried ones: vflow's
+  # own code is built against the carried fmt and spdlog (CMakeLists.txt puts them first).
+  local inc="$torch_dir/include"
+  for lib in fmt spdlog gloo; do
+    if [[ -d "$inc/$lib" ]]; then echo "torch ships $lib headers: $inc/$lib"; else echo "torch ships no $lib headers"; fi
+  done
+  [[ -f "$inc/fmt/base.h" || -f "$inc/fmt/core.h" ]] &&
+    grep -h -m1 -E '^#\s*define FMT_VERSION' "$inc"/fmt/base.h "$inc"/fmt/core.h 2>/dev/null | head -1
+  echo "torch headers that include fmt: $(grep -rlE '#\s*include\s*<fmt/' "$inc"/c10 "$inc"/ATen \
+    "$inc"/torch 2>/dev/null | wc -l)"
+  grep -h -m1 -E '^#define FMT_VERSION' "$PREFIX"/usr/include/fmt/core.h | sed 's/^/carried: /'
+
+  # CUDA's runtime and NCCL: CUDA_HOME if set, else where nvcc is, else /usr/local/cuda,
+  # else PyTorch's pip packages; NCCL from the pip packages, else CUDA_HOME.
+  local cuda_home="${CUDA_HOME:-}" nccl_h nccl_root nvcc
+  if [[ -z "$cuda_home" ]]; then
+    nvcc="$(command -v nvcc || true)"
+    if [[ -n "$nvcc" ]]; then
+      cuda_home="$(dirname "$(dirname "$(readlink -f "$nvcc")")")"
+    elif [[ -f /usr/local/cuda/include/cuda_runtime_api.h ]]; then
+      cuda_home=/usr/local/cuda
+    else
+      local cudart_h
+      cudart_h="$(find "$site/nvidia" -name cuda_runtime_api.h 2>/dev/null | head -1 || true)"
+      cuda_home="${cudart_h:+$(dirname "$(dirname "$cudart_h")")}"
+      cuda_home="${cuda_home:-/usr/local/cuda}"
+    fi
+  fi
+  nccl_h="$(find "$site/nvidia" -name nccl.h 2>/dev/null | head -1 || true)"
+  nccl_root="${nccl_h:+$(dirname "$(dirname "$nccl_h")")}"
+  nccl_root="${nccl_root:-$cuda_home}"
+  echo "CUDA runtime from $cuda_home; NCCL from $nccl_root"
+  command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total \
+    --format=csv || echo "no nvidia-smi"
+  local gloo_args=()
+  [[ -f "$inc/gloo/algorithm.h" ]] && gloo_args=(-DGLOO_INCLUDE_DIR="$inc")
+  local nccl_mode=ON
+  [[ "$MODE" == rehearse ]] && nccl_mode=AUTO
+  export PATH="$cuda_home/bin:$PATH"
+  cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_PREFIX_PATH="$PREFIX/usr;$torch_cmake" -DCUDAToolkit_ROOT="$cuda_home" \
+    -DCUDA_HOME="$cuda_home" -DNCCL_ROOT="$nccl_root" -DVFLOW_WITH_NCCL="$nccl_mode" \
+    -DVFLOW_CUDA_TEST_TIMEOUT=100 -DTORCH_CUDA_ARCH_LIST="9.0" "${gloo_args[@]}"
+}
+export -f setup
+
+# ---- build: everything the later stages run, with -k 0 so one run shows every error -----
+
+build() {
+  local targets=(vflow_tests vflow_cuda_tests vnode_overhead vflow-train vflow-ctl)
+  cmake --build "$BUILD" -j "$(nproc)" --target "${targets[@]}" -- -k 0
+}
+export -f build
+
+# ---- [cuda] tests: every case in its own process; skipped ones are listed ----------------
+
+cuda_tests() {
+  cd "$BUILD" && ctest -L cuda --output-on-failure --timeout 100 --no-tests=error
+}
+export -f cuda_tests
+
+# ---- benchmark: bench/gpu_compare.py trimmed to fit; on a CPU one step of vnode_overhead --
+
+bench() {
+  if [[ "$MODE" == run ]]; then
+    "$PY" "$ROOT/bench/gpu_compare.py" --build "$BUILD" \
+      ${VFLOW_GPU_BENCH_ARGS:---vnodes 1,4,16 --repeats 1 --examples 4096}
+  else
+    "$BUILD/bench/vnode_overhead" --vnodes 1,2 --examples 64 --micro-batch 32 --repeats 1
+  fi
+}
+export -f bench
+
+# ---- CPU unit tests against this LibTorch (no fortune packages there: not the text ones) --
+
+unit_tests() {
+  "$BUILD/tests/vflow_tests" "[unit]~[text]"
+}
+export -f unit_tests
+
+note "vflow GPU check ($MODE) $(date -u '+%F %T') UTC, $(nproc) cores, commit $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')"
+if stage setup "${VFLOW_GPU_SETUP_S:-60}" "$SETUP_LOG" setup; then
+  stage build "${VFLOW_GPU_BUILD_S:-240}" "$OUT/build.log" build
+  stage cuda-tests "${VFLOW_GPU_CUDA_S:-120}" "$OUT/cuda-tests.log" cuda_tests
+  stage bench "${VFLOW_GPU_BENCH_S:-90}" "$OUT/bench.log" bench
+  left=$((TOTAL_S - (SECONDS - START)))
+  ((left < 30)) && left=30
+  stage unit-tests "$left" "$OUT/unit-tests.log" unit_tests
 fi
-echo "NCCL from $NCCL_ROOT, CUDA runtime from $CUDA_HOME" | tee -a "$LOGS/versions.txt"
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee -a "$LOGS/versions.txt"
-
-say "configuring"
-GLOO_ARGS=()
-if [[ -f "$TORCH_DIR/include/gloo/algorithm.h" ]]; then
-  GLOO_ARGS=(-DGLOO_INCLUDE_DIR="$TORCH_DIR/include")  # the Gloo that LibTorch was built with
-fi
-export PATH="$CUDA_HOME/bin:$PATH"
-cmake -S "$ROOT" -B "$ROOT/build-gpu" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-  -DCMAKE_PREFIX_PATH="$TORCH_DIR/share/cmake;$PREFIX/usr" -DCUDAToolkit_ROOT="$CUDA_HOME" \
-  -DCUDA_HOME="$CUDA_HOME" -DNCCL_ROOT="$NCCL_ROOT" -DVFLOW_WITH_NCCL=ON \
-  -DTORCH_CUDA_ARCH_LIST="9.0" "${GLOO_ARGS[@]}" 2>&1 | tee "$LOGS/configure.log" | tail -5
-
-say "building"
-cmake --build "$ROOT/build-gpu" -j "$(nproc)" 2>&1 | tee "$LOGS/build.log" | tail -3
-
-say "[cuda] tests"
-(cd "$ROOT/build-gpu" && ctest -L cuda --output-on-failure --timeout 300) 2>&1 |
-  tee "$LOGS/cuda-tests.log" | tail -25 || true
-
-say "CPU unit tests against this LibTorch (not the text ones: no fortunes packages there)"
-"$ROOT/build-gpu/tests/vflow_tests" "[unit]~[text]" 2>&1 | tee "$LOGS/unit-tests.log" | tail -3 || true
-
-say "GPU benchmark"
-"$PY" "$ROOT/bench/gpu_compare.py" --build "$ROOT/build-gpu" ${VFLOW_GPU_BENCH_ARGS:-} 2>&1 |
-  tee "$LOGS/gpu-bench.md" || true
-say "done"
+rm -rf "$PREFIX"
+note "total $((SECONDS - START)) s of ${TOTAL_S} s; logs in $OUT"
+exit "$FAILED"
