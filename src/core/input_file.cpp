@@ -28,8 +28,7 @@ int InputFd::release() {
   return fd;
 }
 
-namespace {
-const char* kind_of(mode_t mode) {
+const char* not_a_regular_file(unsigned mode) {
   if (S_ISDIR(mode)) return "is a directory, not a file";
   if (S_ISFIFO(mode)) return "is a FIFO (named pipe), not a regular file";
   if (S_ISCHR(mode)) return "is a character device, not a regular file";
@@ -37,7 +36,6 @@ const char* kind_of(mode_t mode) {
   if (S_ISSOCK(mode)) return "is a socket, not a regular file";
   return "is not a regular file";
 }
-}  // namespace
 
 OpenedInput open_input_file(const std::string& path) {
   OpenedInput out;
@@ -54,7 +52,7 @@ OpenedInput open_input_file(const std::string& path) {
     return out;
   }
   if (!S_ISREG(st.st_mode)) {
-    out.error = kind_of(st.st_mode);
+    out.error = not_a_regular_file(st.st_mode);
     return out;
   }
   // Regular files never block; clear the flag so that readers see ordinary semantics.

@@ -51,6 +51,10 @@ struct InputBytes {
 /// Reads a regular file of at most `max_bytes` bytes; a larger one is refused unread.
 InputBytes read_input_file(const std::string& path, uint64_t max_bytes);
 
+/// "is a directory, not a file", "is a FIFO (named pipe), not a regular file", ...: what a
+/// stat mode is, for messages about a path that is not a regular file.
+const char* not_a_regular_file(unsigned mode);
+
 /// "12.0 MiB", "512 bytes": a size for messages.
 std::string describe_size(uint64_t bytes);
 

@@ -2,12 +2,15 @@
 
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+
+#include "core/input_file.h"
 
 namespace vflow::core {
 
@@ -84,12 +87,25 @@ std::string write_file_atomically(const std::string& path, std::string_view byte
 }
 
 AppendFile::AppendFile(const std::string& path, bool exclusive) : path_(path) {
-  const int flags = O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | (exclusive ? O_EXCL : 0);
+  // O_NONBLOCK: opening a FIFO for writing would otherwise wait for a reader.
+  const int flags =
+      O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NONBLOCK | (exclusive ? O_EXCL : 0);
   fd_ = ::open(path.c_str(), flags, 0644);
   if (fd_ < 0) {
     errno_ = errno;
-    error_ = std::strerror(errno_);
+    error_ = errno_ == ENXIO ? "is a FIFO (named pipe), not a regular file" : std::strerror(errno_);
+    return;
   }
+  struct stat st {};
+  const bool stated = ::fstat(fd_, &st) == 0;
+  if (!stated || !S_ISREG(st.st_mode)) {
+    errno_ = stated ? EINVAL : errno;
+    error_ = stated ? not_a_regular_file(st.st_mode) : std::strerror(errno_);
+    ::close(fd_);
+    fd_ = -1;
+    return;
+  }
+  ::fcntl(fd_, F_SETFL, ::fcntl(fd_, F_GETFL) & ~O_NONBLOCK);
 }
 
 AppendFile::~AppendFile() {

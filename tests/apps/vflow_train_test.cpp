@@ -178,6 +178,8 @@ TEST_CASE("hostile inputs end with a usage or data or checkpoint error and never
       {"--set 'semantic.model=&a [*a]'", 2, "--set semantic.model=&a [*a]: cannot parse the value"},
       {"--workers 0", 2, "--workers: must be at least 1, got 0"},
       {"--port 99999", 2, "--port: must be at most 65535, got 99999"},
+      {kSmall + " --set output.logging.metrics=" + dir.file("fifo"), 2,
+       "output.logging.metrics: cannot open '" + dir.file("fifo") + "' for writing: is a FIFO"},
       {"--set output.checkpoint.resume=/dev/zero", 4,
        "/dev/zero: cannot read checkpoint: is a character device"},
       {"--set output.checkpoint.resume=" + dir.file("fifo"), 4, "is a FIFO"},

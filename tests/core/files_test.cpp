@@ -85,6 +85,19 @@ TEST_CASE("an atomic write that fails leaves the old file and no temporary file"
              Contains("/dev/null exists and is not a regular file"));
 }
 
+TEST_CASE("a log is never opened on a FIFO or a device", "[unit]") {
+  TempDir dir;
+  REQUIRE(::mkfifo(dir.file("fifo").c_str(), 0600) == 0);
+  const vflow::core::AppendFile fifo(dir.file("fifo"));  // returns at once: no reader needed
+  CHECK_FALSE(fifo.is_open());
+  CHECK_THAT(fifo.error(), Contains("is a FIFO"));
+  const vflow::core::AppendFile device("/dev/null");
+  CHECK_FALSE(device.is_open());
+  CHECK_THAT(device.error(), Contains("is a character device"));
+  const vflow::core::AppendFile file(dir.file("log"));
+  CHECK(file.is_open());
+}
+
 TEST_CASE("input files must be regular files and are bounded in size", "[unit]") {
   TempDir dir;
   write_file(dir.file("small"), "0123456789");
