@@ -10,6 +10,7 @@
 #include <iostream>
 
 #include "exit_code.h"
+#include "vflow/comm/nccl.h"
 #include "vflow/core/address.h"
 #include "vflow/hetero/cpu_quota.h"
 #include "vflow/vflow.h"
@@ -95,6 +96,7 @@ int run_as_elastic_worker(const vflow::engine::JobSpec& job,
 }  // namespace
 
 int main(int argc, char** argv) {
+  vflow::comm::prepare_nccl_environment();  // before any thread exists
   CLI::App app{
       "vflow-train: train a model with virtual nodes; the result depends on the job spec only"};
   std::string spec_path;
@@ -123,7 +125,10 @@ int main(int argc, char** argv) {
   if (const int code = vflow::apps::parse_command_line(app, argc, argv); code >= 0) return code;
 
   return vflow::apps::run_reporting_errors([&]() -> int {
-    if (!resume.empty()) overrides.push_back("output.checkpoint.resume=" + resume);
+    // A path as it is ("run #2/x.pt" is no YAML comment), not parsed as YAML.
+    if (!resume.empty()) {
+      overrides.push_back("output.checkpoint.resume=" + vflow::yaml_quoted(resume));
+    }
     if (workers > 0) overrides.push_back("resources.workers=" + std::to_string(workers));
     const auto spec = vflow::engine::load_job_spec(spec_path, overrides);
     spdlog::set_level(spdlog::level::from_str(spec.output.logging.level));

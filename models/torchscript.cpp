@@ -7,8 +7,10 @@
 
 #include <filesystem>
 #include <map>
+#include <sstream>
 
 #include "core/input_file.h"
+#include "core/zip_check.h"
 #include "vflow/core/error.h"
 #include "vflow/vnode/stateful_kernels.h"
 
@@ -55,12 +57,19 @@ std::optional<vnode::RunningStatsView> running_stats_of(const torch::jit::Module
 }  // namespace
 
 TorchScriptModel::TorchScriptModel(const std::string& path) : path_(path) {
-  // Refused unless a regular file: LibTorch's reader would block on a FIFO.
-  if (const auto in = core::open_input_file(path); !in.ok()) {
+  // Read once, by vflow: refused unless a regular file (LibTorch's reader would block on
+  // a FIFO), and checked as an archive first (LibTorch checks no CRC and can crash on a
+  // damaged entry).
+  auto in = core::read_input_file(path, uint64_t{1} << 40);
+  if (!in.ok()) {
     throw SpecError(fmt::format("{}: cannot read the TorchScript module: {}", path, in.error));
   }
+  if (const std::string problem = core::zip_archive_problem(in.bytes); !problem.empty()) {
+    throw SpecError(fmt::format("{}: not a loadable TorchScript module: {}", path, problem));
+  }
   try {
-    module_ = std::make_unique<torch::jit::Module>(torch::jit::load(path));
+    std::istringstream bytes(std::move(in.bytes));
+    module_ = std::make_unique<torch::jit::Module>(torch::jit::load(bytes));
   } catch (const std::exception& e) {
     throw SpecError(
         fmt::format("{}: not a loadable TorchScript module: {}", path, torch_message(e.what())));

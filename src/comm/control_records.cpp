@@ -98,7 +98,10 @@ Generation decode_generation(int64_t id, const std::string& text, const std::str
   g.members = split(parts[3], ',');
   for (const auto& c : split(parts[4], ',')) {
     const int64_t count = decode_int(c, key);
-    if (count < 0) bad_record(key, text, "a generation record (a negative vnode count)");
+    // No job has more vnodes than this; sums of counts stay far from overflowing.
+    if (count < 0 || count > (int64_t{1} << 31)) {
+      bad_record(key, text, "a generation record (a vnode count out of range)");
+    }
     g.vnodes.push_back(count);
   }
   if (!g.vnodes.empty() && g.vnodes.size() != g.members.size()) {

@@ -329,7 +329,8 @@ int launch_local(const LaunchOptions& options) {
   }
   manager.start(initial, options.vnodes);
 
-  int failure = 0;  // the first failure that ended the job
+  int failure = 0;        // the first failure that ended the job
+  int worker_error = 0;   // the first error a worker exited with (not a signal, not a stop)
   bool stop_sent = false;
   std::optional<std::chrono::steady_clock::time_point> kill_at;
   auto stop_workers = [&](int seconds) {
@@ -338,6 +339,7 @@ int launch_local(const LaunchOptions& options) {
   while (workers.pump(20)) {
     for (const auto& [name, code] : workers.reap()) {
       const bool starting = manager.current().id == 0;
+      if (code != 0 && code < 128 && worker_error == 0) worker_error = code;
       manager.on_exit(name, code);
       if (code != 0 && starting && failure == 0) {
         // A worker that cannot start fails the job: nothing has been trained yet.
@@ -370,7 +372,9 @@ int launch_local(const LaunchOptions& options) {
   // Stopped on request: a signal to this launcher, or `vflow-ctl stop` (the control plane).
   if (stop_sent || control.stop_requested()) return kExitStopped;
   spdlog::error("[launch] the job ended {}", done.empty() ? "without finishing" : done);
-  return kExitPeerFailure;
+  // A worker's own error (a checkpoint that could not be written at the end, exit 4, say)
+  // says more than "a peer failed".
+  return worker_error != 0 ? worker_error : kExitPeerFailure;
 }
 
 }  // namespace vflow::comm

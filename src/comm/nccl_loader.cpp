@@ -36,10 +36,7 @@ const Backend& backend() {
   static Backend loaded;
   static std::once_flag once;
   std::call_once(once, [] {
-    // NCCL 2.30 and later take two ranks on one GPU (tests, small jobs) only when asked;
-    // NCCL reads its variables once, at its first call, so this comes before any. A value
-    // the user set wins; older NCCL ignores the variable (vflow refuses that case itself).
-    ::setenv("NCCL_MULTI_RANK_GPU_ENABLE", "1", /*overwrite=*/0);
+    prepare_nccl_environment();  // before any NCCL call: NCCL reads its variables once
     const char* chosen = std::getenv("VFLOW_NCCL_BACKEND");
     std::string path = chosen && *chosen ? chosen : beside_this_library("libvflow_nccl.so");
     void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
@@ -81,6 +78,14 @@ const Backend& backend() {
 }
 
 }  // namespace
+
+void prepare_nccl_environment() {
+  // NCCL 2.30 and later take two ranks on one GPU (tests, small jobs) only when asked. A
+  // value the user set wins; older NCCL ignores the variable (vflow refuses that case).
+  if (std::getenv("NCCL_MULTI_RANK_GPU_ENABLE") == nullptr) {
+    ::setenv("NCCL_MULTI_RANK_GPU_ENABLE", "1", /*overwrite=*/0);
+  }
+}
 
 NcclStatus nccl_status() {
   NcclStatus status;

@@ -7,6 +7,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <new>
 
 namespace vflow::core {
 
@@ -39,6 +40,13 @@ const char* not_a_regular_file(unsigned mode) {
 
 OpenedInput open_input_file(const std::string& path) {
   OpenedInput out;
+  // Looked at before it is opened: opening a device can have effects of its own, and a
+  // socket cannot be opened at all.
+  struct stat before {};
+  if (::stat(path.c_str(), &before) == 0 && !S_ISREG(before.st_mode)) {
+    out.error = not_a_regular_file(before.st_mode);
+    return out;
+  }
   // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer.
   const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) {
@@ -74,7 +82,13 @@ InputBytes read_input_file(const std::string& path, uint64_t max_bytes) {
                             describe_size(max_bytes));
     return out;
   }
-  out.bytes.reserve(static_cast<size_t>(in.size));
+  try {
+    out.bytes.reserve(static_cast<size_t>(in.size));
+  } catch (const std::bad_alloc&) {
+    out.error = fmt::format("is {}, more than this process can hold in memory",
+                            describe_size(in.size));
+    return out;
+  }
   char buf[1 << 16];
   for (;;) {
     const ssize_t n = ::read(in.fd.get(), buf, sizeof buf);
@@ -85,7 +99,13 @@ InputBytes read_input_file(const std::string& path, uint64_t max_bytes) {
       return out;
     }
     if (n == 0) break;
-    out.bytes.append(buf, static_cast<size_t>(n));
+    try {
+      out.bytes.append(buf, static_cast<size_t>(n));
+    } catch (const std::bad_alloc&) {
+      out.error = "grew past what this process can hold in memory while it was read";
+      out.bytes.clear();
+      return out;
+    }
     // A file that grows while it is read is still bounded.
     if (out.bytes.size() > max_bytes) {
       out.error = fmt::format("is more than the {} such a file may have", describe_size(max_bytes));

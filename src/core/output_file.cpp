@@ -43,47 +43,63 @@ int fsync_directory(const std::string& dir) {
 
 }  // namespace
 
-std::string write_file_atomically(const std::string& path, std::string_view bytes) {
-  const fs::path target(path);
-  const std::string dir =
-      target.has_parent_path() ? target.parent_path().string() : std::string(".");
+AtomicFile::AtomicFile(std::string path) : path_(std::move(path)) {
+  const fs::path target(path_);
+  dir_ = target.has_parent_path() ? target.parent_path().string() : std::string(".");
   std::error_code ec;
   // Never replace a device, a FIFO or a directory by renaming a file over it.
   const auto status = fs::status(target, ec);
   if (!ec && fs::exists(status) && !fs::is_regular_file(status)) {
-    return fmt::format("{} exists and is not a regular file", path);
+    error_ = fmt::format("{} exists and is not a regular file", path_);
+    return;
   }
-  fs::create_directories(dir, ec);
-  if (ec) return fmt::format("cannot create directory {}: {}", dir, ec.message());
-  const std::string tmp = fmt::format("{}.tmp-{}", path, ::getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return fmt::format("cannot create {}: {}", tmp, std::strerror(errno));
-  int err = write_all(fd, bytes);
-  const char* what = "write";
-  if (err == 0 && ::fsync(fd) != 0) {
-    err = errno;
-    what = "fsync";
+  fs::create_directories(dir_, ec);
+  if (ec) {
+    error_ = fmt::format("cannot create directory {}: {}", dir_, ec.message());
+    return;
   }
-  // close() reports delayed write errors of some file systems (NFS).
-  if (::close(fd) != 0 && err == 0) {
-    err = errno;
-    what = "close";
-  }
-  if (err == 0 && std::rename(tmp.c_str(), path.c_str()) != 0) {
-    err = errno;
-    what = "rename";
-  }
-  if (err != 0) {
-    ::unlink(tmp.c_str());
-    if (what == std::string_view("rename")) {
-      return fmt::format("cannot rename {} to {}: {}", tmp, path, std::strerror(err));
+  tmp_ = fmt::format("{}.tmp-{}", path_, ::getpid());
+  // A temporary file of this name can only be a dead process's (the pid is reused).
+  ::unlink(tmp_.c_str());
+  fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (fd_ < 0) error_ = fmt::format("cannot create {}: {}", tmp_, std::strerror(errno));
+}
+
+AtomicFile::~AtomicFile() {
+  if (fd_ >= 0) ::close(fd_);
+  if (!committed_ && !tmp_.empty()) ::unlink(tmp_.c_str());
+}
+
+size_t AtomicFile::write(const void* data, size_t size) {
+  if (error_.empty()) {
+    if (const int err = write_all(fd_, std::string_view(static_cast<const char*>(data), size))) {
+      error_ = fmt::format("cannot write {}: {}", tmp_, std::strerror(err));
     }
-    return fmt::format("cannot {} {}: {}", what, tmp, std::strerror(err));
   }
-  if (const int e = fsync_directory(dir); e != 0) {
-    return fmt::format("cannot fsync directory {}: {}", dir, std::strerror(e));
+  return size;
+}
+
+std::string AtomicFile::commit() {
+  if (!error_.empty()) return error_;
+  if (::fsync(fd_) != 0) return error_ = fmt::format("cannot fsync {}: {}", tmp_, std::strerror(errno));
+  const int fd = fd_;
+  fd_ = -1;
+  // close() reports delayed write errors of some file systems (NFS).
+  if (::close(fd) != 0) return error_ = fmt::format("cannot close {}: {}", tmp_, std::strerror(errno));
+  if (std::rename(tmp_.c_str(), path_.c_str()) != 0) {
+    return error_ = fmt::format("cannot rename {} to {}: {}", tmp_, path_, std::strerror(errno));
   }
+  committed_ = true;
+  // The file is complete and in place; a directory that cannot be fsynced only means the
+  // rename may not survive a crash of the machine, as a crash a moment earlier would not.
+  fsync_directory(dir_);
   return "";
+}
+
+std::string write_file_atomically(const std::string& path, std::string_view bytes) {
+  AtomicFile file(path);
+  file.write(bytes.data(), bytes.size());
+  return file.commit();
 }
 
 AppendFile::AppendFile(const std::string& path, bool exclusive) : path_(path) {
@@ -114,15 +130,27 @@ AppendFile::~AppendFile() {
 
 std::string AppendFile::append(std::string_view record) {
   if (fd_ < 0) return error_;
-  const off_t before = ::lseek(fd_, 0, SEEK_END);
-  const int err = write_all(fd_, record);
+  size_t written = 0;
+  int err = 0;
+  while (written < record.size()) {
+    const ssize_t n = ::write(fd_, record.data() + written, record.size() - written);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      err = n < 0 ? errno : EIO;
+      break;
+    }
+    written += static_cast<size_t>(n);
+  }
   if (err == 0) return "";
-  // Take the partial record back off; the next append starts on a record boundary. (A
-  // record another process appended in between would go too: vflow's logs have one
-  // writer at a time.)
-  if (before >= 0 && ::ftruncate(fd_, before) != 0) {
-    return fmt::format("{} (and the partial record could not be removed: {})", std::strerror(err),
-                       std::strerror(errno));
+  // Take the partial record back off, so that the next append starts on a record
+  // boundary: it ends where this descriptor's last append ended, and is cut only while it
+  // is still the end of the file (another writer may have appended since).
+  const off_t end = ::lseek(fd_, 0, SEEK_CUR);
+  struct stat st {};
+  if (written > 0 && end >= static_cast<off_t>(written) && ::fstat(fd_, &st) == 0 &&
+      st.st_size == end && ::ftruncate(fd_, end - static_cast<off_t>(written)) != 0) {
+    return fmt::format("{} (and the partial record could not be removed: {})",
+                       std::strerror(err), std::strerror(errno));
   }
   return std::strerror(err);
 }

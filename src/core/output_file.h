@@ -15,6 +15,34 @@ namespace vflow::core {
 /// "cannot write job.pt.tmp-4242: No space left on device".
 std::string write_file_atomically(const std::string& path, std::string_view bytes);
 
+/// A file written in pieces that readers see whole or not at all: the steps of
+/// write_file_atomically, for a writer that produces the bytes as it goes. Every write is
+/// checked; the first failure is kept and later writes do nothing but report success, so
+/// that a producer that cannot handle errors (LibTorch's archive writer, which throws from
+/// its destructor) can be fed to the end. commit() then says whether it all worked.
+class AtomicFile {
+ public:
+  explicit AtomicFile(std::string path);
+  /// Removes the temporary file unless commit() succeeded.
+  ~AtomicFile();
+  AtomicFile(const AtomicFile&) = delete;
+  AtomicFile& operator=(const AtomicFile&) = delete;
+
+  /// Appends `size` bytes (or, after a failure, nothing); always returns `size`.
+  size_t write(const void* data, size_t size);
+  /// fsync, rename over the path, fsync of the directory: "" on success, else the first
+  /// failure ("cannot write job.pt.tmp-4242: No space left on device").
+  std::string commit();
+
+ private:
+  std::string path_;
+  std::string tmp_;
+  std::string dir_;
+  int fd_ = -1;
+  std::string error_;
+  bool committed_ = false;
+};
+
 /// A file that grows by whole records (lines of a log, framed events). Each record is
 /// one write; one that fails or is cut short is taken back off the end, so the file
 /// never holds part of a record.

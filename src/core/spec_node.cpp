@@ -12,6 +12,7 @@
 #include <fstream>
 #include <limits>
 #include <sstream>
+#include <unordered_set>
 
 #include "core/input_file.h"
 #include "vflow/core/error.h"
@@ -85,6 +86,14 @@ SpecNode& SpecNode::set(const std::string& key, SpecNode child, SpecLocation key
   return entries_.back().second;
 }
 
+SpecNode& SpecNode::add_new(const std::string& key, SpecNode child, SpecLocation key_where) {
+  VFLOW_ASSERT(kind_ == Kind::Map, "add_new() on a non-map node " + path_);
+  child.key_where_ = key_where.file.empty() ? child.where_ : std::move(key_where);
+  child.reroot(child_path(path_, key));
+  entries_.emplace_back(key, std::move(child));
+  return entries_.back().second;
+}
+
 void SpecNode::append(SpecNode item) {
   VFLOW_ASSERT(kind_ == Kind::Sequence, "append() on a non-sequence node " + path_);
   item.reroot(fmt::format("{}[{}]", path_, items_.size()));
@@ -99,6 +108,9 @@ void SpecNode::relocate(const SpecLocation& where) {
 }
 
 void SpecNode::reroot(const std::string& path) {
+  // Children's paths always follow their parent's: a subtree already at `path` is done
+  // (the YAML reader builds every node at its final path).
+  if (path_ == path) return;
   path_ = path;
   for (auto& [k, v] : entries_) v.reroot(child_path(path_, k));
   for (size_t i = 0; i < items_.size(); ++i) items_[i].reroot(fmt::format("{}[{}]", path_, i));
@@ -163,7 +175,18 @@ SpecLocation location_of(const YAML::Mark& mark, const std::string& source) {
 /// itself (`a: &x [*x]`) or aliases that repeat one another exponentially.
 struct ConvertBudget {
   size_t values_left = kYamlMaxValues;
+  size_t bytes_left = kYamlMaxTreeBytes;  ///< values, keys and key paths, aliases expanded
 };
+
+/// The first control character (other than tab and line breaks) in a value or key, which
+/// YAML's escapes ("\0", "\e") can put there although the text had none; -1 if none.
+int control_byte(const std::string& text) {
+  for (const char ch : text) {
+    const auto c = static_cast<unsigned char>(ch);
+    if ((c < 0x20 && c != '\t' && c != '\n' && c != '\r') || c == 0x7F) return c;
+  }
+  return -1;
+}
 
 std::string where_text(const SpecLocation& where, const std::string& path) {
   return fmt::format("{}: {}", where.str(), path.empty() ? "<top level>" : path);
@@ -186,6 +209,17 @@ SpecNode convert(const YAML::Node& y, const std::string& source, const std::stri
                     where_text(where, path), kYamlMaxValues));
   }
   --budget.values_left;
+  // Each node holds its dotted path: deep keys make every value below them large.
+  const size_t cost =
+      64 + path.size() + (y.Type() == YAML::NodeType::Scalar ? y.Scalar().size() : 0);
+  if (cost > budget.bytes_left) {
+    const std::string shown = path.size() > 48 ? path.substr(0, 48) + "..." : path;
+    throw SpecError(
+        fmt::format("{}: the document holds more than {} MiB of values and keys "
+                    "once its aliases are expanded",
+                    where_text(where, shown), kYamlMaxTreeBytes >> 20));
+  }
+  budget.bytes_left -= cost;
   switch (y.Type()) {
     case YAML::NodeType::Undefined:
     case YAML::NodeType::Null:
@@ -195,6 +229,10 @@ SpecNode convert(const YAML::Node& y, const std::string& source, const std::stri
         throw SpecError(fmt::format("{}: a value of {} bytes; at most {} are accepted",
                                     where_text(where, path), y.Scalar().size(),
                                     kYamlMaxScalarBytes));
+      }
+      if (const int c = control_byte(y.Scalar()); c >= 0) {
+        throw SpecError(fmt::format("{}: the value holds the control character 0x{:02x}",
+                                    where_text(where, path), c));
       }
       return SpecNode::scalar(y.Scalar(), where, path);
     case YAML::NodeType::Sequence: {
@@ -207,6 +245,7 @@ SpecNode convert(const YAML::Node& y, const std::string& source, const std::stri
     }
     case YAML::NodeType::Map: {
       SpecNode n = SpecNode::map(where, path);
+      std::unordered_set<std::string> keys;
       for (const auto& kv : y) {
         const SpecLocation key_where = location_of(kv.first.Mark(), source);
         if (!kv.first.IsScalar()) {
@@ -218,11 +257,16 @@ SpecNode convert(const YAML::Node& y, const std::string& source, const std::stri
           throw SpecError(fmt::format("{}: a key of {} bytes; at most {} are accepted",
                                       where_text(key_where, path), key.size(), kYamlMaxKeyBytes));
         }
-        if (n.find(key)) {
+        if (const int c = control_byte(key); c >= 0) {
+          throw SpecError(fmt::format("{}: a key holds the control character 0x{:02x}",
+                                      where_text(key_where, path), c));
+        }
+        if (!keys.insert(key).second) {
           throw SpecError(
               fmt::format("{}: {}: duplicate key", key_where.str(), child_path(path, key)));
         }
-        n.set(key, convert(kv.second, source, child_path(path, key), depth + 1, budget), key_where);
+        n.add_new(key, convert(kv.second, source, child_path(path, key), depth + 1, budget),
+                  key_where);
       }
       return n;
     }
@@ -326,7 +370,10 @@ SpecNode load_yaml_file(const std::string& path, const std::string& what) {
 
 void apply_override(SpecNode& root, const std::string& assignment) {
   const auto eq = assignment.find('=');
-  const SpecLocation where{fmt::format("--set {}", printable(assignment)), 0, 0};
+  // Every node of the override carries this location: a long override is shown short.
+  const std::string shown =
+      assignment.size() > 200 ? assignment.substr(0, 160) + "..." : assignment;
+  const SpecLocation where{fmt::format("--set {}", printable(shown)), 0, 0};
   if (eq == std::string::npos || eq == 0) {
     throw SpecError(fmt::format("{}: expected key=value, e.g. --set semantic.seed=7", where.str()));
   }
@@ -375,6 +422,15 @@ void apply_override(SpecNode& root, const std::string& assignment) {
   node->set(names.back(), std::move(value), where);
 }
 
+std::string yaml_quoted(const std::string& text) {
+  std::string out = "\"";
+  for (const char c : text) {
+    if (c == '"' || c == '\\') out.push_back('\\');
+    out.push_back(c);
+  }
+  return out + "\"";
+}
+
 std::string printable(const std::string& text) {
   std::string out;
   out.reserve(text.size());
@@ -399,13 +455,6 @@ void throw_unknown_name(const SpecNode& name_node, const std::string& kind, cons
 }
 
 // ---- OptionReader ------------------------------------------------------------
-
-namespace {
-const SpecNode& null_node() {
-  static const SpecNode n;
-  return n;
-}
-}  // namespace
 
 OptionReader::OptionReader(const SpecNode& node) : node_(node) {
   if (!node.is_null() && !node.is_map()) {
@@ -558,7 +607,11 @@ const SpecNode* OptionReader::value(const std::string& key) { return lookup(key)
 
 const SpecNode& OptionReader::section(const std::string& key) {
   const SpecNode* n = lookup(key);
-  if (!n) return null_node();
+  if (!n) {
+    // An absent section still knows where it would be, for errors about its defaults.
+    absent_.push_back(SpecNode::none(node_.where(), child_path(node_.path(), key)));
+    return absent_.back();
+  }
   if (!n->is_map()) {
     throw SpecError(fmt::format("{}: expected a section (a map of key: value)", n->describe()));
   }

@@ -66,8 +66,9 @@ class GzReader {
 };
 
 /// The largest data section an idx file may announce (Fashion-MNIST's training images are
-/// 47 MB): a header is checked against it before anything is allocated.
-constexpr uint64_t kMaxIdxBytes = uint64_t{16} << 30;
+/// 47 MB; the images become 4-byte floats): a header is checked against it before
+/// anything is allocated, and a small gzip file cannot inflate past it.
+constexpr uint64_t kMaxIdxBytes = uint64_t{2} << 30;
 /// Data is read in pieces of this size, so that a header that lies about the size ends in
 /// "truncated" after reading what is there, not in one huge allocation.
 constexpr size_t kIdxReadChunk = size_t{64} << 20;

@@ -365,8 +365,13 @@ TensorBoardWriter::TensorBoardWriter(const std::string& dir) {
   put_double(event, event_field::kWallTime, now);
   put_bytes(event, event_field::kFileVersion, "brain.Event:2");
   write_record(event);
-  // Flushed at once so that the file is a valid event file from the start.
-  flush();
+  // Flushed at once so that the file is a valid event file from the start; a file whose
+  // first event could not be written is removed, not left empty for readers to pick.
+  if (const std::string error = try_flush(); !error.empty()) {
+    file_.reset();
+    ::unlink(path_.c_str());
+    throw Error(fmt::format("{}: cannot write TensorBoard event file: {}", path_, error));
+  }
 }
 
 TensorBoardWriter::~TensorBoardWriter() {

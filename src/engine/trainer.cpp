@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "core/input_file.h"
+#include "core/output_file.h"
 #include "core/torch_compat.h"
 #include "engine/background_task.h"
 #include "engine/copy_stream.h"
@@ -625,9 +626,20 @@ c10::IValue read_value(torch::serialize::InputArchive& archive, const std::strin
 }  // namespace
 
 void Trainer::save_checkpoint(const std::string& path) const {
-  // Serialized in memory, then written with checked calls: LibTorch's file writer throws
-  // from its destructor when the disk fills, which ends the process in std::terminate.
-  write_atomically(path, state_bytes());
+  // LibTorch's own file writer throws from its destructor when the disk fills, which ends
+  // the process in std::terminate. It writes through vflow's checked writer instead, which
+  // never fails mid-way: it keeps the first error and reports it at the end.
+  core::AtomicFile file(path);
+  try {
+    torch::serialize::OutputArchive archive;
+    write_state(archive);
+    archive.save_to([&](const void* data, size_t size) { return file.write(data, size); });
+  } catch (...) {
+    rethrow_as_checkpoint_error(path + ": cannot write checkpoint");
+  }
+  if (const std::string error = file.commit(); !error.empty()) {
+    throw CheckpointError(fmt::format("{}: cannot write checkpoint: {}", path, error));
+  }
 }
 
 std::string Trainer::state_bytes() const {

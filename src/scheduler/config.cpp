@@ -40,7 +40,14 @@ std::string resolve(const std::string& config_path, const std::string& file) {
 void load_config(const std::string& path, SchedulerConfig& config) {
   const SpecNode root = load_yaml_file(path, "scheduler config");
   OptionReader r(root);
-  if (const SpecNode* cluster = r.value("cluster")) config.cluster = cluster_text(*cluster);
+  if (const SpecNode* cluster = r.value("cluster")) {
+    config.cluster = cluster_text(*cluster);
+    try {
+      (void)Cluster::parse(config.cluster);  // checked here, where its line is known
+    } catch (const SpecError& e) {
+      throw SpecError(fmt::format("{}: {}", cluster->describe(), e.what()));
+    }
+  }
   if (r.has("throughput")) config.throughput = resolve(path, r.get_string("throughput", ""));
   config.sim.resize_pause_s =
       r.get_double("resize_pause_s", config.sim.resize_pause_s, 0, kUnbounded);

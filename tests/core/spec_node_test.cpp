@@ -155,3 +155,49 @@ TEST_CASE("override values get the same bounds and name the override", "[unit]")
   CHECK(set_error("a.b=").empty());
   CHECK(root.find("a")->find("b")->is_null());
 }
+
+TEST_CASE("YAML that is small as text but huge as a tree is refused quickly", "[unit]") {
+  // One 1 MiB value repeated through aliases: 10^4 copies.
+  std::string copies = "s: &s \"" + std::string(1 << 20, 'x') + "\"\n";
+  copies += "l1: &l1 [*s, *s, *s, *s, *s, *s, *s, *s, *s, *s]\n";
+  for (int i = 2; i <= 4; ++i) {
+    copies += fmt::format(
+        "l{0}: &l{0} [*l{1}, *l{1}, *l{1}, *l{1}, *l{1}, *l{1}, *l{1}, *l{1}, "
+        "*l{1}, *l{1}]\n",
+        i, i - 1);
+  }
+  CHECK_THAT(parse_error(copies), Contains("more than 64 MiB of values and keys"));
+  // Long keys nested deep: every value below them holds the whole dotted path.
+  std::string deep;
+  for (int i = 0; i < 60; ++i) {
+    deep += std::string(static_cast<size_t>(i), ' ') + std::string(1000, 'k') + std::to_string(i) +
+            ":\n";
+  }
+  deep += std::string(60, ' ') + "v: [1";
+  for (int i = 0; i < 20000; ++i) deep += ", 1";
+  deep += "]\n";
+  CHECK_THAT(parse_error(deep), Contains("more than 64 MiB of values and keys"));
+  // Many distinct keys parse in linear time (no search per key).
+  std::string flat;
+  for (int i = 0; i < 50000; ++i) flat += fmt::format("key{}: {}\n", i, i);
+  const SpecNode many = vflow::parse_yaml(flat, "h.yaml");
+  CHECK(many.entries().size() == 50000);
+  CHECK(many.find("key49999")->value() == "49999");
+  // Escapes cannot bring in control characters either.
+  CHECK_THAT(parse_error("a: \"x\\0y\"\n"), Contains("h.yaml:1:4: a: the value holds the control "
+                                                     "character 0x00"));
+  CHECK_THAT(parse_error("\"k\\e\": 1\n"), Contains("a key holds the control character 0x1b"));
+}
+
+TEST_CASE("errors about an absent section's defaults still name where it would be", "[unit]") {
+  const SpecNode root = vflow::parse_yaml("semantic: {seed: 1}\n", "d.yaml");
+  OptionReader top(root);
+  const SpecNode& semantic = top.section("semantic");
+  OptionReader r(semantic);
+  const SpecNode& model = r.section("model");  // absent
+  CHECK(model.is_null());
+  CHECK(model.path() == "semantic.model");
+  OptionReader m(model);
+  CHECK_THROWS_WITH(m.fail("layers", "needs token sequences"),
+                    Contains("d.yaml:1:11: semantic.model.layers: needs token sequences"));
+}

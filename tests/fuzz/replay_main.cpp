@@ -1,6 +1,7 @@
 // vflow_fuzz_replay TARGET PATH...: runs every file under the PATHs (the committed seeds
 // and regression inputs) through one fuzz target of the normal build. A finding aborts;
-// the test fails. Prints how many inputs it ran.
+// the test fails. An input named accept-* must be accepted, one named refuse-* or
+// regression-* refused. Prints what happened to each input.
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -43,6 +44,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   std::sort(inputs.begin(), inputs.end());
+  int wrong = 0;
   for (const auto& path : inputs) {
     std::ifstream in(path, std::ios::binary);
     const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -50,6 +52,19 @@ int main(int argc, char** argv) {
         target->run(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
     std::printf("%s: %s (%zu bytes): %s\n", target->name, path.c_str(), bytes.size(),
                 refusal.empty() ? "accepted" : ("refused: " + refusal).c_str());
+    // A committed input says by its name what must happen to it.
+    const std::string name = fs::path(path).filename().string();
+    const bool must_accept = name.rfind("accept-", 0) == 0;
+    const bool must_refuse = name.rfind("refuse-", 0) == 0 || name.rfind("regression-", 0) == 0;
+    if ((must_accept && !refusal.empty()) || (must_refuse && refusal.empty())) {
+      std::fprintf(stderr, "%s: %s must be %s\n", target->name, path.c_str(),
+                   must_accept ? "accepted" : "refused");
+      ++wrong;
+    }
+  }
+  if (wrong > 0) {
+    std::fprintf(stderr, "%s: %d input(s) not treated as their names say\n", target->name, wrong);
+    return 1;
   }
   std::printf("%s: replayed %zu inputs, no finding\n", target->name, inputs.size());
   return 0;

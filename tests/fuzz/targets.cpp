@@ -51,7 +51,7 @@ std::vector<std::string> sections(const std::string& text, std::string_view sepa
 /// and data factories, print the semantic part).
 std::string job_spec(const uint8_t* data, size_t size) {
   const auto parts = sections(text_of(data, size), "--set");
-  return expect_clean_refusal([&] {
+  const std::string refusal = expect_clean_refusal([&] {
     SpecNode root = parse_yaml(parts[0], "fuzz.yaml");
     for (size_t i = 1; i < parts.size(); ++i) {
       std::istringstream lines(parts[i]);
@@ -62,6 +62,11 @@ std::string job_spec(const uint8_t* data, size_t size) {
     (void)spec.model_digest();
     engine::validate(spec);
   });
+  // Every error names the file or the override it is about.
+  if (!refusal.empty() && refusal.rfind("fuzz.yaml", 0) != 0 && refusal.rfind("--set ", 0) != 0) {
+    finding("an error that names neither the file nor the override: " + refusal);
+  }
+  return refusal;
 }
 
 /// An idx file (gzip-compressed or not) as Fashion-MNIST's reader takes it, read as

@@ -22,11 +22,11 @@ dpkg-deb --build "$TMP/pkg" "$TMP/deps/vflow-gpu-check-test.deb" >/dev/null
 start=$SECONDS
 rc=0
 VFLOW_GPU_PREFIX="$TMP/prefix" VFLOW_GPU_BUILD_DIR="$TMP/build" VFLOW_GPU_BUILD_S=1 VFLOW_GPU_CUDA_S=30 VFLOW_GPU_BENCH_S=30 \
-  VFLOW_GPU_TOTAL_S=150 "$ROOT/scripts/gpu-check.sh" rehearse "$TMP/deps" "$TMP/out" \
+  VFLOW_GPU_TOTAL_S=600 "$ROOT/scripts/gpu-check.sh" rehearse "$TMP/deps" "$TMP/out" \
   >"$TMP/screen.txt" 2>&1 || rc=$?
 elapsed=$((SECONDS - start))
 ((rc == 1)) || fail "exit code $rc, expected 1 (the build stage had 1 s)"
-((elapsed < 150 + 60)) || fail "took $elapsed s, more than its limits allow"
+((elapsed < 200)) || fail "took $elapsed s, more than its limits allow"
 
 files=$(cd "$TMP/out" && ls | sort | tr '\n' ' ')
 [[ "$files" == "bench.log build.log cuda-tests.log setup.log summary.txt unit-tests.log " ]] ||
@@ -38,7 +38,7 @@ grep -qE '^build +TIMED OUT after 1 s' "$summary" || fail "the build's time-out 
 for s in cuda-tests bench unit-tests; do
   grep -qE "^$s +(ok|FAILED|TIMED OUT)" "$summary" || fail "stage $s did not run after the build"
 done
-grep -qE '^total [0-9]+ s of 150 s' "$summary" || fail "no total in the summary"
+grep -qE "^total [0-9]+ s of 600 s" "$summary" || fail "no total in the summary"
 grep -q 'TIMED OUT' "$TMP/screen.txt" || fail "the screen does not show the time-out"
 grep -q "into $TMP/prefix (never into /)" "$TMP/out/setup.log" || fail "unpacked elsewhere"
 [[ ! -e "$TMP/prefix" ]] || fail "the unpacked packages were left in $TMP/prefix"

@@ -27,6 +27,12 @@ struct NcclStatus {
 
 NcclStatus nccl_status();
 
+/// Sets the NCCL variables vflow relies on (NCCL_MULTI_RANK_GPU_ENABLE=1, for two ranks on
+/// one GPU with NCCL 2.30 and later) unless the user set them. The backend's loader calls
+/// it before any NCCL call; a program calls it first thing in main, before it starts
+/// threads, because changing the environment is not safe while other threads read it.
+void prepare_nccl_environment();
+
 /// Bytes in use on CUDA device `device` (total - free, so LibTorch's caching allocator
 /// counts at its high-water mark), or -1 when the backend or device is not there.
 int64_t cuda_memory_used(int device);

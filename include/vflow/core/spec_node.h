@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <optional>
 #include <string>
 #include <utility>
@@ -54,6 +55,8 @@ class SpecNode {
   const SpecNode* find(const std::string& key) const;
   /// Inserts or replaces a map entry; the child's path becomes "<path>.<key>".
   SpecNode& set(const std::string& key, SpecNode child, SpecLocation key_where = {});
+  /// Appends an entry for a key this map does not hold yet (the caller checked: no search).
+  SpecNode& add_new(const std::string& key, SpecNode child, SpecLocation key_where = {});
   void append(SpecNode item);
 
   /// Re-roots the paths of this subtree under `path` (used when a tree is grafted).
@@ -85,6 +88,7 @@ inline constexpr size_t kYamlMaxValues = 200'000;
 inline constexpr size_t kYamlMaxScalarBytes = 1 << 20;
 inline constexpr size_t kYamlMaxKeyBytes = 1024;
 inline constexpr size_t kYamlMaxFileBytes = 64 << 20;
+inline constexpr size_t kYamlMaxTreeBytes = 64 << 20;
 
 /// Applies "a.b.c=value" to a tree; the value is parsed as a YAML scalar or flow collection.
 /// "a.b.c=" or "a.b.c=null" unsets the key. Errors name the override itself.
@@ -98,6 +102,10 @@ SpecNode parse_yaml(const std::string& text, const std::string& source_name);
 /// missing, unreadable or empty file, or one that is not a regular file (a directory, a
 /// FIFO, a device), is a SpecError naming it.
 SpecNode load_yaml_file(const std::string& path, const std::string& what);
+
+/// `text` as a YAML double-quoted scalar, for building an override from a value that is
+/// not YAML (a path with '#' or ': ' in it): `--set key=` + yaml_quoted(path).
+std::string yaml_quoted(const std::string& text);
 
 /// `text` with bytes that a terminal would not show as themselves written as \xNN.
 std::string printable(const std::string& text);
@@ -141,6 +149,7 @@ class OptionReader {
   const SpecNode* lookup(const std::string& key);
   const SpecNode& node_;
   std::vector<std::string> known_;
+  std::deque<SpecNode> absent_;  ///< the sections section() found absent, with their place
 };
 
 }  // namespace vflow
