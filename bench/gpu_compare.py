@@ -137,6 +137,7 @@ def measure_vflow(args):
            "--examples", str(args.examples), "--repeats", str(args.repeats)]
     print("$ " + " ".join(cmd), flush=True)
     out = run(cmd)
+    print(out, flush=True)  # vflow's own figures, even if PyTorch's part runs out of time
     rows = {}
     for line in out.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
