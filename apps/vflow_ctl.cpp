@@ -4,12 +4,12 @@
 #include <iostream>
 
 #include "exit_code.h"
-#include "vflow/comm/elastic.h"
+#include "vflow/job/control_plane.h"
 #include "vflow/core/address.h"
 
 namespace {
 
-void print_status(const vflow::comm::JobStatus& s) {
+void print_status(const vflow::job::JobStatus& s) {
   std::cout << "state " << s.state << "\n"
             << "step " << s.step << "\n"
             << "generation " << s.generation.id << "\n"
@@ -52,7 +52,7 @@ int main(int argc, char** argv) {
 
   return vflow::apps::run_reporting_errors([&]() -> int {
     const auto where = vflow::parse_host_port(address, "the job's address");
-    vflow::comm::ControlPlane control(
+    vflow::job::ControlPlane control(
         where.host, where.port, std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
     if (*status) {
       print_status(control.status());

@@ -83,7 +83,7 @@ vflow::hetero::DeviceProfile::Point measure(vflow::engine::JobSpec spec, int64_t
 
 /// One allreduce of the gradient buffer (on `device`) between two local workers on Gloo.
 double allreduce_seconds(int64_t numel, const torch::Device& device, int repeats) {
-  vflow::comm::Coordinator coordinator("127.0.0.1", 0, std::chrono::seconds(30));
+  vflow::job::Coordinator coordinator("127.0.0.1", 0, std::chrono::seconds(30));
   std::vector<double> times(2);
   auto worker = [&](int rank) {
     vflow::comm::Rendezvous r;

@@ -1,19 +1,16 @@
 // vflow-train: train a job spec. Parse, validate, build, run, map the outcome to an exit code.
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
-#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <atomic>
 #include <csignal>
-#include <cstdlib>
 #include <iostream>
 
 #include "exit_code.h"
 #include "vflow/comm/nccl.h"
-#include "vflow/core/address.h"
-#include "vflow/hetero/cpu_quota.h"
-#include "vflow/vflow.h"
+#include "vflow/engine/job_spec.h"
+#include "vflow/job/roles.h"
 
 namespace {
 std::atomic<bool> g_stop{false};
@@ -26,14 +23,6 @@ void on_signal(int) {
 // machine) as a request to leave at the next step boundary, not to stop the job.
 void on_leave_signal(int) { g_leave.store(true); }
 
-std::string self_executable(const char* argv0) {
-  char path[4096];
-  const ssize_t n = readlink("/proc/self/exe", path, sizeof path - 1);
-  if (n <= 0) return argv0;
-  path[n] = '\0';
-  return path;
-}
-
 int report(const vflow::engine::TrainResult& result) {
   if (result.evaluation) {
     std::cout << "test accuracy " << 100.0 * result.evaluation->accuracy << "% after "
@@ -45,53 +34,6 @@ int report(const vflow::engine::TrainResult& result) {
     return vflow::kExitStopped;
   }
   return vflow::kExitOk;
-}
-
-vflow::comm::JobLimits limits_of(const vflow::engine::JobSpec& spec) {
-  vflow::comm::JobLimits limits;
-  limits.virtual_nodes = spec.semantic.virtual_nodes;
-  limits.min_workers = spec.resources.min_workers;
-  limits.max_workers =
-      spec.resources.max_workers > 0 ? spec.resources.max_workers : spec.semantic.virtual_nodes;
-  return limits;
-}
-
-/// A worker of a planned layout gets its own device, threads and CPU quota from the
-/// launcher.
-vflow::engine::JobSpec apply_worker_layout(vflow::engine::JobSpec spec,
-                                           const vflow::comm::ElasticWorkerEnvironment& env) {
-  if (const char* device = std::getenv("VFLOW_DEVICE"); device && *device) {
-    spec.resources.device = device;
-  }
-  if (const char* threads = std::getenv("VFLOW_THREADS"); threads && std::atoll(threads) > 0) {
-    spec.resources.threads = std::atoll(threads);
-  }
-  if (const char* quota = std::getenv("VFLOW_CPU_QUOTA"); quota && std::atof(quota) > 0) {
-    vflow::hetero::apply_cpu_quota(std::atof(quota),
-                                   fmt::format("vflow-{}-{}", env.store_port, env.member));
-    spdlog::info("[hetero] worker {} limited to {} cores", env.member, std::atof(quota));
-  }
-  return spec;
-}
-
-int run_as_elastic_worker(const vflow::engine::JobSpec& job,
-                          const vflow::comm::ElasticWorkerEnvironment& env,
-                          std::chrono::milliseconds timeout) {
-  const auto spec = apply_worker_layout(job, env);
-  struct Release {  // the worker's CPU-quota group, if any, goes with it
-    std::string name;
-    ~Release() { vflow::hetero::release_cpu_quota(name); }
-  } release{fmt::format("vflow-{}-{}", env.store_port, env.member)};
-  vflow::engine::ElasticWorkerOptions options;
-  options.store_host = env.store_host;
-  options.store_port = env.store_port;
-  options.member = env.member;
-  options.timeout = timeout;
-  options.stop_flag = &g_stop;
-  options.leave_flag = &g_leave;
-  const auto outcome = vflow::engine::run_elastic_worker(spec, options);
-  if (outcome.kind != vflow::engine::ElasticOutcome::Kind::kFinished) return vflow::kExitOk;
-  return report(outcome.result);
 }
 }  // namespace
 
@@ -141,57 +83,21 @@ int main(int argc, char** argv) {
       std::cout << spec.source << ": valid\n";
       return vflow::kExitOk;
     }
-    const auto elastic_worker = vflow::comm::elastic_worker_from_environment();
+    vflow::job::RoleOptions roles;
+    roles.command = vflow::job::command_line_of_this_program(argc, argv);
+    roles.launch = workers > 0;
+    roles.port = port;
+    roles.coordinate = coordinate;
+    roles.stop_flag = &g_stop;
+    roles.leave_flag = &g_leave;
+    const auto role = vflow::job::role_of(spec, roles);
+    const bool elastic_worker = role == vflow::job::Role::kElasticWorker;
     std::signal(SIGINT, on_signal);
     std::signal(SIGTERM, elastic_worker ? on_leave_signal : on_signal);
     // A worker outlives a dead launcher long enough to stop cleanly: writing to its
     // closed output pipe must fail, not kill it.
     if (elastic_worker) std::signal(SIGPIPE, SIG_IGN);
-    const auto timeout =
-        std::chrono::milliseconds(static_cast<int64_t>(spec.resources.timeout_s * 1000));
-    if (!coordinate.empty()) {
-      const auto address = vflow::parse_host_port(coordinate, "--coordinator");
-      vflow::comm::Coordinator coordinator(address.host, address.port, timeout);
-      spdlog::info("[coordinator] serving {}:{} for {} workers", coordinator.host(),
-                   coordinator.port(), spec.resources.workers);
-      return coordinator.serve(static_cast<int>(spec.resources.workers), &g_stop)
-                 ? vflow::kExitOk
-                 : vflow::kExitStopped;
-    }
-    if (elastic_worker) return run_as_elastic_worker(spec, *elastic_worker, timeout);
-    auto rendezvous = vflow::comm::rendezvous_from_environment(timeout);
-    // A planned layout, even of one worker, runs through the launcher, which gives each
-    // worker its entry's device, threads and CPU quota.
-    if (!rendezvous &&
-        (workers > 0 || spec.resources.workers > 1 || !spec.resources.layout.empty())) {
-      // This process becomes the coordinator and runs this same command line as each worker.
-      vflow::comm::LaunchOptions launch;
-      launch.workers = static_cast<int>(spec.resources.workers);
-      launch.command.push_back(self_executable(argv[0]));
-      for (int i = 1; i < argc; ++i) launch.command.emplace_back(argv[i]);
-      launch.port = port;
-      launch.timeout = timeout;
-      launch.elastic.limits = limits_of(spec);
-      launch.elastic.replace_failed = spec.resources.replace_failed;
-      vflow::engine::check_devices(spec.resources);
-      for (const auto& w : spec.resources.layout) {
-        launch.vnodes.push_back(w.vnodes);
-        launch.worker_env.push_back({fmt::format("VFLOW_DEVICE={}", w.device),
-                                     fmt::format("VFLOW_THREADS={}", w.threads),
-                                     fmt::format("VFLOW_CPU_QUOTA={}", w.cpu_quota)});
-      }
-      launch.stop_flag = &g_stop;
-      return vflow::comm::launch_local(launch);
-    }
-    vflow::engine::JobRunOptions options;
-    options.stop_flag = &g_stop;
-    if (rendezvous) {
-      vflow::engine::choose_backend(spec.resources, vflow::engine::worker_device(spec.resources),
-                                    *rendezvous);
-      options.communicator = vflow::comm::make_communicator(*rendezvous);
-    }
-    const auto result = vflow::engine::run_job(spec, options);
-    if (options.communicator) options.communicator->leave();
-    return report(result);
+    const auto outcome = vflow::job::run_role(role, spec, roles);
+    return outcome.result ? report(*outcome.result) : outcome.exit_code;
   });
 }

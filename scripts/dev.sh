@@ -53,7 +53,22 @@ consumer() {
   cmake --install "$BUILD" >/dev/null
   cmake -S "$ROOT/examples/embed" -B "$BUILD/embed" -G Ninja -DCMAKE_PREFIX_PATH="$BUILD/install" >/dev/null
   cmake --build "$BUILD/embed" -j "$JOBS"
-  "$BUILD/embed/embed_example"
+  local single elastic port want
+  single=$("$BUILD/embed/embed_example") || { echo "$single"; log "examples/embed failed"; return 1; }
+  echo "$single" | tail -n 2
+  # The same job on two worker processes, shrunk to one while it runs: same fingerprint.
+  port=$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  log "examples/embed on 2 workers, resized to 1 at step 100"
+  elastic=$("$BUILD/embed/embed_example" --workers 2 --port "$port" --resize 1 2>&1) || {
+    echo "$elastic"; log "examples/embed on 2 workers failed"; return 1; }
+  want=$(echo "$single" | sed -n 's/^fingerprint //p')
+  if ! echo "$elastic" | grep -q "is rank 0 of 1 in generation 2" ||
+     [[ $(echo "$elastic" | grep -oE 'fingerprint [0-9a-f]{16}' | sort -u) != "fingerprint $want" ]]; then
+    echo "$elastic"
+    log "examples/embed: the resized job did not end with the fingerprint $want of the single run"
+    return 1
+  fi
+  echo "$elastic" | grep -E "resize to|generation 2|fingerprint" | head -n 4
 }
 
 cmd="${1:-train}"

@@ -79,7 +79,7 @@ output:
   return engine::parse_job_spec(root);
 }
 
-comm::Rendezvous rendezvous_at(const comm::Coordinator& coordinator, int rank, int size,
+comm::Rendezvous rendezvous_at(const job::Coordinator& coordinator, int rank, int size,
                                const std::string& generation, int timeout_ms) {
   comm::Rendezvous r;
   r.store_host = coordinator.host();

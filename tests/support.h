@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "vflow/comm/communicator.h"
-#include "vflow/comm/launcher.h"
+#include "vflow/job/launcher.h"
 #include "vflow/engine/job_spec.h"
 
 namespace vflow::testing {
@@ -46,7 +46,7 @@ std::string export_torchscript(const std::string& model, const std::string& path
 
 /// Where rank `rank` of `size` meets its peers at a test coordinator, for generation
 /// `generation` (a fresh store prefix), giving up after `timeout_ms`.
-comm::Rendezvous rendezvous_at(const comm::Coordinator& coordinator, int rank, int size,
+comm::Rendezvous rendezvous_at(const job::Coordinator& coordinator, int rank, int size,
                                const std::string& generation, int timeout_ms = 10000);
 
 /// A TCP port on 127.0.0.1 that was free a moment ago.

@@ -1,11 +1,21 @@
-// Embedding vflow: your own module, your own data set, a job built in code,
-// and a hook on every epoch. Exits non-zero if the model did not learn.
+// Embedding vflow: your own module and data set, registered by name; a job built in
+// code; a hook on every evaluation; and the same job on several worker processes,
+// resized while it runs, through the entry point vflow-train uses.
+//
+//   embed_example                              one process; exits 1 if it did not learn
+//   embed_example --workers 2 --port P [--resize K]
+//       two workers started on this machine (each runs this program again), the
+//       coordinator on 127.0.0.1:P; with --resize, asks for K workers at step 100
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 #include <vflow/vflow.h>
 
+#include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <iostream>
+#include <string>
+#include <thread>
 
 namespace {
 
@@ -54,37 +64,100 @@ class EpochPrinter final : public vflow::engine::TrainingObserver {
   }
 };
 
+// Every process of the job builds the model and the data set by name from the spec,
+// so every process registers them before it reads the spec.
+void register_components() {
+  vflow::models::ModelRegistry::global().add(
+      "spiralnet", "an MLP with batch norm for the spirals (no options)",
+      [](vflow::OptionReader&, const vflow::models::ModelContext&) -> vflow::models::ModelBuilder {
+        return [] { return std::make_shared<SpiralNet>(); };
+      });
+  vflow::data::DataRegistry::global().add(
+      "spirals", "two interleaved spirals (options: train_size)", [](vflow::OptionReader& o) {
+        const int64_t n = o.get_int("train_size", 2048, 16, 1 << 20);
+        vflow::data::PreparedData p;
+        p.info = vflow::data::DataInfo{{2}, 2};
+        p.load = [n] {
+          return vflow::data::DataSplits{std::make_shared<Spirals>(n, 1),
+                                         std::make_shared<Spirals>(512, 2)};
+        };
+        return p;
+      });
+}
+
+vflow::engine::JobSpec spiral_job() {
+  vflow::engine::JobSpec spec;  // every field has its documented default
+  spec.semantic.model.name = "spiralnet";
+  spec.semantic.data.name = "spirals";
+  spec.semantic.global_batch = 128;
+  spec.semantic.virtual_nodes = 4;
+  spec.semantic.optimizer.name = "adamw";
+  spec.semantic.optimizer.lr = 0.01;
+  spec.semantic.optimizer.weight_decay = 0.0;
+  spec.semantic.epochs = 40;
+  spec.semantic.deterministic = true;  // the same fingerprint on any number of workers
+  spec.resources.threads = 1;
+  spec.resources.timeout_s = 20;
+  spec.output.logging.progress = "off";
+  return spec;
+}
+
+/// Asks the job at 127.0.0.1:port for `workers` workers once it has trained 100 steps,
+/// through the control plane (what vflow-ctl resize does).
+void resize_at_step_100(int port, int64_t workers) {
+  vflow::job::ControlPlane control("127.0.0.1", port, std::chrono::seconds(20));
+  while (control.done().empty() && control.status().step < 100) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  if (control.done().empty()) {
+    control.request_resize(workers);
+    std::cout << "resize to " << workers << " workers requested" << std::endl;
+  }
+}
+
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  int workers = 0;
+  int port = 0;
+  int64_t resize = 0;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i];
+    const int value = std::atoi(argv[i + 1]);
+    if (flag == "--workers") workers = value;
+    if (flag == "--port") port = value;
+    if (flag == "--resize") resize = value;
+  }
+  if (workers > 0 && port <= 0) {
+    std::cerr << "usage: embed_example [--workers K --port P [--resize K]]\n";
+    return 2;
+  }
   try {
-    vflow::engine::JobSpec spec;  // every field has its documented default
-    spec.semantic.model.name = "spiralnet";
-    spec.semantic.data.name = "spirals";
-    spec.semantic.global_batch = 128;
-    spec.semantic.virtual_nodes = 4;
-    spec.semantic.optimizer.name = "adamw";
-    spec.semantic.optimizer.lr = 0.01;
-    spec.semantic.optimizer.weight_decay = 0.0;
-    spec.semantic.epochs = 40;
-    spec.semantic.deterministic = true;
-    spec.resources.threads = 1;
-    spec.output.logging.progress = "off";
+    register_components();
+    auto spec = spiral_job();
+    if (workers > 0) spec.resources.workers = workers;
     vflow::engine::validate(spec, /*check_components=*/false);
-    vflow::engine::configure_runtime(spec);
 
-    vflow::data::DataSplits data{std::make_shared<Spirals>(2048, 1),
-                                 std::make_shared<Spirals>(512, 2)};
-    vflow::engine::seed_initialisation(spec.semantic);
-    auto model = std::make_shared<SpiralNet>();
-
-    vflow::engine::Trainer trainer(spec, model, data);
-    trainer.add_observer(
-        std::make_shared<vflow::engine::EvaluationObserver>(spec.output.evaluation));
-    trainer.add_observer(std::make_shared<EpochPrinter>());
-    const auto result = trainer.run();
+    vflow::job::RoleOptions roles;
+    roles.command = vflow::job::command_line_of_this_program(argc, argv);
+    roles.launch = workers > 0;
+    roles.port = port;
+    roles.prepare = [](vflow::engine::Trainer& trainer) {
+      trainer.add_observer(std::make_shared<EpochPrinter>());
+    };
+    const auto role = vflow::job::role_of(spec, roles);
+    std::thread resizer;
+    if (role == vflow::job::Role::kLauncher && resize > 0) {
+      resizer = std::thread(resize_at_step_100, port, resize);
+    }
+    const auto outcome = vflow::job::run_role(role, spec, roles);
+    if (resizer.joinable()) resizer.join();
+    if (!outcome.result) return outcome.exit_code;  // the launcher, or a worker that left
+    const auto& result = *outcome.result;
     std::cout << "fingerprint " << result.fingerprint << "\n";
-    return result.evaluation && result.evaluation->accuracy > 0.9 ? 0 : 1;
+    if (!result.evaluation) return 0;  // a worker other than rank 0
+    std::cout << "final accuracy " << result.evaluation->accuracy << "\n";
+    return result.evaluation->accuracy > 0.9 ? 0 : 1;
   } catch (const vflow::Error& e) {
     std::cerr << "error: " << e.what() << "\n";
     return 2;

@@ -12,7 +12,6 @@
 
 #include "comm/store.h"
 #include "vflow/comm/communicator.h"
-#include "vflow/comm/launcher.h"
 
 namespace vflow::comm {
 

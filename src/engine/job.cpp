@@ -76,6 +76,7 @@ std::unique_ptr<Trainer> make_trainer(const JobSpec& spec,
 TrainResult run_job(const JobSpec& spec, const JobRunOptions& options) {
   auto trainer = make_trainer(spec, options.communicator);
   trainer->set_stop_flag(options.stop_flag);
+  if (options.prepare) options.prepare(*trainer);
   return trainer->run();
 }
 

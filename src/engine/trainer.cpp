@@ -18,7 +18,6 @@
 #include "core/torch_compat.h"
 #include "engine/background_task.h"
 #include "engine/copy_stream.h"
-#include "vflow/comm/launcher.h"
 #include "vflow/comm/nccl.h"
 #include "vflow/core/error.h"
 #include "vflow/core/spec_node.h"
@@ -73,13 +72,14 @@ std::string first_difference(const std::string& a, const std::string& b) {
 
 }  // namespace
 
-bool prefetch_enabled(const std::string& setting) {
-  if (setting != "auto") return setting == "true";
+bool prefetch_enabled(const ResourcesSpec& resources, int64_t local_workers) {
+  if (resources.prefetch != "auto") return resources.prefetch == "true";
   // A background loader only helps when it gets a core of its own; on a fully
   // subscribed host it competes with the compute threads (measured: about -15%
   // with 2 single-threaded workers on 2 cores).
   const auto cores = static_cast<int64_t>(std::max(1U, std::thread::hardware_concurrency()));
-  return torch::get_num_threads() * comm::local_workers() < cores;
+  const int64_t threads = resources.threads > 0 ? resources.threads : cores;  // as configured
+  return threads * std::max<int64_t>(1, local_workers) < cores;
 }
 
 void seed_initialisation(const SemanticSpec& semantic) {
@@ -103,7 +103,7 @@ torch::Device resolve_device(const std::string& name, const std::string& key) {
     }
     return device;
   }
-  return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(comm::local_rank() % count));
+  return torch::Device(torch::kCUDA, 0);
 }
 }  // namespace
 
@@ -474,7 +474,7 @@ Trainer::Trainer(JobSpec spec, std::shared_ptr<models::Model> model, data::DataS
   auto& m = *impl_->model;
   m.to(impl_->device);
   set_communicator(std::move(communicator));
-  impl_->prefetch = prefetch_enabled(impl_->spec.resources.prefetch);
+  impl_->prefetch = prefetch_enabled(impl_->spec.resources, /*local_workers=*/1);
   impl_->kernels =
       std::make_unique<vnode::StatefulKernelSet>(m, impl_->plan.virtual_nodes(), impl_->device);
   impl_->grads = std::make_unique<vnode::GradientBuffer>(

@@ -24,7 +24,7 @@
 #include <set>
 #include <thread>
 
-#include "vflow/comm/elastic.h"
+#include "vflow/job/control_plane.h"
 #include "vflow/core/error.h"
 #include "vflow/core/exit_code.h"
 #include "vflow/core/spec_node.h"
@@ -175,7 +175,7 @@ struct LiveState {
   int held = 0;    // workers the policy gives the job (slots it occupies)
   pid_t pid = -1;  // the job's launcher (leader of its process group); -1 when none
   int port = 0;
-  std::unique_ptr<comm::ControlPlane> control;  // set once the job's limits are readable
+  std::unique_ptr<job::ControlPlane> control;  // set once the job's limits are readable
   int requested = 0;  // workers the job was started with or last asked for
   bool stopping = false;
   bool abandoned = false;  // stopped for good (it never came up), not preempted
@@ -433,7 +433,7 @@ class LiveRun {
     LiveState& s = state_[id];
     if (!port_open(s.port)) return;
     try {
-      auto control = std::make_unique<comm::ControlPlane>("127.0.0.1", s.port,
+      auto control = std::make_unique<job::ControlPlane>("127.0.0.1", s.port,
                                                           std::chrono::milliseconds(10000));
       control->limits();  // throws until the launcher has published them
       s.control = std::move(control);

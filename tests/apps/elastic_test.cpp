@@ -1,7 +1,7 @@
 // Elasticity and failures (DESIGN.md §4), with real worker processes on loopback: a
 // deterministic job resized, killed into and preempted while it trains ends with the
 // fingerprint of an undisturbed run.
-#include "vflow/comm/elastic.h"
+#include "vflow/job/control_plane.h"
 
 #include <algorithm>
 #include <catch2/catch.hpp>
@@ -155,11 +155,11 @@ TEST_CASE("a resize storm finishes without a hang or a leaked process", "[multip
   // cycling through 1..4 workers.
   int requests = 0;
   try {
-    std::unique_ptr<vflow::comm::ControlPlane> control;
+    std::unique_ptr<vflow::job::ControlPlane> control;
     for (int attempt = 0; attempt < 100 && !control; ++attempt) {
       try {
         control =
-            std::make_unique<vflow::comm::ControlPlane>("127.0.0.1", port, std::chrono::seconds(2));
+            std::make_unique<vflow::job::ControlPlane>("127.0.0.1", port, std::chrono::seconds(2));
         control->limits();  // the coordinator has published the job
       } catch (const std::exception&) {
         control.reset();

@@ -9,7 +9,7 @@
 
 #include "apps/multiworker_support.h"
 #include "support.h"
-#include "vflow/comm/launcher.h"
+#include "vflow/job/launcher.h"
 
 using vflow::testing::run_command;
 using vflow::testing::TempDir;
@@ -153,7 +153,7 @@ TEST_CASE("an unreachable coordinator is reported within the timeout", "[multipr
 
 TEST_CASE("a busy store port is reported, naming the address", "[multiproc]") {
   // Something else already listens on the port rank 0 should host the store on.
-  vflow::comm::Coordinator squatter("127.0.0.1", 0, std::chrono::seconds(5));
+  vflow::job::Coordinator squatter("127.0.0.1", 0, std::chrono::seconds(5));
   const auto r = run_command(
       "RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(squatter.port()) +
       " " + kTrain + kJob + " --set resources.timeout_s=2");

@@ -9,11 +9,12 @@
 #include <thread>
 
 #include "support.h"
-#include "vflow/comm/elastic.h"
-#include "vflow/comm/launcher.h"
+#include "vflow/hetero/speed_plan.h"
+#include "vflow/job/control_plane.h"
+#include "vflow/job/launcher.h"
 #include "vflow/comm/nccl.h"
 
-using vflow::comm::Coordinator;
+using vflow::job::Coordinator;
 using vflow::comm::Rendezvous;
 
 namespace {
@@ -103,7 +104,7 @@ TEST_CASE("The NCCL backend loads only when used and says why it cannot run", "[
 }
 
 TEST_CASE("a resize re-plans the split by the members' measured speeds", "[unit]") {
-  using vflow::comm::plan_by_speed;
+  using vflow::hetero::plan_by_speed;
   // A worker four times slower gets the fewest vnodes; the others as many as they finish
   // in about the same time.
   CHECK(plan_by_speed({1.0, 4.0, 1.0}, 12) == std::vector<int64_t>{6, 1, 5});
@@ -130,8 +131,8 @@ TEST_CASE("a resize re-plans the split by the members' measured speeds", "[unit]
 }
 
 TEST_CASE("members derive a communicator from an earlier one only when all can", "[integration]") {
-  using vflow::comm::Regroup;
-  using vflow::comm::RegroupOffer;
+  using vflow::job::Regroup;
+  using vflow::job::RegroupOffer;
   using Kind = RegroupOffer::Kind;
   Coordinator coordinator("127.0.0.1", 0, std::chrono::seconds(10));
   const RegroupOffer none;
@@ -145,13 +146,13 @@ TEST_CASE("members derive a communicator from an earlier one only when all can",
   auto agree = [&](int64_t generation, const std::vector<RegroupOffer>& offers) {
     std::vector<std::string> members;
     for (size_t m = 0; m < offers.size(); ++m) members.push_back(fmt::format("w{}", m));
-    std::vector<vflow::comm::RegroupAnswer> answers(members.size());
+    std::vector<vflow::job::RegroupAnswer> answers(members.size());
     std::vector<std::string> errors(members.size());
     std::vector<std::thread> threads;
     for (size_t m = 0; m < members.size(); ++m) {
       threads.emplace_back([&, m] {
         try {
-          vflow::comm::ControlPlane control(coordinator.host(), coordinator.port(),
+          vflow::job::ControlPlane control(coordinator.host(), coordinator.port(),
                                             std::chrono::seconds(5));
           answers[m] = control.agree_regroup(generation, members, members[m], offers[m],
                                              std::chrono::seconds(5));
@@ -196,7 +197,7 @@ TEST_CASE("members derive a communicator from an earlier one only when all can",
 
   // A member that says nothing is a PeerFailure within the timeout, naming it.
   const std::vector<std::string> members = {"w0", "w1", "w2"};
-  vflow::comm::ControlPlane control(coordinator.host(), coordinator.port(),
+  vflow::job::ControlPlane control(coordinator.host(), coordinator.port(),
                                     std::chrono::seconds(5));
   const auto t0 = std::chrono::steady_clock::now();
   CHECK_THROWS_AS(

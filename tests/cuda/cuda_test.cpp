@@ -13,11 +13,11 @@
 #include "cuda/skip.h"
 #include "engine/copy_stream.h"
 #include "support.h"
-#include "vflow/comm/launcher.h"
+#include "vflow/job/launcher.h"
 #include "vflow/comm/nccl.h"
 #include "vflow/engine/job.h"
 
-using vflow::comm::Coordinator;
+using vflow::job::Coordinator;
 using vflow::comm::Rendezvous;
 using vflow::testing::skip_unless;
 

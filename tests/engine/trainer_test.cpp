@@ -10,6 +10,7 @@
 #include "vflow/engine/checkpoint.h"
 #include "vflow/engine/job.h"
 #include "vflow/engine/lr_schedule.h"
+#include "vflow/job/environment.h"
 
 using Catch::Matchers::Contains;
 using vflow::engine::make_trainer;
@@ -204,7 +205,8 @@ TEST_CASE("the worker's device and communication backend follow the resources pa
   } else {
     setenv("VFLOW_LOCAL_RANK", "1", 1);
     const auto count = static_cast<int>(torch::cuda::device_count());
-    CHECK(vflow::engine::worker_device(res).index() == 1 % count);
+    CHECK(vflow::engine::worker_device(vflow::job::place_on_this_host(res)).index() ==
+          1 % count);
     unsetenv("VFLOW_LOCAL_RANK");
   }
 }

@@ -5,7 +5,7 @@
 #include <string>
 #include <string_view>
 
-#include "comm/control_records.h"
+#include "job/control_records.h"
 #include "fuzz_target.h"
 #include "vflow/core/spec_node.h"
 #include "vflow/data/fashion_mnist.h"
@@ -164,7 +164,7 @@ std::string control_records(const uint8_t* data, size_t size) {
   if (size == 0) return "";
   const std::string value = text_of(data + 1, size - 1);
   return expect_clean_refusal([&] {
-    namespace r = comm::records;
+    namespace r = job::records;
     switch (data[0] % 5) {
       case 0:
         (void)r::decode_int(value, "k");

@@ -19,6 +19,10 @@ using vflow::PeerFailure;
 
 struct Rendezvous;
 
+/// The store key under which Communicator::leave counts a rank out: a coordinator that
+/// only hosts the store for externally started workers serves until all have left.
+extern const char* const kLeftKey;
+
 class Communicator {
  public:
   virtual ~Communicator() = default;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 
 #include "vflow/engine/job_spec.h"
 #include "vflow/engine/trainer.h"
@@ -15,6 +16,8 @@ struct JobRunOptions {
   const std::atomic<bool>* stop_flag = nullptr;
   /// This worker's communicator; null trains alone with every vnode.
   std::shared_ptr<comm::Communicator> communicator;
+  /// Called with the trainer once it is built, before it trains (e.g. to add observers).
+  std::function<void(Trainer&)> prepare;
 };
 
 /// Runs a validated job spec. Throws vflow::Error subclasses for user errors.

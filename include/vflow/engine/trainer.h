@@ -95,17 +95,18 @@ class TrainingObserver {
 /// Build the model right after this call so that initialisation depends on the spec only.
 void seed_initialisation(const SemanticSpec& semantic);
 
-/// Whether a `resources.prefetch` setting turns the background loader on here.
-bool prefetch_enabled(const std::string& setting);
+/// Whether `resources.prefetch` turns the background loader on for a worker that shares
+/// this host with `local_workers` - 1 others (auto: when its intra-op threads times the
+/// local workers leave a core free). The job layer decides auto for a launched worker.
+bool prefetch_enabled(const ResourcesSpec& resources, int64_t local_workers);
 
 /// Applies the resources part to this process: intra-op threads and, for a
 /// deterministic job, LibTorch's deterministic algorithms (cuDNN's too).
 void configure_runtime(const JobSpec& spec);
 
-/// The device this worker trains on: resources.device, where plain "cuda" is the local
-/// rank's device (VFLOW_LOCAL_RANK, LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_RANK or
-/// SLURM_LOCALID) modulo the devices visible. Throws SpecError when CUDA is asked for
-/// and this LibTorch build or machine has none.
+/// The device this worker trains on: resources.device, where plain "cuda" is the first
+/// device (a launched worker's job layer makes it its local rank's, job::place_on_this_host).
+/// Throws SpecError when CUDA is asked for and this LibTorch build or machine has none.
 torch::Device worker_device(const ResourcesSpec& resources);
 /// Checks that every device the job asks for (resources.device, for joiners and entries
 /// without a device, and each layout entry's) exists on this machine; throws SpecError

@@ -19,7 +19,6 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include "comm/store.h"
-#include "vflow/comm/launcher.h"
 #include "vflow/comm/nccl.h"
 
 namespace vflow::comm {

@@ -1,4 +1,4 @@
-#include "vflow/engine/elastic_worker.h"
+#include "vflow/job/elastic_worker.h"
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -11,11 +11,11 @@
 #include <optional>
 #include <thread>
 
-#include "vflow/comm/elastic.h"
+#include "vflow/job/control_plane.h"
 #include "vflow/comm/nccl.h"
 #include "vflow/engine/job.h"
 
-namespace vflow::engine {
+namespace vflow::job {
 
 namespace {
 
@@ -27,7 +27,7 @@ double seconds_since(Clock::time_point t) {
 
 /// Waits for a generation newer than `after` that holds `member`. Returns nullopt when
 /// the job is over, or when `member` was in the job and a newer generation left it out.
-std::optional<comm::Generation> await_generation(comm::ControlPlane& control, int64_t after,
+std::optional<Generation> await_generation(ControlPlane& control, int64_t after,
                                                  const std::string& member, bool was_member,
                                                  std::chrono::milliseconds patience,
                                                  const std::atomic<bool>* leave_flag) {
@@ -73,11 +73,11 @@ std::optional<std::vector<int>> excluded_ranks(const std::vector<std::string>& b
 /// What this member offers towards the next generation's NCCL communicator: to shrink
 /// or grow `parent` (generation `parent_generation`'s, held since a clean regroup) when
 /// `after` drops members of `before` or appends to it; to join a grown one when it is new.
-comm::RegroupOffer regroup_offer(const comm::Communicator* parent,
+RegroupOffer regroup_offer(const comm::Communicator* parent,
                                  const std::vector<std::string>& before, int64_t parent_generation,
                                  const std::vector<std::string>& after, bool was_member) {
-  using Kind = comm::RegroupOffer::Kind;
-  comm::RegroupOffer offer;
+  using Kind = RegroupOffer::Kind;
+  RegroupOffer offer;
   if (!parent) {
     if (!was_member && comm::nccl_status().can_grow) offer.kind = Kind::kJoin;
     return offer;
@@ -99,7 +99,7 @@ comm::RegroupOffer regroup_offer(const comm::Communicator* parent,
 
 }  // namespace
 
-void transfer_state(Trainer& trainer, comm::Communicator& communicator, int donor) {
+void transfer_state(engine::Trainer& trainer, comm::Communicator& communicator, int donor) {
   const bool giving = communicator.rank() == donor;
   std::string bytes = giving ? trainer.state_bytes() : std::string();
   auto size = torch::tensor({static_cast<int64_t>(bytes.size())}, torch::kInt64);
@@ -115,10 +115,11 @@ void transfer_state(Trainer& trainer, comm::Communicator& communicator, int dono
   }
 }
 
-ElasticOutcome run_elastic_worker(const JobSpec& spec, const ElasticWorkerOptions& options) {
-  comm::ControlPlane control(options.store_host, options.store_port, options.timeout);
-  const auto trainer = make_trainer(spec, nullptr, /*elastic=*/true);
+ElasticOutcome run_elastic_worker(const engine::JobSpec& spec, const ElasticWorkerOptions& options) {
+  ControlPlane control(options.store_host, options.store_port, options.timeout);
+  const auto trainer = engine::make_trainer(spec, nullptr, /*elastic=*/true);
   trainer->set_stop_flag(options.stop_flag);
+  if (options.prepare) options.prepare(*trainer);
   const std::string& me = options.member;
 
   int64_t generation = 0;
@@ -126,8 +127,8 @@ ElasticOutcome run_elastic_worker(const JobSpec& spec, const ElasticWorkerOption
   int64_t seen_news = -1;
   Clock::time_point last_published;
   Clock::time_point last_speed;
-  trainer->set_step_control([&](const Trainer& t) {
-    StepControl c;
+  trainer->set_step_control([&](const engine::Trainer& t) {
+    engine::StepControl c;
     if (options.leave_flag && options.leave_flag->load() && !leave_sent) {
       spdlog::info("[elastic] worker {} asked to leave at the next step boundary", me);
       control.request_leave(me);
@@ -201,7 +202,7 @@ ElasticOutcome run_elastic_worker(const JobSpec& spec, const ElasticWorkerOption
       r.world_size = static_cast<int>(g->members.size());
       r.generation = std::to_string(g->id);
       r.timeout = options.timeout;
-      choose_backend(spec.resources, trainer->device(), r);
+      engine::choose_backend(spec.resources, trainer->device(), r);
       if (r.backend == "nccl") {
         // Released at the end of this block whatever happens (the trainer keeps its own
         // reference until it gets the next communicator).
@@ -210,11 +211,11 @@ ElasticOutcome run_elastic_worker(const JobSpec& spec, const ElasticWorkerOption
                                          g->members, was_member);
         const auto answer = control.agree_regroup(g->id, g->members, me, offer, options.timeout);
         const auto how = answer.how;
-        if (how == comm::Regroup::kShrink) {
+        if (how == Regroup::kShrink) {
           communicator = parent->shrink(*excluded_ranks(previous_members, g->members),
                                         /*after_failure=*/false);
           if (communicator) made = " shrink";
-        } else if (how == comm::Regroup::kGrow && parent) {
+        } else if (how == Regroup::kGrow && parent) {
           communicator = parent->grow(r);
           if (!communicator) {
             throw comm::PeerFailure(
@@ -222,7 +223,7 @@ ElasticOutcome run_elastic_worker(const JobSpec& spec, const ElasticWorkerOption
                             me, previous_generation));
           }
           made = " grow";
-        } else if (how == comm::Regroup::kGrow) {
+        } else if (how == Regroup::kGrow) {
           r.grown_from = static_cast<int>(answer.grown_from);  // a new member joins
           made = " grow";
         }
@@ -251,7 +252,7 @@ ElasticOutcome run_elastic_worker(const JobSpec& spec, const ElasticWorkerOption
         communicator->rank(), communicator->size(), g->describe(), trainer->step(),
         seconds_since(t0), r.backend + made);
     if (g->stop) trainer->stop_now();
-    TrainResult result;
+    engine::TrainResult result;
     try {
       result = trainer->run();
     } catch (const comm::PeerFailure& e) {
@@ -284,4 +285,4 @@ ElasticOutcome run_elastic_worker(const JobSpec& spec, const ElasticWorkerOption
   }
 }
 
-}  // namespace vflow::engine
+}  // namespace vflow::job

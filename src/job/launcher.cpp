@@ -1,4 +1,4 @@
-#include "vflow/comm/launcher.h"
+#include "vflow/job/launcher.h"
 
 #include <fcntl.h>
 #include <fmt/format.h>
@@ -16,11 +16,10 @@
 #include <tuple>
 
 #include "comm/store.h"
-#include "vflow/comm/elastic.h"
 #include "vflow/core/address.h"
 #include "vflow/core/exit_code.h"
 
-namespace vflow::comm {
+namespace vflow::job {
 
 // ---- coordinator -------------------------------------------------------------
 
@@ -31,7 +30,7 @@ struct Coordinator::Impl {
 Coordinator::Coordinator(const std::string& host, int port, std::chrono::milliseconds timeout)
     : impl_(std::make_unique<Impl>()), host_(host) {
   try {
-    impl_->store = open_store(host, port, timeout, /*server=*/true);
+    impl_->store = comm::open_store(host, port, timeout, /*server=*/true);
   } catch (const std::exception& e) {
     throw Error(
         fmt::format("[comm] cannot host the job's store on {}:{}: {}", host, port, e.what()));
@@ -44,112 +43,10 @@ int Coordinator::port() const { return impl_->store->getPort(); }
 
 bool Coordinator::serve(int workers, const std::atomic<bool>* stop) {
   while (!(stop && stop->load())) {
-    if (impl_->store->add(kLeftKey, 0) >= workers) return true;
+    if (impl_->store->add(comm::kLeftKey, 0) >= workers) return true;
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   return false;
-}
-
-// ---- worker environment ------------------------------------------------------
-
-namespace {
-std::optional<std::string> env(const char* name) {
-  const char* v = std::getenv(name);
-  if (!v || !*v) return std::nullopt;
-  return std::string(v);
-}
-
-int env_int(const char* name, const std::string& value) {
-  char* end = nullptr;
-  const long v = std::strtol(value.c_str(), &end, 10);
-  if (value.empty() || *end != '\0' || v < 0) {
-    throw Error(
-        fmt::format("environment variable {}='{}' is not a non-negative integer", name, value));
-  }
-  return static_cast<int>(v);
-}
-std::pair<std::string, int> store_address(const std::string& store) {
-  const HostPort address = parse_host_port(store, "VFLOW_STORE");
-  return {address.host, address.port};
-}
-}  // namespace
-
-std::optional<ElasticWorkerEnvironment> elastic_worker_from_environment() {
-  const auto member = env("VFLOW_MEMBER");
-  if (!member) return std::nullopt;
-  const auto store = env("VFLOW_STORE");
-  if (!store)
-    throw Error("VFLOW_MEMBER is set but VFLOW_STORE (the coordinator's host:port) is not");
-  ElasticWorkerEnvironment out;
-  out.member = *member;
-  std::tie(out.store_host, out.store_port) = store_address(*store);
-  return out;
-}
-
-std::optional<Rendezvous> rendezvous_from_environment(std::chrono::milliseconds timeout) {
-  Rendezvous r;
-  r.timeout = timeout;
-  const auto rank = env("VFLOW_RANK");
-  const auto size = env("VFLOW_WORLD_SIZE");
-  const auto store = env("VFLOW_STORE");
-  if (rank || size || store) {
-    if (!rank || !size || !store) {
-      throw Error("VFLOW_RANK, VFLOW_WORLD_SIZE and VFLOW_STORE must be set together");
-    }
-    r.rank = env_int("VFLOW_RANK", *rank);
-    r.world_size = env_int("VFLOW_WORLD_SIZE", *size);
-    std::tie(r.store_host, r.store_port) = store_address(*store);
-  } else {
-    // External launchers: the first convention whose variables are all present.
-    const std::pair<const char*, const char*> conventions[] = {
-        {"RANK", "WORLD_SIZE"},
-        {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"},
-        {"SLURM_PROCID", "SLURM_NTASKS"}};
-    const char* found_rank = nullptr;
-    const char* found_size = nullptr;
-    for (const auto& [rank_var, size_var] : conventions) {
-      if (env(rank_var) && env(size_var)) {
-        found_rank = rank_var;
-        found_size = size_var;
-        break;
-      }
-    }
-    if (!found_rank) return std::nullopt;
-    r.rank = env_int(found_rank, *env(found_rank));
-    r.world_size = env_int(found_size, *env(found_size));
-    const auto addr = env("MASTER_ADDR");
-    const auto port = env("MASTER_PORT");
-    if (!addr || !port) {
-      throw Error(
-          fmt::format("{} and {} are set, so this is a worker of an external launcher, "
-                      "but MASTER_ADDR and MASTER_PORT (where rank 0 hosts the job's "
-                      "store) are not",
-                      found_rank, found_size));
-    }
-    r.store_host = *addr;
-    r.store_port = env_int("MASTER_PORT", *port);
-    r.host_store = r.rank == 0;
-  }
-  if (r.world_size < 1 || r.rank >= r.world_size) {
-    throw Error(fmt::format("rank {} is not below the world size {}", r.rank, r.world_size));
-  }
-  return r;
-}
-
-int64_t local_workers() {
-  for (const char* name : {"VFLOW_LOCAL_WORLD_SIZE", "LOCAL_WORLD_SIZE",
-                           "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE"}) {
-    if (const auto v = env(name)) return std::max(1, env_int(name, *v));
-  }
-  return 1;
-}
-
-int64_t local_rank() {
-  for (const char* name :
-       {"VFLOW_LOCAL_RANK", "LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"}) {
-    if (const auto v = env(name)) return std::max(0, env_int(name, *v));
-  }
-  return 0;
 }
 
 // ---- local launcher ------------------------------------------------------------
@@ -377,4 +274,4 @@ int launch_local(const LaunchOptions& options) {
   return worker_error != 0 ? worker_error : kExitPeerFailure;
 }
 
-}  // namespace vflow::comm
+}  // namespace vflow::job

@@ -5,12 +5,13 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <string>
 
 #include "vflow/engine/job_spec.h"
 #include "vflow/engine/trainer.h"
 
-namespace vflow::engine {
+namespace vflow::job {
 
 struct ElasticWorkerOptions {
   std::string store_host = "127.0.0.1";  ///< the coordinator's store
@@ -19,6 +20,8 @@ struct ElasticWorkerOptions {
   std::chrono::milliseconds timeout{30000};  ///< collectives, rendezvous, waiting for generations
   const std::atomic<bool>* stop_flag = nullptr;   ///< set: stop the whole job (checkpoint)
   const std::atomic<bool>* leave_flag = nullptr;  ///< set: leave at the next step boundary
+  /// Called with the worker's trainer once it is built, before it joins a generation.
+  std::function<void(engine::Trainer&)> prepare;
 };
 
 struct ElasticOutcome {
@@ -28,14 +31,14 @@ struct ElasticOutcome {
     kNotNeeded,  ///< joined too late: the job finished before a generation took it in
   };
   Kind kind = Kind::kFinished;
-  TrainResult result;  ///< meaningful for kFinished
+  engine::TrainResult result;  ///< meaningful for kFinished
 };
 
 /// Runs one worker of an elastic job until it finishes or leaves. Throws PeerFailure
 /// when the coordinator is unreachable or never publishes a generation for a survivor.
-ElasticOutcome run_elastic_worker(const JobSpec& spec, const ElasticWorkerOptions& options);
+ElasticOutcome run_elastic_worker(const engine::JobSpec& spec, const ElasticWorkerOptions& options);
 
 /// Copies the donor's complete training state to every rank of `communicator`.
-void transfer_state(Trainer& trainer, comm::Communicator& communicator, int donor);
+void transfer_state(engine::Trainer& trainer, comm::Communicator& communicator, int donor);
 
-}  // namespace vflow::engine
+}  // namespace vflow::job

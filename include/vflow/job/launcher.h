@@ -13,12 +13,9 @@
 #include <vector>
 
 #include "vflow/comm/communicator.h"
-#include "vflow/comm/elastic.h"
+#include "vflow/job/generation_manager.h"
 
-namespace vflow::comm {
-
-/// The store key under which workers count themselves out.
-extern const char* const kLeftKey;
+namespace vflow::job {
 
 /// Hosts the job's store (a c10d TCPStore server).
 class Coordinator {
@@ -66,30 +63,4 @@ struct LaunchOptions {
 /// start, else 5 (the job could not continue).
 int launch_local(const LaunchOptions& options);
 
-/// The rendezvous a launcher handed to this process through the environment, or
-/// nullopt. Read in this order: vflow's own launcher (VFLOW_RANK, VFLOW_WORLD_SIZE,
-/// VFLOW_STORE=host:port); torchrun and Kubernetes training operators (RANK,
-/// WORLD_SIZE); OpenMPI's mpirun (OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE);
-/// Slurm's srun (SLURM_PROCID, SLURM_NTASKS). The last three need MASTER_ADDR and
-/// MASTER_PORT, and rank 0 hosts the store there (host_store).
-std::optional<Rendezvous> rendezvous_from_environment(std::chrono::milliseconds timeout);
-
-/// A worker of an elastic job, as vflow's launcher starts it (VFLOW_MEMBER and
-/// VFLOW_STORE=host:port), or nullopt.
-struct ElasticWorkerEnvironment {
-  std::string member;
-  std::string store_host;
-  int store_port = 0;
-};
-std::optional<ElasticWorkerEnvironment> elastic_worker_from_environment();
-
-/// Worker processes of this job on this host: VFLOW_LOCAL_WORLD_SIZE (vflow's
-/// launcher), LOCAL_WORLD_SIZE (torchrun), OMPI_COMM_WORLD_LOCAL_SIZE (mpirun),
-/// SLURM_NTASKS_PER_NODE (srun), else 1.
-int64_t local_workers();
-/// This process's index among the workers on its host, from the same conventions
-/// (VFLOW_LOCAL_RANK set by vflow's launcher, LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_RANK,
-/// SLURM_LOCALID); 0 when none is set.
-int64_t local_rank();
-
-}  // namespace vflow::comm
+}  // namespace vflow::job

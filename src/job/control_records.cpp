@@ -1,4 +1,4 @@
-#include "comm/control_records.h"
+#include "job/control_records.h"
 
 #include <fmt/format.h>
 
@@ -9,7 +9,7 @@
 #include "vflow/core/error.h"
 #include "vflow/core/spec_node.h"
 
-namespace vflow::comm::records {
+namespace vflow::job::records {
 
 namespace {
 
@@ -157,4 +157,4 @@ RegroupAnswer decode_regroup_answer(const std::string& text, const std::string& 
   return answer;
 }
 
-}  // namespace vflow::comm::records
+}  // namespace vflow::job::records

@@ -8,9 +8,9 @@
 #include <string>
 #include <vector>
 
-#include "vflow/comm/elastic.h"
+#include "vflow/job/control_plane.h"
 
-namespace vflow::comm::records {
+namespace vflow::job::records {
 
 /// A decimal integer, all of the text; anything else is an Error naming `key`.
 int64_t decode_int(const std::string& text, const std::string& key);
@@ -33,4 +33,4 @@ std::string regroup_answer(const std::vector<std::string>& offers);
 /// What a settled regroup answer ("shrink", "grow <n>", "fresh") means.
 RegroupAnswer decode_regroup_answer(const std::string& text, const std::string& key);
 
-}  // namespace vflow::comm::records
+}  // namespace vflow::job::records

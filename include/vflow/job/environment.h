@@ -1,0 +1,46 @@
+// The conventions by which launchers tell a worker process who it is: vflow's own
+// launcher, torchrun and Kubernetes training operators, OpenMPI's mpirun, Slurm's srun.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "vflow/comm/communicator.h"
+#include "vflow/engine/job_spec.h"
+
+namespace vflow::job {
+
+/// The rendezvous a launcher handed to this process through the environment, or
+/// nullopt. Read in this order: vflow's own launcher (VFLOW_RANK, VFLOW_WORLD_SIZE,
+/// VFLOW_STORE=host:port); torchrun and Kubernetes training operators (RANK,
+/// WORLD_SIZE); OpenMPI's mpirun (OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE);
+/// Slurm's srun (SLURM_PROCID, SLURM_NTASKS). The last three need MASTER_ADDR and
+/// MASTER_PORT, and rank 0 hosts the store there (host_store).
+std::optional<comm::Rendezvous> rendezvous_from_environment(std::chrono::milliseconds timeout);
+
+/// A worker of an elastic job, as vflow's launcher starts it (VFLOW_MEMBER and
+/// VFLOW_STORE=host:port), or nullopt.
+struct ElasticWorkerEnvironment {
+  std::string member;
+  std::string store_host;
+  int store_port = 0;
+};
+std::optional<ElasticWorkerEnvironment> elastic_worker_from_environment();
+
+/// Worker processes of this job on this host: VFLOW_LOCAL_WORLD_SIZE (vflow's
+/// launcher), LOCAL_WORLD_SIZE (torchrun), OMPI_COMM_WORLD_LOCAL_SIZE (mpirun),
+/// SLURM_NTASKS_PER_NODE (srun), else 1.
+int64_t local_workers();
+/// This process's index among the workers on its host, from the same conventions
+/// (VFLOW_LOCAL_RANK set by vflow's launcher, LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_RANK,
+/// SLURM_LOCALID); 0 when none is set.
+int64_t local_rank();
+
+/// The resources part as this process applies it among the workers a launcher placed on
+/// this host: plain "cuda" becomes the local rank's device (local_rank() modulo the
+/// devices visible), and `prefetch: auto` is decided for local_workers() workers.
+engine::ResourcesSpec place_on_this_host(engine::ResourcesSpec resources);
+
+}  // namespace vflow::job

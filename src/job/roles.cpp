@@ -1,0 +1,186 @@
+#include "vflow/job/roles.h"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <cstdlib>
+
+#include "vflow/core/address.h"
+#include "vflow/core/exit_code.h"
+#include "vflow/engine/job.h"
+#include "vflow/hetero/cpu_quota.h"
+#include "vflow/job/elastic_worker.h"
+#include "vflow/job/environment.h"
+#include "vflow/job/launcher.h"
+
+namespace vflow::job {
+
+namespace {
+
+std::chrono::milliseconds timeout_of(const engine::JobSpec& spec) {
+  return std::chrono::milliseconds(static_cast<int64_t>(spec.resources.timeout_s * 1000));
+}
+
+JobLimits limits_of(const engine::JobSpec& spec) {
+  JobLimits limits;
+  limits.virtual_nodes = spec.semantic.virtual_nodes;
+  limits.min_workers = spec.resources.min_workers;
+  limits.max_workers =
+      spec.resources.max_workers > 0 ? spec.resources.max_workers : spec.semantic.virtual_nodes;
+  return limits;
+}
+
+// The layout's per-worker settings travel from the launcher to each worker of the first
+// generation in these variables (joiners have none: they take resources.* as they are).
+constexpr const char* kDeviceVar = "VFLOW_DEVICE";
+constexpr const char* kThreadsVar = "VFLOW_THREADS";
+constexpr const char* kCpuQuotaVar = "VFLOW_CPU_QUOTA";
+
+std::string quota_group(const ElasticWorkerEnvironment& env) {
+  return fmt::format("vflow-{}-{}", env.store_port, env.member);
+}
+
+/// A worker of a planned layout gets its own device, threads and CPU quota from the
+/// launcher.
+engine::JobSpec apply_worker_layout(engine::JobSpec spec, const ElasticWorkerEnvironment& env) {
+  if (const char* device = std::getenv(kDeviceVar); device && *device) {
+    spec.resources.device = device;
+  }
+  if (const char* threads = std::getenv(kThreadsVar); threads && std::atoll(threads) > 0) {
+    spec.resources.threads = std::atoll(threads);
+  }
+  if (const char* quota = std::getenv(kCpuQuotaVar); quota && std::atof(quota) > 0) {
+    hetero::apply_cpu_quota(std::atof(quota), quota_group(env));
+    spdlog::info("[hetero] worker {} limited to {} cores", env.member, std::atof(quota));
+  }
+  return spec;
+}
+
+RoleOutcome run_elastic_worker_role(const engine::JobSpec& job, const RoleOptions& options) {
+  const auto env = *elastic_worker_from_environment();
+  engine::JobSpec spec = apply_worker_layout(job, env);
+  spec.resources = place_on_this_host(spec.resources);
+  struct Release {  // the worker's CPU-quota group, if any, goes with it
+    std::string name;
+    ~Release() { hetero::release_cpu_quota(name); }
+  } release{quota_group(env)};
+  ElasticWorkerOptions worker;
+  worker.store_host = env.store_host;
+  worker.store_port = env.store_port;
+  worker.member = env.member;
+  worker.timeout = timeout_of(spec);
+  worker.stop_flag = options.stop_flag;
+  worker.leave_flag = options.leave_flag;
+  worker.prepare = options.prepare;
+  auto outcome = run_elastic_worker(spec, worker);
+  RoleOutcome out;
+  if (outcome.kind == ElasticOutcome::Kind::kFinished) out.result = std::move(outcome.result);
+  return out;
+}
+
+RoleOutcome run_launcher_role(const engine::JobSpec& spec, const RoleOptions& options) {
+  if (options.command.empty()) {
+    throw Error("a job of several workers needs the command line each worker runs "
+                "(RoleOptions::command, e.g. command_line_of_this_program)");
+  }
+  engine::check_devices(spec.resources);
+  LaunchOptions launch;
+  launch.workers = static_cast<int>(spec.resources.workers);
+  launch.command = options.command;
+  launch.port = options.port;
+  launch.timeout = timeout_of(spec);
+  launch.elastic.limits = limits_of(spec);
+  launch.elastic.replace_failed = spec.resources.replace_failed;
+  for (const auto& w : spec.resources.layout) {
+    launch.vnodes.push_back(w.vnodes);
+    launch.worker_env.push_back({fmt::format("{}={}", kDeviceVar, w.device),
+                                 fmt::format("{}={}", kThreadsVar, w.threads),
+                                 fmt::format("{}={}", kCpuQuotaVar, w.cpu_quota)});
+  }
+  launch.stop_flag = options.stop_flag;
+  RoleOutcome out;
+  out.exit_code = launch_local(launch);
+  return out;
+}
+
+RoleOutcome run_coordinator_role(const engine::JobSpec& spec, const RoleOptions& options) {
+  const auto address = parse_host_port(options.coordinate, "--coordinator");
+  Coordinator coordinator(address.host, address.port, timeout_of(spec));
+  spdlog::info("[coordinator] serving {}:{} for {} workers", coordinator.host(),
+               coordinator.port(), spec.resources.workers);
+  RoleOutcome out;
+  out.exit_code = coordinator.serve(static_cast<int>(spec.resources.workers), options.stop_flag)
+                      ? kExitOk
+                      : kExitStopped;
+  return out;
+}
+
+RoleOutcome run_training_role(Role role, const engine::JobSpec& job, const RoleOptions& options) {
+  engine::JobSpec spec = job;
+  spec.resources = place_on_this_host(spec.resources);
+  engine::JobRunOptions run;
+  run.stop_flag = options.stop_flag;
+  run.prepare = options.prepare;
+  if (role == Role::kWorker) {
+    auto rendezvous = *rendezvous_from_environment(timeout_of(spec));
+    engine::choose_backend(spec.resources, engine::worker_device(spec.resources), rendezvous);
+    run.communicator = comm::make_communicator(rendezvous);
+  }
+  RoleOutcome out;
+  out.result = engine::run_job(spec, run);
+  if (run.communicator) run.communicator->leave();
+  return out;
+}
+
+}  // namespace
+
+const char* role_name(Role role) {
+  switch (role) {
+    case Role::kSingle: return "single";
+    case Role::kLauncher: return "launcher";
+    case Role::kElasticWorker: return "elastic worker";
+    case Role::kWorker: return "worker";
+    case Role::kCoordinator: return "coordinator";
+  }
+  return "?";
+}
+
+std::vector<std::string> command_line_of_this_program(int argc, char** argv) {
+  std::vector<std::string> command;
+  char path[4096];
+  const ssize_t n = readlink("/proc/self/exe", path, sizeof path - 1);
+  if (n > 0) {
+    path[n] = '\0';
+    command.emplace_back(path);
+  } else if (argc > 0) {
+    command.emplace_back(argv[0]);
+  }
+  for (int i = 1; i < argc; ++i) command.emplace_back(argv[i]);
+  return command;
+}
+
+Role role_of(const engine::JobSpec& spec, const RoleOptions& options) {
+  if (!options.coordinate.empty()) return Role::kCoordinator;
+  if (elastic_worker_from_environment()) return Role::kElasticWorker;
+  if (rendezvous_from_environment(timeout_of(spec))) return Role::kWorker;
+  // A planned layout, even of one worker, runs through the launcher, which gives each
+  // worker its entry's device, threads and CPU quota.
+  if (options.launch || spec.resources.workers > 1 || !spec.resources.layout.empty()) {
+    return Role::kLauncher;
+  }
+  return Role::kSingle;
+}
+
+RoleOutcome run_role(Role role, const engine::JobSpec& spec, const RoleOptions& options) {
+  switch (role) {
+    case Role::kCoordinator: return run_coordinator_role(spec, options);
+    case Role::kElasticWorker: return run_elastic_worker_role(spec, options);
+    case Role::kLauncher: return run_launcher_role(spec, options);
+    case Role::kWorker:
+    case Role::kSingle: return run_training_role(role, spec, options);
+  }
+  throw Error("unknown role");
+}
+
+}  // namespace vflow::job

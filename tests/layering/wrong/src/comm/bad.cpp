@@ -1,0 +1,4 @@
+// A fixture for the layering check (never compiled): the communication layer must not
+// reach the job layer.
+#include "vflow/comm/communicator.h"
+#include "vflow/job/launcher.h"
