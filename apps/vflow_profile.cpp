@@ -13,6 +13,7 @@
 #include "exit_code.h"
 #include "vflow/comm/nccl.h"
 #include "vflow/hetero/cpu_quota.h"
+#include "vflow/job/environment.h"
 #include "vflow/vflow.h"
 
 namespace {
@@ -148,7 +149,9 @@ int main(int argc, char** argv) {
   if (const int code = vflow::apps::parse_command_line(app, argc, argv); code >= 0) return code;
   return vflow::apps::run_reporting_errors([&]() -> int {
     if (!device.empty()) overrides.push_back("resources.device=" + device);
-    const auto spec = vflow::engine::load_job_spec(spec_path, overrides);
+    auto spec = vflow::engine::load_job_spec(spec_path, overrides);
+    // Under srun or torchrun, plain "cuda" is this process's local rank's device.
+    spec.resources.device = vflow::job::place_on_this_host(spec.resources).device;
     spdlog::set_level(spdlog::level::warn);
     const auto on = vflow::engine::worker_device(spec.resources);
     if (device_type.empty()) device_type = default_device_type(spec, on, cpu_quota);

@@ -55,20 +55,22 @@ consumer() {
   cmake --build "$BUILD/embed" -j "$JOBS"
   local single elastic port want
   single=$("$BUILD/embed/embed_example") || { echo "$single"; log "examples/embed failed"; return 1; }
-  echo "$single" | tail -n 2
+  tail -n 2 <<<"$single"
   # The same job on two worker processes, shrunk to one while it runs: same fingerprint.
   port=$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-  log "examples/embed on 2 workers, resized to 1 at step 100"
+  log "examples/embed on 2 workers, resized to 1 while it trains"
   elastic=$("$BUILD/embed/embed_example" --workers 2 --port "$port" --resize 1 2>&1) || {
     echo "$elastic"; log "examples/embed on 2 workers failed"; return 1; }
-  want=$(echo "$single" | sed -n 's/^fingerprint //p')
-  if ! echo "$elastic" | grep -q "is rank 0 of 1 in generation 2" ||
-     [[ $(echo "$elastic" | grep -oE 'fingerprint [0-9a-f]{16}' | sort -u) != "fingerprint $want" ]]; then
+  want=$(sed -n 's/^fingerprint //p' <<<"$single")
+  if ! grep -q "is rank 0 of 1 in generation 2" <<<"$elastic"; then
+    echo "$elastic"; log "examples/embed: the resize to 1 worker never took effect"; return 1
+  fi
+  if [[ $(grep -oE 'fingerprint [0-9a-f]{16}' <<<"$elastic" | sort -u) != "fingerprint $want" ]]; then
     echo "$elastic"
-    log "examples/embed: the resized job did not end with the fingerprint $want of the single run"
+    log "examples/embed: the resized job did not end with the single run's fingerprint $want"
     return 1
   fi
-  echo "$elastic" | grep -E "resize to|generation 2|fingerprint" | head -n 4
+  grep -m 4 -E "resize to|generation 2|fingerprint" <<<"$elastic"
 }
 
 cmd="${1:-train}"

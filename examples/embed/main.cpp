@@ -5,12 +5,14 @@
 //   embed_example                              one process; exits 1 if it did not learn
 //   embed_example --workers 2 --port P [--resize K]
 //       two workers started on this machine (each runs this program again), the
-//       coordinator on 127.0.0.1:P; with --resize, asks for K workers at step 100
+//       coordinator on 127.0.0.1:P; with --resize, asks for K workers once it trains
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 #include <vflow/vflow.h>
 
+#include <atomic>
 #include <chrono>
+#include <csignal>
 #include <cmath>
 #include <cstdlib>
 #include <iostream>
@@ -102,18 +104,29 @@ vflow::engine::JobSpec spiral_job() {
   return spec;
 }
 
-/// Asks the job at 127.0.0.1:port for `workers` workers once it has trained 100 steps,
-/// through the control plane (what vflow-ctl resize does).
-void resize_at_step_100(int port, int64_t workers) {
-  vflow::job::ControlPlane control("127.0.0.1", port, std::chrono::seconds(20));
-  while (control.done().empty() && control.status().step < 100) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  if (control.done().empty()) {
+/// Asks the job at 127.0.0.1:port for `workers` workers as soon as it trains, through the
+/// control plane (what vflow-ctl resize does). Gives up quietly when the job is over.
+void resize_once_training(int port, int64_t workers) {
+  try {
+    vflow::job::ControlPlane control("127.0.0.1", port, std::chrono::seconds(20));
+    while (true) {
+      if (!control.done().empty()) return;
+      try {
+        if (control.status().step > 0) break;
+      } catch (const vflow::RequestRefused&) {
+        // the launcher has not published the job's limits yet
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
     control.request_resize(workers);
     std::cout << "resize to " << workers << " workers requested" << std::endl;
+  } catch (const vflow::Error& e) {
+    std::cerr << "resize not requested: " << e.what() << std::endl;
   }
 }
+
+std::atomic<bool> g_stop{false};
+std::atomic<bool> g_leave{false};
 
 }  // namespace
 
@@ -145,13 +158,29 @@ int main(int argc, char** argv) {
     roles.prepare = [](vflow::engine::Trainer& trainer) {
       trainer.add_observer(std::make_shared<EpochPrinter>());
     };
+    roles.stop_flag = &g_stop;
+    roles.leave_flag = &g_leave;
     const auto role = vflow::job::role_of(spec, roles);
-    std::thread resizer;
+    // What vflow-train does: Ctrl-C stops the job with a checkpoint; SIGTERM asks an
+    // elastic worker to leave at the next step boundary, and a worker outlives a dead
+    // launcher long enough to stop cleanly.
+    std::signal(SIGINT, [](int) { g_stop.store(true); });
+    if (role == vflow::job::Role::kElasticWorker) {
+      std::signal(SIGTERM, [](int) { g_leave.store(true); });
+      std::signal(SIGPIPE, SIG_IGN);
+    } else {
+      std::signal(SIGTERM, [](int) { g_stop.store(true); });
+    }
+    struct Joined {  // the resizer ends with the job, also when the job throws
+      std::thread thread;
+      ~Joined() {
+        if (thread.joinable()) thread.join();
+      }
+    } resizer;
     if (role == vflow::job::Role::kLauncher && resize > 0) {
-      resizer = std::thread(resize_at_step_100, port, resize);
+      resizer.thread = std::thread(resize_once_training, port, resize);
     }
     const auto outcome = vflow::job::run_role(role, spec, roles);
-    if (resizer.joinable()) resizer.join();
     if (!outcome.result) return outcome.exit_code;  // the launcher, or a worker that left
     const auto& result = *outcome.result;
     std::cout << "fingerprint " << result.fingerprint << "\n";

@@ -30,3 +30,4 @@
 #include "vflow/vnode/gradient_buffer.h"
 #include "vflow/vnode/plan.h"
 #include "vflow/vnode/stateful_kernels.h"
+#include "vflow/vnode/step_packet.h"

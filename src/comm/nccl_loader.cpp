@@ -130,6 +130,37 @@ std::unique_ptr<Communicator> make_nccl_communicator(const Rendezvous& rendezvou
   return std::unique_ptr<Communicator>(backend().create(&rendezvous));
 }
 
+BackendCapabilities backend_capabilities(const std::string& backend) {
+  BackendCapabilities caps;
+  if (backend == "nccl") {
+    caps.can_shrink = true;
+    caps.can_grow = nccl_status().can_grow;
+  }
+  return caps;
+}
+
+void choose_backend(const std::string& requested, const std::string& key,
+                    const torch::Device& device, Rendezvous& r) {
+  r.cuda_device = device.is_cuda() ? device.index() : 0;
+  if (requested == "gloo" || (requested == "auto" && !device.is_cuda())) {
+    r.backend = "gloo";
+    return;
+  }
+  if (!device.is_cuda()) {
+    throw SpecError(fmt::format("{}: nccl needs workers on CUDA devices (resources.device)", key));
+  }
+  const auto nccl = nccl_status();
+  if (nccl.usable()) {
+    r.backend = "nccl";
+  } else if (requested == "nccl") {
+    throw SpecError(fmt::format("{}: nccl cannot be used: {}", key, nccl.reason));
+  } else {
+    spdlog::info("[comm] NCCL cannot be used ({}); the CUDA workers talk through Gloo",
+                 nccl.reason);
+    r.backend = "gloo";
+  }
+}
+
 std::unique_ptr<Communicator> make_communicator(const Rendezvous& rendezvous) {
   if (rendezvous.backend == "nccl") return make_nccl_communicator(rendezvous);
   if (rendezvous.backend == "gloo") return make_gloo_communicator(rendezvous);

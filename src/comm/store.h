@@ -1,4 +1,5 @@
-// The job's c10d TCPStore, opened one way everywhere (internal to src/comm).
+// The job's c10d TCPStore, opened one way everywhere (internal: the communicators and the
+// job module's control plane and coordinator).
 #pragma once
 
 #include <chrono>

@@ -28,6 +28,7 @@
 #include "vflow/vnode/gradient_buffer.h"
 #include "vflow/vnode/plan.h"
 #include "vflow/vnode/stateful_kernels.h"
+#include "vflow/vnode/step_packet.h"
 
 namespace vflow::engine {
 
@@ -41,8 +42,6 @@ constexpr uint64_t kMaxCheckpointBytes = uint64_t{1} << 40;
 constexpr double kFixedPointScale = 68719476736.0;  // 2^36
 constexpr double kFixedPointLimit = 1048576.0;      // 2^20
 constexpr uint64_t kInitStream = 0x1417;
-// The control word after the loss: a stop flag and the generation to regroup into.
-constexpr int64_t kControlSlots = 2;
 
 using Clock = std::chrono::steady_clock;
 
@@ -120,24 +119,7 @@ void check_devices(const ResourcesSpec& resources) {
 }
 
 void choose_backend(const ResourcesSpec& resources, torch::Device device, comm::Rendezvous& r) {
-  r.cuda_device = device.is_cuda() ? device.index() : 0;
-  if (resources.backend == "gloo" || (resources.backend == "auto" && !device.is_cuda())) {
-    r.backend = "gloo";
-    return;
-  }
-  if (!device.is_cuda()) {
-    throw SpecError("resources.backend: nccl needs workers on CUDA devices (resources.device)");
-  }
-  const auto nccl = comm::nccl_status();
-  if (nccl.usable()) {
-    r.backend = "nccl";
-  } else if (resources.backend == "nccl") {
-    throw SpecError(fmt::format("resources.backend: nccl cannot be used: {}", nccl.reason));
-  } else {
-    spdlog::info("[comm] NCCL cannot be used ({}); the CUDA workers talk through Gloo",
-                 nccl.reason);
-    r.backend = "gloo";
-  }
+  comm::choose_backend(resources.backend, "resources.backend", device, r);
 }
 
 void configure_runtime(const JobSpec& spec) {
@@ -185,7 +167,7 @@ struct Trainer::Impl {
   vnode::DataOrder order;
   int64_t total_steps;
   LrSchedule schedule;
-  std::unique_ptr<vnode::GradientBuffer> grads;
+  std::unique_ptr<vnode::StepPacket> packet;  // the step's one collective
   std::unique_ptr<vnode::StatefulKernelSet> kernels;
   std::unique_ptr<torch::optim::Optimizer> optimizer;
   std::shared_ptr<comm::Communicator> comm;
@@ -300,7 +282,7 @@ struct Trainer::Impl {
   void abandon_step() {
     drain_loader();
     kernels->abort_step();
-    grads->zero();
+    packet->clear();
     if (fixed_point.defined()) fixed_point.zero_();
   }
 
@@ -349,6 +331,8 @@ struct Trainer::Impl {
         spec.semantic.virtual_nodes));
   }
 
+  /// One step: the vnode loop into the packet, the control word, the one collective,
+  /// then the update.
   StepInfo train_step() {
     VFLOW_ASSERT(step < total_steps, "train_step() after the last step");
     const auto t0 = Clock::now();
@@ -357,19 +341,55 @@ struct Trainer::Impl {
     const double lr = schedule.at(s);
     set_learning_rate(*optimizer, lr);
     model->train();
-    grads->zero();
+    packet->clear();
     kernels->begin_step();
-
-    // After the stateful-kernel table ride the loss and the control word (stop, regroup).
-    const int64_t extra = grads->extra().numel();
-    auto loss_sum = grads->extra().narrow(0, extra - 1 - kControlSlots, 1);
-    auto stop_slot = grads->extra().narrow(0, extra - kControlSlots, 1);
-    auto regroup_slot = grads->extra().narrow(0, extra - kControlSlots + 1, 1);
+    if (fixed_point.defined()) fixed_point.zero_();
+    const int64_t ran = run_vnodes(s, batch);
+    // Kernels run asynchronously on a GPU: the compute time (and the speed measured for
+    // re-planning and profiles) includes them only once they have finished.
+    if (device.is_cuda()) torch::cuda::synchronize(device.index());
+    const auto t_sync = Clock::now();
+    write_control_word();
+    reduce_packet();
+    const auto t_update = Clock::now();
     StepInfo info;
+    if (record_examples) record_use(s, info);
+    kernels->apply();
+    if (packet->stop_agreed()) stop_agreed = true;
+    regroup_agreed = packet->regroup_agreed();
+    if (!views_checked) {
+      packet->gradient_buffer().check_views();
+      views_checked = true;
+    }
+    optimizer->step();
+    ++step;
+
+    info.step = s;
+    info.workers = comm->size();
+    info.epoch = s / order.steps_per_epoch();
+    info.steps_per_epoch = order.steps_per_epoch();
+    info.total_steps = total_steps;
+    info.examples = batch.size;
+    info.loss = packet->loss_sum() / static_cast<double>(batch.size);
+    info.lr = lr;
+    info.seconds = seconds_since(t0);
+    info.compute_seconds = std::chrono::duration<double>(t_sync - t0).count();
+    if (ran > 0) {  // a smoothed per-vnode time, for re-planning the split on a resize
+      const double per = info.compute_seconds / static_cast<double>(ran);
+      vnode_seconds = vnode_seconds > 0 ? 0.7 * vnode_seconds + 0.3 * per : per;
+    }
+    info.sync_seconds = std::chrono::duration<double>(t_update - t_sync).count();
+    info.update_seconds = seconds_since(t_update);
+    return info;
+  }
+
+  /// The vnode loop: forward and backward of each vnode this worker holds, in ascending
+  /// order, accumulated into the packet (gradients, stateful-kernel rows, loss). Returns
+  /// how many vnodes this worker computed.
+  int64_t run_vnodes(int64_t s, const vnode::Slice& batch) {
     const bool exact = fixed_point.defined();
-    if (exact) fixed_point.zero_();
     int64_t ordinal = 0;
-    int64_t ran = 0;  // vnodes this worker computed
+    int64_t ran = 0;
     for (int64_t v = 0; v < plan.virtual_nodes(); ++v) {
       const auto part = plan.slice(v, batch.size);
       if (part.size == 0) continue;
@@ -389,57 +409,32 @@ struct Trainer::Impl {
       // Weight n_v / B: the accumulated gradient is the global batch's mean-loss gradient.
       (loss * (static_cast<double>(part.size) / static_cast<double>(batch.size))).backward();
       kernels->end_vnode(v);
-      loss_sum += loss.detach() * static_cast<double>(part.size);
+      packet->add_loss(loss, part.size);
       if (exact) accumulate_fixed_point();
     }
-    // Kernels run asynchronously on a GPU: the compute time (and the speed measured for
-    // re-planning and profiles) includes them only once they have finished.
-    if (device.is_cuda()) torch::cuda::synchronize(device.index());
-    const auto t_sync = Clock::now();
-    // A stop request anywhere stops every worker after this same step; a pending
-    // generation (seen by one worker) regroups every worker after it.
+    return ran;
+  }
+
+  /// The control word: a stop request anywhere stops every worker after this same step;
+  /// a pending generation (seen by one worker) regroups every worker after it.
+  void write_control_word() {
     const StepControl wanted = step_control ? step_control(*self) : StepControl{};
-    if (stop_requested() || wanted.stop) stop_slot.fill_(1.0);
-    if (wanted.next_generation > 0) regroup_slot.fill_(static_cast<double>(wanted.next_generation));
-    if (exact && (stop_slot.item<float>() > 0 || wanted.next_generation > 0)) {
+    if (stop_requested() || wanted.stop) packet->request_stop();
+    if (wanted.next_generation > 0) packet->request_regroup(wanted.next_generation);
+    if (fixed_point.defined() && (packet->stop_requested() || wanted.next_generation > 0)) {
       accumulate_fixed_point();
     }
-    // One collective: gradients, stateful-kernel table, loss and control word together.
-    if (exact) {
-      comm->allreduce_sum(fixed_point);
-      grads->flat().copy_(fixed_point.to(torch::kFloat64).div_(kFixedPointScale));
-    } else {
-      comm->allreduce_sum(grads->flat());
-    }
-    const auto t_update = Clock::now();
-    if (record_examples) record_use(s, info);
-    kernels->apply();
-    if (stop_slot.item<float>() > 0) stop_agreed = true;
-    regroup_agreed = std::llround(regroup_slot.item<double>());
-    if (!views_checked) {
-      grads->check_views();
-      views_checked = true;
-    }
-    optimizer->step();
-    ++step;
+  }
 
-    info.step = s;
-    info.workers = comm->size();
-    info.epoch = s / order.steps_per_epoch();
-    info.steps_per_epoch = order.steps_per_epoch();
-    info.total_steps = total_steps;
-    info.examples = batch.size;
-    info.loss = loss_sum.item<double>() / static_cast<double>(batch.size);
-    info.lr = lr;
-    info.seconds = seconds_since(t0);
-    info.compute_seconds = std::chrono::duration<double>(t_sync - t0).count();
-    if (ran > 0) {  // a smoothed per-vnode time, for re-planning the split on a resize
-      const double per = info.compute_seconds / static_cast<double>(ran);
-      vnode_seconds = vnode_seconds > 0 ? 0.7 * vnode_seconds + 0.3 * per : per;
+  /// The one collective: gradients, stateful-kernel table, loss and control word together
+  /// (deterministic mode: as exact fixed-point integers).
+  void reduce_packet() {
+    if (fixed_point.defined()) {
+      comm->allreduce_sum(fixed_point);
+      packet->flat().copy_(fixed_point.to(torch::kFloat64).div_(kFixedPointScale));
+    } else {
+      comm->allreduce_sum(packet->flat());
     }
-    info.sync_seconds = std::chrono::duration<double>(t_update - t_sync).count();
-    info.update_seconds = seconds_since(t_update);
-    return info;
   }
 
   /// Deterministic mode: adds this vnode's weighted gradient (and table row, and loss)
@@ -447,7 +442,7 @@ struct Trainer::Impl {
   /// associative, so the total is bitwise the same however vnodes are spread over
   /// workers and in whatever order the collective adds the workers' parts.
   void accumulate_fixed_point() {
-    auto& flat = grads->flat();
+    auto& flat = packet->flat();
     const double largest = flat.abs().max().item<double>();
     if (!(largest < kFixedPointLimit)) {
       throw Error(fmt::format(
@@ -477,11 +472,10 @@ Trainer::Trainer(JobSpec spec, std::shared_ptr<models::Model> model, data::DataS
   impl_->prefetch = prefetch_enabled(impl_->spec.resources, /*local_workers=*/1);
   impl_->kernels =
       std::make_unique<vnode::StatefulKernelSet>(m, impl_->plan.virtual_nodes(), impl_->device);
-  impl_->grads = std::make_unique<vnode::GradientBuffer>(
-      m.parameters(), impl_->kernels->table_numel() + 1 + kControlSlots);
-  impl_->kernels->bind_table(impl_->grads->extra().narrow(0, 0, impl_->kernels->table_numel()));
+  impl_->packet = std::make_unique<vnode::StepPacket>(m.parameters(), impl_->kernels->table_numel());
+  impl_->kernels->bind_table(impl_->packet->table());
   if (impl_->spec.semantic.deterministic) {
-    impl_->fixed_point = torch::zeros({impl_->grads->numel()},
+    impl_->fixed_point = torch::zeros({impl_->packet->numel()},
                                       torch::TensorOptions(torch::kInt64).device(impl_->device));
   }
   impl_->optimizer = make_optimizer(impl_->spec.semantic.optimizer, m.parameters());
@@ -729,7 +723,7 @@ void Trainer::read_state(torch::serialize::InputArchive& archive, const std::str
     throw CheckpointError(fmt::format("{}: does not fit this model: {}", path, e.what()));
   }
   im.model->to(im.device);
-  im.grads->bind();
+  im.packet->gradient_buffer().bind();
   im.step = saved_step;
   if (fingerprint() != saved_fingerprint) {
     throw CheckpointError(

@@ -9,7 +9,6 @@
 #include <thread>
 
 #include "job/control_records.h"
-#include "comm/store.h"
 #include "vflow/comm/communicator.h"
 #include "vflow/core/exit_code.h"
 
@@ -66,57 +65,41 @@ std::string Generation::describe() const {
 // ---- control plane -------------------------------------------------------------
 
 struct ControlPlane::Impl {
-  c10::intrusive_ptr<c10d::TCPStore> store;
+  std::unique_ptr<ControlStore> store;
 };
 
 ControlPlane::ControlPlane(const std::string& host, int port, std::chrono::milliseconds timeout)
-    : impl_(std::make_unique<Impl>()), host_(host), port_(port) {
-  try {
-    impl_->store = comm::open_store(host, port, timeout, /*server=*/false);
-  } catch (const std::exception& e) {
-    throw PeerFailure(fmt::format("[elastic] cannot reach the job's coordinator at {}:{}: {}", host,
-                                  port, e.what()));
-  }
+    : ControlPlane(connect_embedded_store(host, port, timeout)) {}
+
+ControlPlane::ControlPlane(std::unique_ptr<ControlStore> store)
+    : impl_(std::make_unique<Impl>()) {
+  VFLOW_ASSERT(store != nullptr, "a control plane needs a store");
+  impl_->store = std::move(store);
 }
 
 ControlPlane::~ControlPlane() = default;
 
-template <typename F>
-auto guarded(const std::string& host, int port, F&& f) -> decltype(f()) {
-  try {
-    return f();
-  } catch (const vflow::Error&) {
-    throw;
-  } catch (const std::exception& e) {
-    const std::string what = e.what();
-    throw PeerFailure(fmt::format("[elastic] lost the job's coordinator at {}:{}: {}", host, port,
-                                  what.substr(0, what.find('\n'))));
-  }
+const std::string& ControlPlane::address() const {
+  if (address_.empty()) address_ = impl_->store->address();
+  return address_;
 }
 
+ControlStore& ControlPlane::store() { return *impl_->store; }
+
 std::optional<std::string> ControlPlane::get(const std::string& key) {
-  return guarded(host_, port_, [&]() -> std::optional<std::string> {
-    if (!impl_->store->check({key})) return std::nullopt;
-    const auto bytes = impl_->store->get(key);
-    return std::string(bytes.begin(), bytes.end());
-  });
+  return impl_->store->get(key);
 }
 
 void ControlPlane::set(const std::string& key, const std::string& value) {
-  guarded(host_, port_,
-          [&] { impl_->store->set(key, std::vector<uint8_t>(value.begin(), value.end())); });
+  impl_->store->set(key, value);
 }
 
 std::string ControlPlane::compare_set(const std::string& key, const std::string& value) {
-  return guarded(host_, port_, [&] {
-    const auto stored = impl_->store->compareSet(key, std::vector<uint8_t>(),
-                                                 std::vector<uint8_t>(value.begin(), value.end()));
-    return std::string(stored.begin(), stored.end());
-  });
+  return impl_->store->set_if_absent(key, value);
 }
 
 int64_t ControlPlane::add(const std::string& key, int64_t delta) {
-  return guarded(host_, port_, [&] { return impl_->store->add(key, delta); });
+  return impl_->store->add(key, delta);
 }
 
 void ControlPlane::request_resize(int64_t workers) {
@@ -154,7 +137,7 @@ JobLimits ControlPlane::limits() {
   const auto text = get(kLimits);
   if (!text) {
     throw RequestRefused(
-        fmt::format("{}:{} is not the coordinator of an elastic vflow job", host_, port_));
+        fmt::format("{} is not the coordinator of an elastic vflow job", address()));
   }
   return records::decode_limits(*text, kLimits);
 }

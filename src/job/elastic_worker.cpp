@@ -12,7 +12,6 @@
 #include <thread>
 
 #include "vflow/job/control_plane.h"
-#include "vflow/comm/nccl.h"
 #include "vflow/engine/job.h"
 
 namespace vflow::job {
@@ -70,24 +69,25 @@ std::optional<std::vector<int>> excluded_ranks(const std::vector<std::string>& b
   return excluded;
 }
 
-/// What this member offers towards the next generation's NCCL communicator: to shrink
-/// or grow `parent` (generation `parent_generation`'s, held since a clean regroup) when
-/// `after` drops members of `before` or appends to it; to join a grown one when it is new.
-RegroupOffer regroup_offer(const comm::Communicator* parent,
-                                 const std::vector<std::string>& before, int64_t parent_generation,
-                                 const std::vector<std::string>& after, bool was_member) {
+/// What this member offers towards the next generation's communicator, for a backend
+/// with `caps`: to shrink or grow `parent` (generation `parent_generation`'s, held since a
+/// clean regroup) when `after` drops members of `before` or appends to it; to join a grown
+/// one when it is new.
+RegroupOffer regroup_offer(const comm::BackendCapabilities& caps, const comm::Communicator* parent,
+                           const std::vector<std::string>& before, int64_t parent_generation,
+                           const std::vector<std::string>& after, bool was_member) {
   using Kind = RegroupOffer::Kind;
   RegroupOffer offer;
   if (!parent) {
-    if (!was_member && comm::nccl_status().can_grow) offer.kind = Kind::kJoin;
+    if (!was_member && caps.can_grow) offer.kind = Kind::kJoin;
     return offer;
   }
   const auto excluded = excluded_ranks(before, after);
   const bool appends =
       after.size() > before.size() && std::equal(before.begin(), before.end(), after.begin());
-  if (excluded && !excluded->empty()) {
+  if (excluded && !excluded->empty() && caps.can_shrink) {
     offer.kind = Kind::kShrink;
-  } else if (appends && comm::nccl_status().can_grow) {
+  } else if (appends && caps.can_grow) {
     offer.kind = Kind::kGrow;
     offer.members = static_cast<int64_t>(before.size());
   } else {
@@ -173,7 +173,7 @@ ElasticOutcome run_elastic_worker(const engine::JobSpec& spec, const ElasticWork
   const auto patience = 3 * options.timeout + std::chrono::seconds(5);
   bool was_member = false;
   // The last generation's communicator after a regroup without failure, kept where the
-  // backend can derive the next one from it (NCCL): a shrink when the next generation
+  // backend can derive the next one from it (BackendCapabilities; NCCL): a shrink when the next generation
   // drops members and keeps the others in order, a grow when it appends new members.
   // The members agree through the store first (a member that failed meanwhile holds no
   // communicator; a new one may not be able to join); otherwise they initialise afresh.
@@ -194,7 +194,8 @@ ElasticOutcome run_elastic_worker(const engine::JobSpec& spec, const ElasticWork
     generation = g->id;
     std::shared_ptr<comm::Communicator> communicator;
     comm::Rendezvous r;
-    std::string made;  // how an NCCL communicator was made: init, shrink or grow
+    comm::BackendCapabilities caps;
+    std::string made;  // how a communicator that can be derived was made: init, shrink or grow
     try {
       r.store_host = options.store_host;
       r.store_port = options.store_port;
@@ -203,12 +204,13 @@ ElasticOutcome run_elastic_worker(const engine::JobSpec& spec, const ElasticWork
       r.generation = std::to_string(g->id);
       r.timeout = options.timeout;
       engine::choose_backend(spec.resources, trainer->device(), r);
-      if (r.backend == "nccl") {
+      caps = comm::backend_capabilities(r.backend);
+      if (caps.can_derive()) {
         // Released at the end of this block whatever happens (the trainer keeps its own
         // reference until it gets the next communicator).
         const auto parent = std::move(previous);
-        const auto offer = regroup_offer(parent.get(), previous_members, previous_generation,
-                                         g->members, was_member);
+        const auto offer = regroup_offer(caps, parent.get(), previous_members,
+                                         previous_generation, g->members, was_member);
         const auto answer = control.agree_regroup(g->id, g->members, me, offer, options.timeout);
         const auto how = answer.how;
         if (how == Regroup::kShrink) {
@@ -264,7 +266,7 @@ ElasticOutcome run_elastic_worker(const engine::JobSpec& spec, const ElasticWork
       continue;
     }
     if (result.next_generation > 0) {
-      if (r.backend == "nccl") {
+      if (caps.can_derive()) {
         previous = communicator;
         previous_members = g->members;
         previous_generation = g->id;

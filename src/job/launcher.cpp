@@ -18,6 +18,7 @@
 #include "comm/store.h"
 #include "vflow/core/address.h"
 #include "vflow/core/exit_code.h"
+#include "vflow/core/process.h"
 
 namespace vflow::job {
 
@@ -72,31 +73,9 @@ void forward_lines(std::string& buffer, const char* data, size_t n, const std::s
   std::fflush(sink);
 }
 
-pid_t spawn(const std::vector<std::string>& command, const std::vector<std::string>& extra_env,
-            int out_fd, int err_fd) {
-  const pid_t pid = fork();
-  if (pid < 0) throw Error(fmt::format("fork failed: {}", std::strerror(errno)));
-  if (pid == 0) {
-    dup2(out_fd, STDOUT_FILENO);
-    dup2(err_fd, STDERR_FILENO);
-    for (const auto& e : extra_env) putenv(const_cast<char*>(e.c_str()));
-    std::vector<char*> argv;
-    for (const auto& a : command) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
-    execv(argv[0], argv.data());
-    std::fprintf(stderr, "cannot run %s: %s\n", argv[0], std::strerror(errno));
-    _exit(127);
-  }
-  return pid;
-}
-
 }  // namespace
 
 namespace {
-
-int exit_code_of(int status) {
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
 
 /// The worker processes of a local job and their output.
 class ProcessGroup {
@@ -114,7 +93,12 @@ class ProcessGroup {
     env.push_back("VFLOW_MEMBER=" + member);
     env.push_back("VFLOW_LOCAL_RANK=" + member);  // picks the GPU of device "cuda"
     env.insert(env.end(), extra.begin(), extra.end());
-    c.pid = spawn(command_, env, out[1], err[1]);
+    SpawnOptions spawn;
+    spawn.command = command_;
+    spawn.environment = std::move(env);
+    spawn.stdout_fd = out[1];
+    spawn.stderr_fd = err[1];
+    c.pid = spawn_process(spawn);
     close(out[1]);
     close(err[1]);
     c.out = out[0];
@@ -166,7 +150,7 @@ class ProcessGroup {
       int status = 0;
       if (waitpid(c.pid, &status, WNOHANG) == c.pid) {
         c.running = false;
-        ended.emplace_back(c.name, exit_code_of(status));
+        ended.emplace_back(c.name, exit_code_of_status(status));
       }
     }
     return ended;

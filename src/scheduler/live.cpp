@@ -5,9 +5,7 @@
 #include <fmt/format.h>
 #include <netinet/in.h>
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/socket.h>
-#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -24,10 +22,11 @@
 #include <set>
 #include <thread>
 
-#include "vflow/job/control_plane.h"
 #include "vflow/core/error.h"
 #include "vflow/core/exit_code.h"
+#include "vflow/core/process.h"
 #include "vflow/core/spec_node.h"
+#include "vflow/job/control_plane.h"
 
 namespace vflow::scheduler {
 namespace {
@@ -123,30 +122,22 @@ bool port_open(int port) {
 pid_t spawn(const std::vector<std::string>& argv, const std::string& log) {
   const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   if (fd < 0) throw Error(fmt::format("{}: cannot write: {}", log, std::strerror(errno)));
-  std::vector<char*> args;
-  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  const pid_t pid = fork();
-  if (pid == 0) {
-    setpgid(0, 0);
-    // A scheduler that dies without cleaning up (SIGKILL) still stops its jobs: the
-    // launcher takes SIGTERM as a stop request.
-    prctl(PR_SET_PDEATHSIG, SIGTERM);
-    dup2(fd, STDOUT_FILENO);
-    dup2(fd, STDERR_FILENO);
-    // Control-plane sockets to other jobs must not outlive this process's exec.
-    if (syscall(SYS_close_range, 3U, ~0U, 0U) != 0) {
-      for (int i = 3; i < 4096; ++i) close(i);
-    }
-    execv(args[0], args.data());
-    dprintf(STDERR_FILENO, "cannot run %s: %s\n", args[0], std::strerror(errno));
-    _exit(127);
+  SpawnOptions options;
+  options.command = argv;
+  options.stdout_fd = fd;
+  options.stderr_fd = fd;
+  options.own_process_group = true;
+  // A scheduler that dies without cleaning up (SIGKILL) still stops its jobs: the
+  // launcher takes SIGTERM as a stop request.
+  options.parent_death_signal = SIGTERM;
+  try {
+    const pid_t pid = spawn_process(options);
+    close(fd);
+    return pid;
+  } catch (...) {
+    close(fd);
+    throw;
   }
-  const int fork_errno = errno;
-  close(fd);
-  if (pid < 0) throw Error(fmt::format("fork failed: {}", std::strerror(fork_errno)));
-  setpgid(pid, pid);  // also here: the parent may signal the group before the child runs
-  return pid;
 }
 
 bool has_checkpoint(const fs::path& dir) {
@@ -155,10 +146,6 @@ bool has_checkpoint(const fs::path& dir) {
     if (entry.path().extension() == ".pt") return true;
   }
   return false;
-}
-
-int exit_code_of(int status) {
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
 std::string plural(int n, const char* word) {
@@ -476,7 +463,7 @@ class LiveRun {
       poll_step(id);
       int status = 0;
       if (waitpid(s.pid, &status, WNOHANG) != s.pid) continue;
-      const int code = exit_code_of(status);
+      const int code = exit_code_of_status(status);
       killpg(s.pid, SIGKILL);  // workers of a launcher that died abruptly
       s.pid = -1;
       s.control.reset();
@@ -526,7 +513,7 @@ class LiveRun {
         if (s.pid < 0) continue;
         int status = 0;
         if (waitpid(s.pid, &status, WNOHANG) == s.pid) {
-          outcomes_[id].exit_code = exit_code_of(status);
+          outcomes_[id].exit_code = exit_code_of_status(status);
           killpg(s.pid, SIGKILL);
           s.pid = -1;
           s.control.reset();

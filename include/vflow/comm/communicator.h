@@ -82,6 +82,25 @@ struct Rendezvous {
 /// Throws PeerFailure when the peers do not all arrive within the timeout.
 std::unique_ptr<Communicator> make_gloo_communicator(const Rendezvous& rendezvous);
 
+/// What a backend can do besides its collectives: derive the next generation's
+/// communicator from this generation's instead of a fresh rendezvous.
+struct BackendCapabilities {
+  bool can_shrink = false;  ///< Communicator::shrink drops ranks (after a clean regroup)
+  bool can_grow = false;    ///< Communicator::grow appends ranks; new ranks can join it
+  bool can_derive() const { return can_shrink || can_grow; }
+};
+
+/// The capabilities of `backend` ("gloo", "nccl") in this process: Gloo derives nothing;
+/// NCCL shrinks, and grows where the loaded NCCL has ncclCommGrow (>= 2.29).
+BackendCapabilities backend_capabilities(const std::string& backend);
+
+/// Sets `r.backend` and `r.cuda_device` for a worker on `device` from the requested
+/// backend (`requested`: auto | gloo | nccl, the value of the setting named `key`): auto is
+/// nccl on a CUDA device when the NCCL backend is usable, gloo otherwise. Throws SpecError
+/// naming `key` when nccl is asked for and cannot be used.
+void choose_backend(const std::string& requested, const std::string& key,
+                    const torch::Device& device, Rendezvous& r);
+
 /// The communicator of `rendezvous.backend`: "gloo" (CPU tensors, and CUDA tensors where
 /// LibTorch has CUDA) or "nccl" (CUDA tensors; see vflow/comm/nccl.h).
 std::unique_ptr<Communicator> make_communicator(const Rendezvous& rendezvous);

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "vflow/core/error.h"
+#include "vflow/job/control_store.h"
 
 namespace vflow::job {
 
@@ -78,17 +79,23 @@ struct JobStatus {
   std::map<std::string, int64_t> pids;  ///< process id of each member
 };
 
-/// A client of a job's store, typed for the elastic protocol. Every call talks to the
-/// coordinator; store errors surface as PeerFailure naming the coordinator.
+/// A client of a job's store, typed for the elastic protocol: every record is encoded
+/// and decoded in job/control_records, and every read-modify-write is a counter or a
+/// set-if-absent of the ControlStore. Store errors surface as PeerFailure naming the
+/// coordinator.
 class ControlPlane {
  public:
-  /// Connects to the job's store at host:port.
+  /// Connects to the job's embedded store at host:port (connect_embedded_store).
   ControlPlane(const std::string& host, int port, std::chrono::milliseconds timeout);
+  /// Speaks the protocol over `store`.
+  explicit ControlPlane(std::unique_ptr<ControlStore> store);
   ~ControlPlane();
   ControlPlane(const ControlPlane&) = delete;
   ControlPlane& operator=(const ControlPlane&) = delete;
-  const std::string& host() const { return host_; }
-  int port() const { return port_; }
+  /// The store's address, for messages.
+  const std::string& address() const;
+  /// The store itself (its liveness and listing).
+  ControlStore& store();
 
   // ---- requests (vflow-ctl, the library API, signals) ----
   /// Asks for `workers` workers; throws Error when outside [min_workers, max_workers].
@@ -156,8 +163,7 @@ class ControlPlane {
   std::string compare_set(const std::string& key, const std::string& value);
   struct Impl;
   std::unique_ptr<Impl> impl_;
-  std::string host_;
-  int port_;
+  mutable std::string address_;
 };
 
 }  // namespace vflow::job

@@ -34,7 +34,9 @@ struct ElasticOutcome {
   engine::TrainResult result;  ///< meaningful for kFinished
 };
 
-/// Runs one worker of an elastic job until it finishes or leaves. Throws PeerFailure
+/// Runs one worker of an elastic job until it finishes or leaves. `spec.resources` is taken
+/// as it is: a launched worker's placement on its host (place_on_this_host) and its layout
+/// entry are applied by job::run_role before. Throws PeerFailure
 /// when the coordinator is unreachable or never publishes a generation for a survivor.
 ElasticOutcome run_elastic_worker(const engine::JobSpec& spec, const ElasticWorkerOptions& options);
 

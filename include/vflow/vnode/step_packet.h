@@ -1,0 +1,81 @@
+// The step's one collective, as a named layout (DESIGN.md §3.3).
+//
+// A worker's whole contribution to a step is one flat buffer, summed across workers by
+// a single allreduce:
+//
+//   [ gradients | stateful-kernel table | loss | stop | regroup ]
+//
+// - gradients: every parameter's .grad is a view into this section (GradientBuffer), so
+//   the vnodes' backward passes accumulate Σ (n_v / B) g_v in place;
+// - table: one row per vnode of the stateful kernels' contributions (rows of vnodes
+//   held elsewhere stay zero; StatefulKernelSet::bind_table);
+// - loss: Σ loss_v · n_v over the worker's vnodes;
+// - stop: > 0 when any worker was asked to stop, so all stop after the same step;
+// - regroup: the generation to regroup into (set by one worker, rank 0), 0 for none.
+//
+// The sections are contiguous and in this order, so a reduction may cut the buffer into
+// buckets along sections() (e.g. reduce the gradients while the rest is still written).
+#pragma once
+
+#include <torch/types.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "vflow/vnode/gradient_buffer.h"
+
+namespace vflow::vnode {
+
+class StepPacket {
+ public:
+  /// One contiguous range of the packet.
+  struct Section {
+    std::string name;  ///< gradients, table, loss, stop or regroup
+    int64_t offset = 0;
+    int64_t numel = 0;
+  };
+
+  /// Installs the gradient views of `parameters` (GradientBuffer) and reserves
+  /// `table_numel` elements for the stateful-kernel table.
+  StepPacket(const std::vector<torch::Tensor>& parameters, int64_t table_numel);
+  StepPacket(const StepPacket&) = delete;
+  StepPacket& operator=(const StepPacket&) = delete;
+
+  /// Zeroes the whole packet for a new step.
+  void clear() { buffer_.zero(); }
+  /// The flat buffer the collective reduces.
+  torch::Tensor& flat() { return buffer_.flat(); }
+  const torch::Tensor& flat() const { return buffer_.flat(); }
+  int64_t numel() const { return buffer_.numel(); }
+  GradientBuffer& gradient_buffer() { return buffer_; }
+
+  torch::Tensor gradients() const { return section(0); }
+  torch::Tensor table() const { return section(1); }
+  /// One element: Σ loss_v · n_v; add a vnode's share with add_loss.
+  torch::Tensor loss() const { return section(2); }
+  void add_loss(const torch::Tensor& vnode_loss, int64_t examples);
+
+  // ---- the control word ----
+  void request_stop();
+  void request_regroup(int64_t generation);
+  bool stop_requested() const;
+  /// After the reduction: did any worker ask to stop.
+  bool stop_agreed() const { return stop_requested(); }
+  /// After the reduction: the generation to regroup into, 0 for none.
+  int64_t regroup_agreed() const;
+  /// After the reduction: Σ loss_v · n_v over every vnode.
+  double loss_sum() const;
+
+  /// The sections in order: gradients, table, loss, stop, regroup.
+  const std::vector<Section>& sections() const { return sections_; }
+
+ private:
+  torch::Tensor section(size_t k) const {
+    return buffer_.flat().narrow(0, sections_[k].offset, sections_[k].numel);
+  }
+  GradientBuffer buffer_;
+  std::vector<Section> sections_;
+};
+
+}  // namespace vflow::vnode

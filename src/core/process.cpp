@@ -1,0 +1,62 @@
+#include "vflow/core/process.h"
+
+#include <fmt/format.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <map>
+
+#include "vflow/core/error.h"
+
+extern char** environ;
+
+namespace vflow {
+
+pid_t spawn_process(const SpawnOptions& options) {
+  VFLOW_ASSERT(!options.command.empty(), "spawn_process needs a program");
+  // Everything the child needs is built before fork: after it, only async-signal-safe
+  // calls (the parent may have threads).
+  std::map<std::string, std::string> env;
+  for (char** e = environ; e && *e; ++e) {
+    const std::string entry(*e);
+    env[entry.substr(0, entry.find('='))] = entry;
+  }
+  for (const auto& entry : options.environment) env[entry.substr(0, entry.find('='))] = entry;
+  std::vector<char*> envp;
+  for (auto& [name, entry] : env) envp.push_back(entry.data());
+  envp.push_back(nullptr);
+  std::vector<std::string> args = options.command;
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+
+  const pid_t pid = fork();
+  if (pid == 0) {
+    if (options.own_process_group) setpgid(0, 0);
+    if (options.parent_death_signal != 0) prctl(PR_SET_PDEATHSIG, options.parent_death_signal);
+    if (options.stdout_fd >= 0) dup2(options.stdout_fd, STDOUT_FILENO);
+    if (options.stderr_fd >= 0) dup2(options.stderr_fd, STDERR_FILENO);
+    if (syscall(SYS_close_range, 3U, ~0U, 0U) != 0) {
+      for (int i = 3; i < 4096; ++i) close(i);
+    }
+    execve(argv[0], argv.data(), envp.data());
+    dprintf(STDERR_FILENO, "cannot run %s: %s\n", argv[0], std::strerror(errno));
+    _exit(127);
+  }
+  const int fork_errno = errno;
+  if (pid < 0) throw Error(fmt::format("fork failed: {}", std::strerror(fork_errno)));
+  // Also here: the parent may signal the group before the child runs.
+  if (options.own_process_group) setpgid(pid, pid);
+  return pid;
+}
+
+int exit_code_of_status(int status) {
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+}  // namespace vflow

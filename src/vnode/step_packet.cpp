@@ -1,0 +1,41 @@
+#include "vflow/vnode/step_packet.h"
+
+#include <torch/torch.h>
+
+#include <cmath>
+
+namespace vflow::vnode {
+
+namespace {
+constexpr int64_t kLossSlots = 1;
+constexpr int64_t kControlSlots = 2;  // stop, regroup
+}  // namespace
+
+StepPacket::StepPacket(const std::vector<torch::Tensor>& parameters, int64_t table_numel)
+    : buffer_(parameters, table_numel + kLossSlots + kControlSlots) {
+  const int64_t g = buffer_.gradients().numel();
+  sections_ = {{"gradients", 0, g},
+               {"table", g, table_numel},
+               {"loss", g + table_numel, 1},
+               {"stop", g + table_numel + 1, 1},
+               {"regroup", g + table_numel + 2, 1}};
+}
+
+void StepPacket::add_loss(const torch::Tensor& vnode_loss, int64_t examples) {
+  auto slot = loss();
+  slot += vnode_loss.detach() * static_cast<double>(examples);
+}
+
+void StepPacket::request_stop() { section(3).fill_(1.0); }
+
+void StepPacket::request_regroup(int64_t generation) {
+  section(4).fill_(static_cast<double>(generation));
+}
+
+bool StepPacket::stop_requested() const { return section(3).item<float>() > 0; }
+
+int64_t StepPacket::regroup_agreed() const { return std::llround(section(4).item<double>()); }
+
+double StepPacket::loss_sum() const { return loss().item<double>(); }
+
+}  // namespace vflow::vnode

@@ -1,0 +1,60 @@
+// Child processes, started one way for the launcher and the scheduler.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <string>
+
+#include "vflow/core/process.h"
+
+namespace {
+/// Runs `options` with standard output into a pipe; returns (exit code, output).
+std::pair<int, std::string> run(vflow::SpawnOptions options) {
+  int out[2];
+  REQUIRE(pipe(out) == 0);
+  options.stdout_fd = out[1];
+  const pid_t pid = vflow::spawn_process(options);
+  close(out[1]);
+  std::string text;
+  char buf[4096];
+  ssize_t n;
+  while ((n = read(out[0], buf, sizeof buf)) > 0) text.append(buf, static_cast<size_t>(n));
+  close(out[0]);
+  int status = 0;
+  REQUIRE(waitpid(pid, &status, 0) == pid);
+  return {vflow::exit_code_of_status(status), text};
+}
+}  // namespace
+
+TEST_CASE("a spawned process gets its environment and only its standard streams", "[unit]") {
+  // An inherited descriptor without close-on-exec, as a store socket would be, at a
+  // number no child opens by itself.
+  const int stray = 100;
+  REQUIRE(dup2(STDIN_FILENO, stray) == stray);
+  vflow::SpawnOptions options;
+  options.command = {"/bin/sh", "-c", "echo \"$VFLOW_TEST_VALUE\"; ls /proc/self/fd"};
+  options.environment = {"VFLOW_TEST_VALUE=forty two"};
+  const auto [code, text] = run(options);
+  close(stray);
+  CHECK(code == 0);
+  CHECK(text.rfind("forty two\n", 0) == 0);
+  CHECK(text.find("\n0\n1\n2\n") != std::string::npos);
+  CHECK(text.find("\n100\n") == std::string::npos);
+}
+
+TEST_CASE("a spawned process can lead a group of its own and is reported like a shell would",
+          "[unit]") {
+  vflow::SpawnOptions options;
+  options.command = {"/bin/sh", "-c", "kill -TERM $$"};
+  options.own_process_group = true;
+  const pid_t pid = vflow::spawn_process(options);
+  CHECK(getpgid(pid) == pid);
+  int status = 0;
+  REQUIRE(waitpid(pid, &status, 0) == pid);
+  CHECK(vflow::exit_code_of_status(status) == 128 + SIGTERM);
+
+  vflow::SpawnOptions missing;
+  missing.command = {"/nonexistent/program"};
+  CHECK(run(missing).first == 127);
+}

@@ -1,0 +1,58 @@
+// The step's collective packet: its sections, the gradient views and the control word.
+#include <torch/torch.h>
+
+#include <catch2/catch.hpp>
+
+#include "vflow/vnode/step_packet.h"
+
+using vflow::vnode::StepPacket;
+
+TEST_CASE("the step packet lays out gradients, table, loss, stop and regroup in order",
+          "[unit]") {
+  torch::nn::Linear layer(3, 2);  // 6 weights + 2 biases
+  StepPacket packet(layer->parameters(), /*table_numel=*/5);
+  const auto& sections = packet.sections();
+  REQUIRE(sections.size() == 5);
+  const std::vector<std::string> names{"gradients", "table", "loss", "stop", "regroup"};
+  int64_t next = 0;
+  for (size_t k = 0; k < sections.size(); ++k) {
+    CAPTURE(k);
+    CHECK(sections[k].name == names[k]);
+    CHECK(sections[k].offset == next);  // contiguous, nothing between or overlapping
+    next += sections[k].numel;
+  }
+  CHECK(next == packet.numel());
+  CHECK(sections[0].numel == 8);
+  CHECK(sections[1].numel == 5);
+  CHECK(packet.table().numel() == 5);
+  // Every .grad is a view into the gradients section: a backward pass writes the packet.
+  const auto x = torch::ones({4, 3});
+  layer->forward(x).sum().backward();
+  CHECK(packet.gradients().abs().sum().item<double>() > 0);
+  CHECK(packet.table().abs().sum().item<double>() == 0);
+  packet.gradient_buffer().check_views();
+  packet.clear();
+  CHECK(packet.flat().abs().sum().item<double>() == 0);
+  CHECK(layer->weight.grad().abs().sum().item<double>() == 0);
+}
+
+TEST_CASE("the step packet's control word and loss survive the sum of the workers' packets",
+          "[unit]") {
+  torch::nn::Linear a_layer(2, 2), b_layer(2, 2);
+  StepPacket a(a_layer->parameters(), 3), b(b_layer->parameters(), 3);
+  CHECK_FALSE(a.stop_requested());
+  CHECK(a.regroup_agreed() == 0);
+  a.add_loss(torch::tensor(0.5), 4);  // worker a: one vnode of 4 examples, mean loss 0.5
+  b.add_loss(torch::tensor(0.25), 4);
+  b.add_loss(torch::tensor(1.0), 2);
+  b.request_stop();          // any worker may ask to stop
+  a.request_regroup(7);      // one worker (rank 0) relays the next generation
+  a.flat() += b.flat();      // what the sum-allreduce does
+  CHECK(a.stop_agreed());
+  CHECK(a.regroup_agreed() == 7);
+  CHECK(a.loss_sum() == Approx(0.5 * 4 + 0.25 * 4 + 1.0 * 2));
+  a.clear();
+  CHECK_FALSE(a.stop_agreed());
+  CHECK(a.regroup_agreed() == 0);
+  CHECK(a.loss_sum() == 0);
+}
