@@ -34,18 +34,34 @@ pid_t spawn_process(const SpawnOptions& options) {
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
+  const std::string cannot_run = "cannot run " + args.front() + ": exec failed, errno ";
+  const pid_t parent = getpid();
 
   const pid_t pid = fork();
   if (pid == 0) {
     if (options.own_process_group) setpgid(0, 0);
-    if (options.parent_death_signal != 0) prctl(PR_SET_PDEATHSIG, options.parent_death_signal);
+    if (options.parent_death_signal != 0) {
+      prctl(PR_SET_PDEATHSIG, options.parent_death_signal);
+      if (getppid() != parent) _exit(128 + options.parent_death_signal);  // died meanwhile
+    }
+    // The program starts with default signal handling (this process may ignore SIGPIPE).
+    signal(SIGPIPE, SIG_DFL);
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
     if (options.stdout_fd >= 0) dup2(options.stdout_fd, STDOUT_FILENO);
     if (options.stderr_fd >= 0) dup2(options.stderr_fd, STDERR_FILENO);
     if (syscall(SYS_close_range, 3U, ~0U, 0U) != 0) {
       for (int i = 3; i < 4096; ++i) close(i);
     }
     execve(argv[0], argv.data(), envp.data());
-    dprintf(STDERR_FILENO, "cannot run %s: %s\n", argv[0], std::strerror(errno));
+    // Only async-signal-safe calls here: the message was made before fork.
+    char digits[12];
+    int n = 0;
+    for (int e = errno; n == 0 || e > 0; e /= 10) digits[n++] = static_cast<char>('0' + e % 10);
+    (void)!write(STDERR_FILENO, cannot_run.data(), cannot_run.size());
+    while (n > 0) (void)!write(STDERR_FILENO, &digits[--n], 1);
+    (void)!write(STDERR_FILENO, "\n", 1);
     _exit(127);
   }
   const int fork_errno = errno;

@@ -75,14 +75,12 @@ ControlPlane::ControlPlane(std::unique_ptr<ControlStore> store)
     : impl_(std::make_unique<Impl>()) {
   VFLOW_ASSERT(store != nullptr, "a control plane needs a store");
   impl_->store = std::move(store);
+  address_ = impl_->store->address();
 }
 
 ControlPlane::~ControlPlane() = default;
 
-const std::string& ControlPlane::address() const {
-  if (address_.empty()) address_ = impl_->store->address();
-  return address_;
-}
+const std::string& ControlPlane::address() const { return address_; }
 
 ControlStore& ControlPlane::store() { return *impl_->store; }
 
@@ -233,10 +231,12 @@ std::optional<int64_t> ControlPlane::survivor_step(int64_t generation, const std
 bool ControlPlane::failure_reported(int64_t generation) {
   return add(fmt::format("elastic/{}/failed", generation), 0) > 0;
 }
-void ControlPlane::publish_step(int64_t step) { set(kStep, std::to_string(step)); }
+void ControlPlane::publish_step(int64_t step) {
+  impl_->store->publish(kStep, std::to_string(step));
+}
 
 void ControlPlane::publish_speed(const std::string& member, double seconds_per_vnode) {
-  set("speed/" + member, fmt::format("{:.9g}", seconds_per_vnode));
+  impl_->store->publish("speed/" + member, fmt::format("{:.9g}", seconds_per_vnode));
 }
 
 std::optional<double> ControlPlane::speed(const std::string& member) {

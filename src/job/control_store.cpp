@@ -25,10 +25,16 @@ std::string heartbeat_key(const std::string& name) { return "store/alive/" + nam
 std::vector<uint8_t> bytes_of(const std::string& s) { return {s.begin(), s.end()}; }
 std::string text_of(const std::vector<uint8_t>& b) { return {b.begin(), b.end()}; }
 
-int64_t unix_ms() {
+/// Milliseconds on this machine's monotonic clock (CLOCK_MONOTONIC: the same for every
+/// process on the machine, and never stepped by a clock adjustment).
+int64_t monotonic_ms() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
+             std::chrono::steady_clock::now().time_since_epoch())
       .count();
+}
+
+void check_value(const std::string& key, const std::string& value) {
+  VFLOW_ASSERT(!value.empty(), "the embedded store cannot hold an empty value (key " + key + ")");
 }
 
 class EmbeddedControlStore final : public ControlStore {
@@ -51,6 +57,7 @@ class EmbeddedControlStore final : public ControlStore {
   }
 
   void set(const std::string& key, const std::string& value) override {
+    check_value(key, value);
     guarded([&] {
       index(key);
       store_->set(key, bytes_of(value));
@@ -60,7 +67,16 @@ class EmbeddedControlStore final : public ControlStore {
     });
   }
 
+  void publish(const std::string& key, const std::string& value) override {
+    check_value(key, value);
+    guarded([&] {
+      index(key);
+      store_->set(key, bytes_of(value));
+    });
+  }
+
   std::string set_if_absent(const std::string& key, const std::string& value) override {
+    check_value(key, value);
     return guarded([&] {
       index(key);
       return text_of(store_->compareSet(key, {}, bytes_of(value)));
@@ -70,6 +86,8 @@ class EmbeddedControlStore final : public ControlStore {
   bool compare_and_set(const std::string& key, const std::optional<std::string>& expected,
                        const std::string& desired) override {
     VFLOW_ASSERT(!expected || *expected != desired, "compare_and_set needs a change");
+    check_value(key, desired);
+    if (expected) check_value(key, *expected);
     return guarded([&] {
       index(key);
       if (!expected) return text_of(store_->compareSet(key, {}, bytes_of(desired))) == desired;
@@ -80,7 +98,7 @@ class EmbeddedControlStore final : public ControlStore {
 
   int64_t add(const std::string& key, int64_t delta) override {
     return guarded([&] {
-      if (delta != 0) index(key);
+      index(key);  // TCPStore creates the counter even for delta 0
       return store_->add(key, delta);
     });
   }
@@ -118,7 +136,7 @@ class EmbeddedControlStore final : public ControlStore {
   }
 
   void heartbeat(const std::string& name, std::chrono::milliseconds ttl) override {
-    set(heartbeat_key(name), fmt::format("{} {}", unix_ms(), ttl.count()));
+    set(heartbeat_key(name), fmt::format("{} {}", monotonic_ms(), ttl.count()));
   }
 
   bool alive(const std::string& name) override {
@@ -131,27 +149,32 @@ class EmbeddedControlStore final : public ControlStore {
     }
     const int64_t at = records::decode_int(beat->substr(0, space), key);
     const int64_t ttl = records::decode_int(beat->substr(space + 1), key);
-    return unix_ms() - at <= ttl;
+    return monotonic_ms() - at <= ttl;
   }
 
   std::string address() const override { return address_; }
 
  private:
-  /// Store errors are the coordinator's loss; vflow's own errors pass as they are.
+  /// Store errors are the coordinator's loss, and stay so: a connection that failed
+  /// once (a receive that timed out, say) may still get the answer it gave up on, and
+  /// would read it as the answer to the next call. vflow's own errors pass as they are.
   template <typename F>
   auto guarded(F&& f) -> decltype(f()) {
+    if (!lost_.empty()) throw PeerFailure(lost_);
     try {
       return f();
     } catch (const vflow::Error&) {
       throw;
     } catch (const std::exception& e) {
       const std::string what = e.what();
-      throw PeerFailure(fmt::format("[elastic] lost the job's coordinator at {}: {}", address_,
-                                    what.substr(0, what.find('\n'))));
+      lost_ = fmt::format("[elastic] lost the job's coordinator at {}: {}", address_,
+                          what.substr(0, what.find('\n')));
+      throw PeerFailure(lost_);
     }
   }
 
-  /// Enters `key` into the index once (per store; remembered per client).
+  /// Enters `key` into the index: at least once (two clients creating a key at the same
+  /// moment may both enter it; list drops the duplicate), and once per client at most.
   void index(const std::string& key) {
     if (indexed_.count(key) != 0) return;
     const auto mark = indexed_mark(key);
@@ -166,6 +189,7 @@ class EmbeddedControlStore final : public ControlStore {
   std::string address_;
   c10::intrusive_ptr<c10d::TCPStore> store_;
   std::unordered_set<std::string> indexed_;
+  std::string lost_;  // why the connection is no longer usable; empty while it is
 };
 
 }  // namespace

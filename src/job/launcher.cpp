@@ -85,8 +85,19 @@ class ProcessGroup {
 
   /// Starts a worker named `member` with `extra` environment variables.
   void start(const std::string& member, const std::vector<std::string>& extra = {}) {
-    int out[2], err[2];
-    if (pipe(out) != 0 || pipe(err) != 0) throw Error("pipe failed");
+    int out[2] = {-1, -1}, err[2] = {-1, -1};
+    const auto close_all = [&] {
+      for (const int fd : {out[0], out[1], err[0], err[1]}) {
+        if (fd >= 0) close(fd);
+      }
+    };
+    // Close-on-exec: no later child inherits this worker's pipes (dup2 clears the flag on
+    // the child's own standard streams).
+    if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0) {
+      const int e = errno;
+      close_all();
+      throw Error(fmt::format("pipe failed: {}", std::strerror(e)));
+    }
     Child c;
     c.name = member;
     std::vector<std::string> env = env_;
@@ -98,7 +109,12 @@ class ProcessGroup {
     spawn.environment = std::move(env);
     spawn.stdout_fd = out[1];
     spawn.stderr_fd = err[1];
-    c.pid = spawn_process(spawn);
+    try {
+      c.pid = spawn_process(spawn);
+    } catch (...) {
+      close_all();
+      throw;
+    }
     close(out[1]);
     close(err[1]);
     c.out = out[0];

@@ -1,4 +1,5 @@
 // Child processes, started one way for the launcher and the scheduler.
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -31,12 +32,16 @@ TEST_CASE("a spawned process gets its environment and only its standard streams"
   // An inherited descriptor without close-on-exec, as a store socket would be, at a
   // number no child opens by itself.
   const int stray = 100;
-  REQUIRE(dup2(STDIN_FILENO, stray) == stray);
+  const int null = open("/dev/null", O_RDONLY);
+  REQUIRE(dup2(null, stray) == stray);
+  close(null);
+  setenv("VFLOW_TEST_VALUE", "inherited", 1);  // the added value overrides this one
   vflow::SpawnOptions options;
   options.command = {"/bin/sh", "-c", "echo \"$VFLOW_TEST_VALUE\"; ls /proc/self/fd"};
   options.environment = {"VFLOW_TEST_VALUE=forty two"};
   const auto [code, text] = run(options);
   close(stray);
+  unsetenv("VFLOW_TEST_VALUE");
   CHECK(code == 0);
   CHECK(text.rfind("forty two\n", 0) == 0);
   CHECK(text.find("\n0\n1\n2\n") != std::string::npos);

@@ -52,12 +52,14 @@ TEST_CASE("the embedded control store waits with a bound and removes keys", "[un
   const auto t0 = std::chrono::steady_clock::now();
   CHECK_FALSE(s.a->wait({"late"}, 100ms));
   CHECK(std::chrono::steady_clock::now() - t0 >= 100ms);
-  std::thread writer([&] {
+  struct Joined {
+    std::thread thread;
+    ~Joined() { thread.join(); }
+  } writer{std::thread([&] {
     std::this_thread::sleep_for(50ms);
     s.b->set("late", "here");
-  });
+  })};
   CHECK(s.a->wait({"late"}, 5s));
-  writer.join();
   CHECK(s.a->remove("late"));
   CHECK_FALSE(s.a->remove("late"));
   CHECK_FALSE(s.b->get("late"));
@@ -81,14 +83,18 @@ TEST_CASE("the embedded control store lists keys by prefix across clients", "[un
   s.b->set("elastic/1/ready/1", "again");  // created anew after its removal
   CHECK(s.a->list("elastic/1/ready/").size() == 2);
   CHECK(s.a->list("nothing/").empty());
+  s.b->add("ctl/requests", 0);  // reading a counter creates it, and it is listed
+  CHECK(s.a->list("ctl/") == std::vector<std::string>{"ctl/requests"});
+  s.a->publish("job/step", "4");  // unconfirmed, but ordered before the next call
+  CHECK(s.a->get("job/step") == std::optional<std::string>("4"));
 }
 
 TEST_CASE("the embedded control store's heartbeats expire after their time to live", "[unit]") {
   Stores s;
   CHECK_FALSE(s.a->alive("worker-0"));
-  s.b->heartbeat("worker-0", 150ms);
+  s.b->heartbeat("worker-0", 2s);  // long enough for a loaded machine's round trips
   CHECK(s.a->alive("worker-0"));
-  std::this_thread::sleep_for(300ms);
+  std::this_thread::sleep_for(2500ms);
   CHECK_FALSE(s.a->alive("worker-0"));
   s.b->heartbeat("worker-0", 10s);  // renewed
   CHECK(s.a->alive("worker-0"));

@@ -17,13 +17,15 @@ struct SpawnOptions {
   /// A process group of its own, so that the child and everything it starts can be
   /// signalled together and a terminal's Ctrl-C reaches only this process.
   bool own_process_group = false;
-  /// Sent to the child when this process dies (PR_SET_PDEATHSIG); 0 = nothing.
+  /// Sent to the child when this process dies (PR_SET_PDEATHSIG: strictly, when the thread
+  /// that started it ends); 0 = nothing.
   int parent_death_signal = 0;
 };
 
-/// Forks and executes `options.command`. The child keeps only its standard streams:
-/// every other inherited descriptor (sockets of the job's store, other children's
-/// pipes) is closed before the program runs. A program that cannot be executed ends
+/// Forks and executes `options.command` (a path: no PATH search). The child keeps only its
+/// standard streams: every other inherited descriptor (sockets of the job's store, other
+/// children's pipes) is closed before the program runs, which starts with default signal
+/// handling and no blocked signals. A program that cannot be executed ends
 /// the child with 127 after a message on its standard error. Throws Error when fork
 /// fails.
 pid_t spawn_process(const SpawnOptions& options);

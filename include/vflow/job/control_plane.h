@@ -163,7 +163,7 @@ class ControlPlane {
   std::string compare_set(const std::string& key, const std::string& value);
   struct Impl;
   std::unique_ptr<Impl> impl_;
-  mutable std::string address_;
+  std::string address_;
 };
 
 }  // namespace vflow::job

@@ -28,6 +28,10 @@ class ControlStore {
   virtual std::optional<std::string> get(const std::string& key) = 0;
   /// Stores `value`; every client sees it once this returns.
   virtual void set(const std::string& key, const std::string& value) = 0;
+  /// Stores `value` without waiting for the store to confirm it (other clients see it a
+  /// moment later): for figures published often from inside a training step, which
+  /// must not wait on a slow store.
+  virtual void publish(const std::string& key, const std::string& value) = 0;
   /// Stores `value` unless `key` holds a value already; returns what it holds afterwards.
   virtual std::string set_if_absent(const std::string& key, const std::string& value) = 0;
   /// Stores `desired` when `key` holds exactly `expected` (nullopt: holds nothing). Returns
@@ -59,9 +63,11 @@ class ControlStore {
 /// (job::Coordinator). What TCPStore lacks is emulated: list keeps an index of every key
 /// this job's clients created (list costs one round trip per key ever created, fine for
 /// the hundreds of keys of a job, not for a cluster); liveness compares heartbeat times
-/// on one machine's clock (the embedded store serves one machine unless the user opts
-/// in). Throws PeerFailure when the store cannot be reached, and on every call after it
-/// was lost.
+/// on one machine's monotonic clock (the embedded store serves one machine unless the
+/// user opts in). Values must not be empty: TCPStore's compare-and-set cannot tell an
+/// empty value from none. One client is used by one thread at a time. Throws PeerFailure
+/// when the store cannot be reached, and on every call after it was lost (a connection
+/// that failed once may be out of step with the store).
 std::unique_ptr<ControlStore> connect_embedded_store(const std::string& host, int port,
                                                      std::chrono::milliseconds timeout);
 
