@@ -222,6 +222,10 @@ export -f setup
 
 build() {
   local rc=0
+  # Later stages run only what this build made: programs left by an earlier build in a
+  # reused directory (a rehearsal) would run against this build's libraries.
+  rm -f "$BUILD/tests/vflow_tests" "$BUILD/tests/vflow_cuda_tests" "$BUILD/vflow-train" \
+        "$BUILD/vflow-ctl" "$BUILD/bench/vnode_overhead"
   cmake --build "$BUILD" -j "$(nproc)" --target vflow_cuda_tests vflow-train vflow-ctl -- -k 0 || rc=1
   cmake --build "$BUILD" -j "$(nproc)" --target vnode_overhead -- -k 0 || rc=1
   cmake --build "$BUILD" -j "$(nproc)" --target vflow_tests -- -k 0 || rc=1
