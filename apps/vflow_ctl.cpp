@@ -4,8 +4,8 @@
 #include <iostream>
 
 #include "exit_code.h"
-#include "vflow/job/control_plane.h"
 #include "vflow/core/address.h"
+#include "vflow/job/control_plane.h"
 
 namespace {
 

@@ -5,8 +5,8 @@
 #include <vector>
 
 #include "vflow/comm/communicator.h"
-#include "vflow/job/launcher.h"
 #include "vflow/engine/job_spec.h"
+#include "vflow/job/launcher.h"
 
 namespace vflow::testing {
 

@@ -85,8 +85,8 @@ InputBytes read_input_file(const std::string& path, uint64_t max_bytes) {
   try {
     out.bytes.reserve(static_cast<size_t>(in.size));
   } catch (const std::bad_alloc&) {
-    out.error = fmt::format("is {}, more than this process can hold in memory",
-                            describe_size(in.size));
+    out.error =
+        fmt::format("is {}, more than this process can hold in memory", describe_size(in.size));
     return out;
   }
   char buf[1 << 16];

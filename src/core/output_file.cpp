@@ -81,11 +81,13 @@ size_t AtomicFile::write(const void* data, size_t size) {
 
 std::string AtomicFile::commit() {
   if (!error_.empty()) return error_;
-  if (::fsync(fd_) != 0) return error_ = fmt::format("cannot fsync {}: {}", tmp_, std::strerror(errno));
+  if (::fsync(fd_) != 0)
+    return error_ = fmt::format("cannot fsync {}: {}", tmp_, std::strerror(errno));
   const int fd = fd_;
   fd_ = -1;
   // close() reports delayed write errors of some file systems (NFS).
-  if (::close(fd) != 0) return error_ = fmt::format("cannot close {}: {}", tmp_, std::strerror(errno));
+  if (::close(fd) != 0)
+    return error_ = fmt::format("cannot close {}: {}", tmp_, std::strerror(errno));
   if (std::rename(tmp_.c_str(), path_.c_str()) != 0) {
     return error_ = fmt::format("cannot rename {} to {}: {}", tmp_, path_, std::strerror(errno));
   }
@@ -149,8 +151,8 @@ std::string AppendFile::append(std::string_view record) {
   struct stat st {};
   if (written > 0 && end >= static_cast<off_t>(written) && ::fstat(fd_, &st) == 0 &&
       st.st_size == end && ::ftruncate(fd_, end - static_cast<off_t>(written)) != 0) {
-    return fmt::format("{} (and the partial record could not be removed: {})",
-                       std::strerror(err), std::strerror(errno));
+    return fmt::format("{} (and the partial record could not be removed: {})", std::strerror(err),
+                       std::strerror(errno));
   }
   return std::strerror(err);
 }

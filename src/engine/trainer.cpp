@@ -472,7 +472,8 @@ Trainer::Trainer(JobSpec spec, std::shared_ptr<models::Model> model, data::DataS
   impl_->prefetch = prefetch_enabled(impl_->spec.resources, /*local_workers=*/1);
   impl_->kernels =
       std::make_unique<vnode::StatefulKernelSet>(m, impl_->plan.virtual_nodes(), impl_->device);
-  impl_->packet = std::make_unique<vnode::StepPacket>(m.parameters(), impl_->kernels->table_numel());
+  impl_->packet =
+      std::make_unique<vnode::StepPacket>(m.parameters(), impl_->kernels->table_numel());
   impl_->kernels->bind_table(impl_->packet->table());
   if (impl_->spec.semantic.deterministic) {
     impl_->fixed_point = torch::zeros({impl_->packet->numel()},

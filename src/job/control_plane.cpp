@@ -71,8 +71,7 @@ struct ControlPlane::Impl {
 ControlPlane::ControlPlane(const std::string& host, int port, std::chrono::milliseconds timeout)
     : ControlPlane(connect_embedded_store(host, port, timeout)) {}
 
-ControlPlane::ControlPlane(std::unique_ptr<ControlStore> store)
-    : impl_(std::make_unique<Impl>()) {
+ControlPlane::ControlPlane(std::unique_ptr<ControlStore> store) : impl_(std::make_unique<Impl>()) {
   VFLOW_ASSERT(store != nullptr, "a control plane needs a store");
   impl_->store = std::move(store);
   address_ = impl_->store->address();

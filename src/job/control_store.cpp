@@ -44,8 +44,8 @@ class EmbeddedControlStore final : public ControlStore {
     try {
       store_ = comm::open_store(host, port, timeout, /*server=*/false);
     } catch (const std::exception& e) {
-      throw PeerFailure(
-          fmt::format("[elastic] cannot reach the job's coordinator at {}: {}", address_, e.what()));
+      throw PeerFailure(fmt::format("[elastic] cannot reach the job's coordinator at {}: {}",
+                                    address_, e.what()));
     }
   }
 

@@ -11,8 +11,8 @@
 #include <optional>
 #include <thread>
 
-#include "vflow/job/control_plane.h"
 #include "vflow/engine/job.h"
+#include "vflow/job/control_plane.h"
 
 namespace vflow::job {
 
@@ -27,9 +27,9 @@ double seconds_since(Clock::time_point t) {
 /// Waits for a generation newer than `after` that holds `member`. Returns nullopt when
 /// the job is over, or when `member` was in the job and a newer generation left it out.
 std::optional<Generation> await_generation(ControlPlane& control, int64_t after,
-                                                 const std::string& member, bool was_member,
-                                                 std::chrono::milliseconds patience,
-                                                 const std::atomic<bool>* leave_flag) {
+                                           const std::string& member, bool was_member,
+                                           std::chrono::milliseconds patience,
+                                           const std::atomic<bool>* leave_flag) {
   const auto start = Clock::now();
   int64_t seen = after;
   while (true) {
@@ -115,7 +115,8 @@ void transfer_state(engine::Trainer& trainer, comm::Communicator& communicator, 
   }
 }
 
-ElasticOutcome run_elastic_worker(const engine::JobSpec& spec, const ElasticWorkerOptions& options) {
+ElasticOutcome run_elastic_worker(const engine::JobSpec& spec,
+                                  const ElasticWorkerOptions& options) {
   ControlPlane control(options.store_host, options.store_port, options.timeout);
   const auto trainer = engine::make_trainer(spec, nullptr, /*elastic=*/true);
   trainer->set_stop_flag(options.stop_flag);
@@ -173,10 +174,10 @@ ElasticOutcome run_elastic_worker(const engine::JobSpec& spec, const ElasticWork
   const auto patience = 3 * options.timeout + std::chrono::seconds(5);
   bool was_member = false;
   // The last generation's communicator after a regroup without failure, kept where the
-  // backend can derive the next one from it (BackendCapabilities; NCCL): a shrink when the next generation
-  // drops members and keeps the others in order, a grow when it appends new members.
-  // The members agree through the store first (a member that failed meanwhile holds no
-  // communicator; a new one may not be able to join); otherwise they initialise afresh.
+  // backend can derive the next one from it (BackendCapabilities; NCCL): a shrink when the next
+  // generation drops members and keeps the others in order, a grow when it appends new members. The
+  // members agree through the store first (a member that failed meanwhile holds no communicator; a
+  // new one may not be able to join); otherwise they initialise afresh.
   std::shared_ptr<comm::Communicator> previous;
   std::vector<std::string> previous_members;
   int64_t previous_generation = 0;
@@ -209,8 +210,8 @@ ElasticOutcome run_elastic_worker(const engine::JobSpec& spec, const ElasticWork
         // Released at the end of this block whatever happens (the trainer keeps its own
         // reference until it gets the next communicator).
         const auto parent = std::move(previous);
-        const auto offer = regroup_offer(caps, parent.get(), previous_members,
-                                         previous_generation, g->members, was_member);
+        const auto offer = regroup_offer(caps, parent.get(), previous_members, previous_generation,
+                                         g->members, was_member);
         const auto answer = control.agree_regroup(g->id, g->members, me, offer, options.timeout);
         const auto how = answer.how;
         if (how == Regroup::kShrink) {

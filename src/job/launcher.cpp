@@ -226,8 +226,8 @@ int launch_local(const LaunchOptions& options) {
   }
   manager.start(initial, options.vnodes);
 
-  int failure = 0;        // the first failure that ended the job
-  int worker_error = 0;   // the first error a worker exited with (not a signal, not a stop)
+  int failure = 0;       // the first failure that ended the job
+  int worker_error = 0;  // the first error a worker exited with (not a signal, not a stop)
   bool stop_sent = false;
   std::optional<std::chrono::steady_clock::time_point> kill_at;
   auto stop_workers = [&](int seconds) {

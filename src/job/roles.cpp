@@ -81,8 +81,9 @@ RoleOutcome run_elastic_worker_role(const engine::JobSpec& job, const RoleOption
 
 RoleOutcome run_launcher_role(const engine::JobSpec& spec, const RoleOptions& options) {
   if (options.command.empty()) {
-    throw Error("a job of several workers needs the command line each worker runs "
-                "(RoleOptions::command, e.g. command_line_of_this_program)");
+    throw Error(
+        "a job of several workers needs the command line each worker runs "
+        "(RoleOptions::command, e.g. command_line_of_this_program)");
   }
   engine::check_devices(spec.resources);
   LaunchOptions launch;
@@ -107,8 +108,8 @@ RoleOutcome run_launcher_role(const engine::JobSpec& spec, const RoleOptions& op
 RoleOutcome run_coordinator_role(const engine::JobSpec& spec, const RoleOptions& options) {
   const auto address = parse_host_port(options.coordinate, "--coordinator");
   Coordinator coordinator(address.host, address.port, timeout_of(spec));
-  spdlog::info("[coordinator] serving {}:{} for {} workers", coordinator.host(),
-               coordinator.port(), spec.resources.workers);
+  spdlog::info("[coordinator] serving {}:{} for {} workers", coordinator.host(), coordinator.port(),
+               spec.resources.workers);
   RoleOutcome out;
   out.exit_code = coordinator.serve(static_cast<int>(spec.resources.workers), options.stop_flag)
                       ? kExitOk
@@ -137,11 +138,16 @@ RoleOutcome run_training_role(Role role, const engine::JobSpec& job, const RoleO
 
 const char* role_name(Role role) {
   switch (role) {
-    case Role::kSingle: return "single";
-    case Role::kLauncher: return "launcher";
-    case Role::kElasticWorker: return "elastic worker";
-    case Role::kWorker: return "worker";
-    case Role::kCoordinator: return "coordinator";
+    case Role::kSingle:
+      return "single";
+    case Role::kLauncher:
+      return "launcher";
+    case Role::kElasticWorker:
+      return "elastic worker";
+    case Role::kWorker:
+      return "worker";
+    case Role::kCoordinator:
+      return "coordinator";
   }
   return "?";
 }
@@ -174,11 +180,15 @@ Role role_of(const engine::JobSpec& spec, const RoleOptions& options) {
 
 RoleOutcome run_role(Role role, const engine::JobSpec& spec, const RoleOptions& options) {
   switch (role) {
-    case Role::kCoordinator: return run_coordinator_role(spec, options);
-    case Role::kElasticWorker: return run_elastic_worker_role(spec, options);
-    case Role::kLauncher: return run_launcher_role(spec, options);
+    case Role::kCoordinator:
+      return run_coordinator_role(spec, options);
+    case Role::kElasticWorker:
+      return run_elastic_worker_role(spec, options);
+    case Role::kLauncher:
+      return run_launcher_role(spec, options);
     case Role::kWorker:
-    case Role::kSingle: return run_training_role(role, spec, options);
+    case Role::kSingle:
+      return run_training_role(role, spec, options);
   }
   throw Error("unknown role");
 }

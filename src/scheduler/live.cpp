@@ -163,7 +163,7 @@ struct LiveState {
   pid_t pid = -1;  // the job's launcher (leader of its process group); -1 when none
   int port = 0;
   std::unique_ptr<job::ControlPlane> control;  // set once the job's limits are readable
-  int requested = 0;  // workers the job was started with or last asked for
+  int requested = 0;                           // workers the job was started with or last asked for
   bool stopping = false;
   bool abandoned = false;  // stopped for good (it never came up), not preempted
   Clock::time_point launched_at, stop_sent_at;
@@ -421,7 +421,7 @@ class LiveRun {
     if (!port_open(s.port)) return;
     try {
       auto control = std::make_unique<job::ControlPlane>("127.0.0.1", s.port,
-                                                          std::chrono::milliseconds(10000));
+                                                         std::chrono::milliseconds(10000));
       control->limits();  // throws until the launcher has published them
       s.control = std::move(control);
     } catch (const Error&) {

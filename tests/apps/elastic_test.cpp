@@ -1,8 +1,6 @@
 // Elasticity and failures (DESIGN.md §4), with real worker processes on loopback: a
 // deterministic job resized, killed into and preempted while it trains ends with the
 // fingerprint of an undisturbed run.
-#include "vflow/job/control_plane.h"
-
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <fstream>
@@ -14,6 +12,7 @@
 
 #include "apps/multiworker_support.h"
 #include "support.h"
+#include "vflow/job/control_plane.h"
 
 using namespace vflow::testing;
 

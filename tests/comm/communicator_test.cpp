@@ -9,13 +9,13 @@
 #include <thread>
 
 #include "support.h"
+#include "vflow/comm/nccl.h"
 #include "vflow/hetero/speed_plan.h"
 #include "vflow/job/control_plane.h"
 #include "vflow/job/launcher.h"
-#include "vflow/comm/nccl.h"
 
-using vflow::job::Coordinator;
 using vflow::comm::Rendezvous;
+using vflow::job::Coordinator;
 
 namespace {
 Rendezvous rendezvous(const Coordinator& c, int rank, int size, const std::string& generation,
@@ -153,7 +153,7 @@ TEST_CASE("members derive a communicator from an earlier one only when all can",
       threads.emplace_back([&, m] {
         try {
           vflow::job::ControlPlane control(coordinator.host(), coordinator.port(),
-                                            std::chrono::seconds(5));
+                                           std::chrono::seconds(5));
           answers[m] = control.agree_regroup(generation, members, members[m], offers[m],
                                              std::chrono::seconds(5));
         } catch (const std::exception& e) {
@@ -197,8 +197,7 @@ TEST_CASE("members derive a communicator from an earlier one only when all can",
 
   // A member that says nothing is a PeerFailure within the timeout, naming it.
   const std::vector<std::string> members = {"w0", "w1", "w2"};
-  vflow::job::ControlPlane control(coordinator.host(), coordinator.port(),
-                                    std::chrono::seconds(5));
+  vflow::job::ControlPlane control(coordinator.host(), coordinator.port(), std::chrono::seconds(5));
   const auto t0 = std::chrono::steady_clock::now();
   CHECK_THROWS_AS(
       control.agree_regroup(17, members, "w0", shrink(16), std::chrono::milliseconds(300)),

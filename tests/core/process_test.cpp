@@ -1,4 +1,6 @@
 // Child processes, started one way for the launcher and the scheduler.
+#include "vflow/core/process.h"
+
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -6,8 +8,6 @@
 
 #include <catch2/catch.hpp>
 #include <string>
-
-#include "vflow/core/process.h"
 
 namespace {
 /// Runs `options` with standard output into a pipe; returns (exit code, output).

@@ -13,12 +13,12 @@
 #include "cuda/skip.h"
 #include "engine/copy_stream.h"
 #include "support.h"
-#include "vflow/job/launcher.h"
 #include "vflow/comm/nccl.h"
 #include "vflow/engine/job.h"
+#include "vflow/job/launcher.h"
 
-using vflow::job::Coordinator;
 using vflow::comm::Rendezvous;
+using vflow::job::Coordinator;
 using vflow::testing::skip_unless;
 
 namespace {

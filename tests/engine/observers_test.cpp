@@ -7,8 +7,8 @@
 
 #include "support.h"
 #include "vflow/comm/communicator.h"
-#include "vflow/job/launcher.h"
 #include "vflow/engine/job.h"
+#include "vflow/job/launcher.h"
 
 TEST_CASE("a state donor logs the step it completed that rank 0 did not", "[integration]") {
   using namespace vflow;

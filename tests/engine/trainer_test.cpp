@@ -205,8 +205,7 @@ TEST_CASE("the worker's device and communication backend follow the resources pa
   } else {
     setenv("VFLOW_LOCAL_RANK", "1", 1);
     const auto count = static_cast<int>(torch::cuda::device_count());
-    CHECK(vflow::engine::worker_device(vflow::job::place_on_this_host(res)).index() ==
-          1 % count);
+    CHECK(vflow::engine::worker_device(vflow::job::place_on_this_host(res)).index() == 1 % count);
     unsetenv("VFLOW_LOCAL_RANK");
   }
 }

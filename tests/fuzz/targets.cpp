@@ -5,8 +5,8 @@
 #include <string>
 #include <string_view>
 
-#include "job/control_records.h"
 #include "fuzz_target.h"
+#include "job/control_records.h"
 #include "vflow/core/spec_node.h"
 #include "vflow/data/fashion_mnist.h"
 #include "vflow/data/text.h"

@@ -1,11 +1,12 @@
 // The control plane's storage (job::ControlStore) over the embedded store a real
 // coordinator hosts: two clients, as a coordinator and a worker would be.
+#include "vflow/job/control_store.h"
+
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <thread>
 
 #include "vflow/core/error.h"
-#include "vflow/job/control_store.h"
 #include "vflow/job/launcher.h"
 
 using namespace std::chrono_literals;
@@ -37,7 +38,7 @@ TEST_CASE("the embedded control store gets, sets, settles once and counts", "[un
 TEST_CASE("the embedded control store's compare-and-set changes only the expected value",
           "[unit]") {
   Stores s;
-  CHECK(s.a->compare_and_set("leader", std::nullopt, "a"));   // nothing there: taken
+  CHECK(s.a->compare_and_set("leader", std::nullopt, "a"));  // nothing there: taken
   CHECK_FALSE(s.b->compare_and_set("leader", std::nullopt, "b"));
   CHECK(s.b->get("leader") == std::optional<std::string>("a"));
   CHECK_FALSE(s.b->compare_and_set("leader", std::string("x"), "b"));  // not what it holds
@@ -102,8 +103,7 @@ TEST_CASE("the embedded control store's heartbeats expire after their time to li
   CHECK_THROWS_WITH(s.a->alive("bad"), Catch::Contains("store/alive/bad"));
 }
 
-TEST_CASE("an unreachable or lost embedded store is a peer failure naming its address",
-          "[unit]") {
+TEST_CASE("an unreachable or lost embedded store is a peer failure naming its address", "[unit]") {
   std::unique_ptr<vflow::job::ControlStore> lost;
   int port = 0;
   {
@@ -113,7 +113,7 @@ TEST_CASE("an unreachable or lost embedded store is a peer failure naming its ad
     lost->set("k", "v");
   }  // the coordinator is gone
   CHECK_THROWS_AS(lost->get("k"), vflow::PeerFailure);
-  CHECK_THROWS_WITH(vflow::job::connect_embedded_store("127.0.0.1", port, 300ms),
-                    Catch::Contains("cannot reach the job's coordinator at 127.0.0.1:" +
-                                    std::to_string(port)));
+  CHECK_THROWS_WITH(
+      vflow::job::connect_embedded_store("127.0.0.1", port, 300ms),
+      Catch::Contains("cannot reach the job's coordinator at 127.0.0.1:" + std::to_string(port)));
 }

@@ -1,14 +1,13 @@
 // The step's collective packet: its sections, the gradient views and the control word.
+#include "vflow/vnode/step_packet.h"
+
 #include <torch/torch.h>
 
 #include <catch2/catch.hpp>
 
-#include "vflow/vnode/step_packet.h"
-
 using vflow::vnode::StepPacket;
 
-TEST_CASE("the step packet lays out gradients, table, loss, stop and regroup in order",
-          "[unit]") {
+TEST_CASE("the step packet lays out gradients, table, loss, stop and regroup in order", "[unit]") {
   torch::nn::Linear layer(3, 2);  // 6 weights + 2 biases
   StepPacket packet(layer->parameters(), /*table_numel=*/5);
   const auto& sections = packet.sections();
@@ -45,9 +44,9 @@ TEST_CASE("the step packet's control word and loss survive the sum of the worker
   a.add_loss(torch::tensor(0.5), 4);  // worker a: one vnode of 4 examples, mean loss 0.5
   b.add_loss(torch::tensor(0.25), 4);
   b.add_loss(torch::tensor(1.0), 2);
-  b.request_stop();          // any worker may ask to stop
-  a.request_regroup(7);      // one worker (rank 0) relays the next generation
-  a.flat() += b.flat();      // what the sum-allreduce does
+  b.request_stop();      // any worker may ask to stop
+  a.request_regroup(7);  // one worker (rank 0) relays the next generation
+  a.flat() += b.flat();  // what the sum-allreduce does
   CHECK(a.stop_agreed());
   CHECK(a.regroup_agreed() == 7);
   CHECK(a.loss_sum() == Approx(0.5 * 4 + 0.25 * 4 + 1.0 * 2));
