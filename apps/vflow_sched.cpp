@@ -10,6 +10,7 @@
 
 #include "exit_code.h"
 #include "vflow/core/error.h"
+#include "vflow/core/process.h"
 #include "vflow/scheduler/experiment.h"
 #include "vflow/scheduler/live.h"
 
@@ -24,11 +25,9 @@ void on_signal(int) {
 
 /// vflow-train next to this executable (the installed layout).
 std::string default_train_binary() {
-  char path[4096];
-  const ssize_t n = readlink("/proc/self/exe", path, sizeof path - 1);
-  if (n <= 0) return "vflow-train";
-  path[n] = '\0';
-  return (std::filesystem::path(path).parent_path() / "vflow-train").string();
+  const std::string self = vflow::this_executable("");
+  if (self.empty()) return "vflow-train";
+  return (std::filesystem::path(self).parent_path() / "vflow-train").string();
 }
 
 int run_live_mode(const std::string& jobs_path, vflow::scheduler::LiveOptions options) {

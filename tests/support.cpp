@@ -16,6 +16,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "vflow/core/process.h"
 #include "vflow/core/spec_node.h"
 
 namespace vflow::testing {
@@ -124,7 +125,7 @@ CommandResult run_command(const std::string& command) {
   size_t n = 0;
   while ((n = std::fread(buf.data(), 1, buf.size(), pipe)) > 0) result.output.append(buf.data(), n);
   const int status = ::pclose(pipe);
-  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  result.exit_code = vflow::exit_code_of_status(status);
   return result;
 }
 

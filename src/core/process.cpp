@@ -71,6 +71,13 @@ pid_t spawn_process(const SpawnOptions& options) {
   return pid;
 }
 
+std::string this_executable(const std::string& fallback) {
+  char path[4096];
+  const ssize_t n = readlink("/proc/self/exe", path, sizeof path - 1);
+  if (n <= 0) return fallback;
+  return std::string(path, static_cast<size_t>(n));
+}
+
 int exit_code_of_status(int status) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }

@@ -71,14 +71,23 @@ std::string first_difference(const std::string& a, const std::string& b) {
 
 }  // namespace
 
+namespace {
+/// The intra-op threads configure_runtime gives this process: resources.threads, or one
+/// per core.
+int64_t configured_threads(const ResourcesSpec& resources) {
+  return resources.threads > 0
+             ? resources.threads
+             : static_cast<int64_t>(std::max(1U, std::thread::hardware_concurrency()));
+}
+}  // namespace
+
 bool prefetch_enabled(const ResourcesSpec& resources, int64_t local_workers) {
   if (resources.prefetch != "auto") return resources.prefetch == "true";
   // A background loader only helps when it gets a core of its own; on a fully
   // subscribed host it competes with the compute threads (measured: about -15%
   // with 2 single-threaded workers on 2 cores).
   const auto cores = static_cast<int64_t>(std::max(1U, std::thread::hardware_concurrency()));
-  const int64_t threads = resources.threads > 0 ? resources.threads : cores;  // as configured
-  return threads * std::max<int64_t>(1, local_workers) < cores;
+  return configured_threads(resources) * std::max<int64_t>(1, local_workers) < cores;
 }
 
 void seed_initialisation(const SemanticSpec& semantic) {
@@ -123,10 +132,7 @@ void choose_backend(const ResourcesSpec& resources, torch::Device device, comm::
 }
 
 void configure_runtime(const JobSpec& spec) {
-  const auto threads =
-      spec.resources.threads > 0
-          ? spec.resources.threads
-          : static_cast<int64_t>(std::max(1U, std::thread::hardware_concurrency()));
+  const auto threads = configured_threads(spec.resources);
   torch::set_num_threads(static_cast<int>(threads));
   compat::set_deterministic_algorithms(spec.semantic.deterministic);
   compat::use_full_float32();

@@ -140,10 +140,10 @@ class EmbeddedControlStore final : public ControlStore {
   }
 
   bool alive(const std::string& name) override {
-    const auto beat = get(heartbeat_key(name));
+    const auto key = heartbeat_key(name);
+    const auto beat = get(key);
     if (!beat) return false;
     const auto space = beat->find(' ');
-    const auto key = heartbeat_key(name);
     if (space == std::string::npos) {
       throw Error(fmt::format("[elastic] store key {} holds '{}', not '<time> <ttl>'", key, *beat));
     }

@@ -2,12 +2,12 @@
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
-#include <unistd.h>
 
 #include <cstdlib>
 
 #include "vflow/core/address.h"
 #include "vflow/core/exit_code.h"
+#include "vflow/core/process.h"
 #include "vflow/engine/job.h"
 #include "vflow/hetero/cpu_quota.h"
 #include "vflow/job/elastic_worker.h"
@@ -153,15 +153,7 @@ const char* role_name(Role role) {
 }
 
 std::vector<std::string> command_line_of_this_program(int argc, char** argv) {
-  std::vector<std::string> command;
-  char path[4096];
-  const ssize_t n = readlink("/proc/self/exe", path, sizeof path - 1);
-  if (n > 0) {
-    path[n] = '\0';
-    command.emplace_back(path);
-  } else if (argc > 0) {
-    command.emplace_back(argv[0]);
-  }
+  std::vector<std::string> command{this_executable(argc > 0 ? argv[0] : "")};
   for (int i = 1; i < argc; ++i) command.emplace_back(argv[i]);
   return command;
 }

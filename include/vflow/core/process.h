@@ -30,6 +30,9 @@ struct SpawnOptions {
 /// fails.
 pid_t spawn_process(const SpawnOptions& options);
 
+/// The path of this process's executable (/proc/self/exe); `fallback` when unreadable.
+std::string this_executable(const std::string& fallback);
+
 /// A wait status as a shell reports it: the exit code, or 128 + the signal.
 int exit_code_of_status(int status);
 
