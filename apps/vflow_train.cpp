@@ -46,6 +46,7 @@ int main(int argc, char** argv) {
   std::string resume;
   bool print_spec = false;
   bool check_only = false;
+  bool spec_keys = false;
   int workers = 0;
   int port = 0;
   std::string coordinate;
@@ -55,6 +56,8 @@ int main(int argc, char** argv) {
                  "resume from a checkpoint file, or 'latest' in output.checkpoint.dir");
   app.add_flag("--print-spec", print_spec, "print the effective semantic part and exit");
   app.add_flag("--check", check_only, "validate the job spec and exit");
+  app.add_flag("--spec-keys", spec_keys,
+               "print every job-spec key with its default and meaning (markdown) and exit");
   app.add_option("--coordinator", coordinate,
                  "only host the job's store on HOST:PORT for --workers workers started elsewhere "
                  "(VFLOW_RANK, VFLOW_WORLD_SIZE, VFLOW_STORE=HOST:PORT), until all have finished");
@@ -66,6 +69,10 @@ int main(int argc, char** argv) {
       ->check(vflow::apps::tcp_port());
   if (const int code = vflow::apps::parse_command_line(app, argc, argv); code >= 0) return code;
 
+  if (spec_keys) {
+    std::cout << vflow::engine::job_spec_key_tables();
+    return vflow::kExitOk;
+  }
   return vflow::apps::run_reporting_errors([&]() -> int {
     // A path as it is ("run #2/x.pt" is no YAML comment), not parsed as YAML.
     if (!resume.empty()) {

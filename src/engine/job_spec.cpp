@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <numeric>
 
+#include "core/spec_schema.h"
 #include "vflow/core/error.h"
 #include "vflow/data/dataset.h"
 #include "vflow/models/registry.h"
@@ -39,160 +40,121 @@ output:
 
 namespace {
 
-SpecNode scalar(const std::string& v) { return SpecNode::scalar(v); }
-SpecNode scalar(bool v) { return SpecNode::scalar(v ? "true" : "false"); }
-SpecNode scalar(int64_t v) { return SpecNode::scalar(std::to_string(v)); }
-SpecNode scalar(uint64_t v) { return SpecNode::scalar(std::to_string(v)); }
-SpecNode scalar(double v) { return SpecNode::scalar(fmt::format("{}", v)); }
-
-SpecNode semantic_tree(const SemanticSpec& s) {
-  SpecNode root = SpecNode::map();
-  SpecNode model = SpecNode::map();
-  model.set("name", scalar(s.model.name));
-  model.set("options", s.model.options.is_null() ? SpecNode::map() : s.model.options);
-  root.set("model", model);
-  SpecNode data = SpecNode::map();
-  data.set("name", scalar(s.data.name));
-  data.set("options", s.data.options.is_null() ? SpecNode::map() : s.data.options);
-  data.set("drop_last", scalar(s.data.drop_last));
-  root.set("data", data);
-  root.set("global_batch", scalar(s.global_batch));
-  root.set("virtual_nodes", scalar(s.virtual_nodes));
-  if (!s.vnode_sizes.empty()) {  // relaxed mode only, so exact-mode texts stay as they were
-    SpecNode sizes = SpecNode::sequence();
-    for (const int64_t size : s.vnode_sizes) sizes.append(scalar(size));
-    root.set("vnode_sizes", sizes);
-  }
-  SpecNode opt = SpecNode::map();
-  opt.set("name", scalar(s.optimizer.name));
-  opt.set("lr", scalar(s.optimizer.lr));
-  opt.set("weight_decay", scalar(s.optimizer.weight_decay));
-  if (s.optimizer.name == "sgd") {
-    opt.set("momentum", scalar(s.optimizer.momentum));
-    opt.set("dampening", scalar(s.optimizer.dampening));
-    opt.set("nesterov", scalar(s.optimizer.nesterov));
-  } else {
-    opt.set("beta1", scalar(s.optimizer.beta1));
-    opt.set("beta2", scalar(s.optimizer.beta2));
-    opt.set("eps", scalar(s.optimizer.eps));
-  }
-  root.set("optimizer", opt);
-  SpecNode sched = SpecNode::map();
-  sched.set("name", scalar(s.schedule.name));
-  sched.set("warmup_steps", scalar(s.schedule.warmup_steps));
-  sched.set("warmup_start", scalar(s.schedule.warmup_start));
-  if (s.schedule.name == "step") {
-    sched.set("step_size", scalar(s.schedule.step_size));
-    sched.set("gamma", scalar(s.schedule.gamma));
-  } else if (s.schedule.name == "cosine") {
-    sched.set("min_factor", scalar(s.schedule.min_factor));
-  }
-  root.set("schedule", sched);
-  if (s.steps > 0) {
-    root.set("steps", scalar(s.steps));
-  } else {
-    root.set("epochs", scalar(s.epochs));
-  }
-  root.set("seed", scalar(s.seed));
-  root.set("deterministic", scalar(s.deterministic));
-  // Written only when not the default, so that earlier specs' text (kept in their
-  // checkpoints and profiles) stays put.
-  if (s.precision != "fp32") root.set("precision", scalar(s.precision));
-  return root;
-}
-
-SpecNode full_tree(const JobSpec& spec) {
-  SpecNode root = SpecNode::map();
-  root.set("semantic", semantic_tree(spec.semantic));
-  SpecNode res = SpecNode::map();
-  res.set("workers", scalar(spec.resources.workers));
-  res.set("device", scalar(spec.resources.device));
-  res.set("backend", scalar(spec.resources.backend));
-  res.set("threads", scalar(spec.resources.threads));
-  res.set("prefetch", scalar(spec.resources.prefetch));
-  res.set("timeout_s", scalar(spec.resources.timeout_s));
-  res.set("memory_limit_mb", scalar(spec.resources.memory_limit_mb));
-  res.set("min_workers", scalar(spec.resources.min_workers));
-  res.set("max_workers", scalar(spec.resources.max_workers));
-  res.set("replace_failed", scalar(spec.resources.replace_failed));
-  if (!spec.resources.layout.empty()) {
-    SpecNode layout = SpecNode::sequence();
-    for (const auto& w : spec.resources.layout) {
-      SpecNode item = SpecNode::map();
-      item.set("vnodes", scalar(w.vnodes));
-      if (!w.device.empty()) item.set("device", scalar(w.device));
-      item.set("threads", scalar(w.threads));
-      item.set("cpu_quota", scalar(w.cpu_quota));
-      layout.append(item);
-    }
-    res.set("layout", layout);
-  }
-  root.set("resources", res);
-  const OutputSpec& o = spec.output;
-  SpecNode out = SpecNode::map();
-  SpecNode eval = SpecNode::map();
-  eval.set("enabled", scalar(o.evaluation.enabled));
-  eval.set("every_epochs", scalar(o.evaluation.every_epochs));
-  eval.set("every_steps", scalar(o.evaluation.every_steps));
-  eval.set("batch", scalar(o.evaluation.batch));
-  out.set("evaluation", eval);
-  SpecNode ckpt = SpecNode::map();
-  ckpt.set("dir", scalar(o.checkpoint.dir));
-  ckpt.set("every_steps", scalar(o.checkpoint.every_steps));
-  ckpt.set("keep", scalar(o.checkpoint.keep));
-  ckpt.set("resume", scalar(o.checkpoint.resume));
-  out.set("checkpoint", ckpt);
-  SpecNode log = SpecNode::map();
-  log.set("metrics", scalar(o.logging.metrics));
-  log.set("tensorboard", scalar(o.logging.tensorboard));
-  log.set("progress", scalar(o.logging.progress));
-  log.set("every_steps", scalar(o.logging.every_steps));
-  log.set("level", scalar(o.logging.level));
-  log.set("examples", scalar(o.logging.examples));
-  out.set("logging", log);
-  root.set("output", out);
-  root.relocate(SpecLocation{spec.source, 0, 0});
-  return root;
-}
-
 constexpr int64_t kBig = int64_t{1} << 40;
 
-void parse_semantic(const SpecNode& node, SemanticSpec& s, bool check_components) {
-  OptionReader r(node);
-  {
-    const SpecNode& m = r.section("model");
-    OptionReader mr(m);
-    if (const SpecNode* script = m.find("torchscript")) {
-      // Shorthand: {torchscript: file.pt} = {name: torchscript, options: {path: file.pt}}.
-      if (m.find("name") || m.find("options")) {
-        mr.fail("torchscript", "the torchscript shorthand takes no name or options");
+bool is_cuda_device(const std::string& name) {
+  return name == "cuda" || (name.size() > 5 && name.rfind("cuda:", 0) == 0 &&
+                            name.find_first_not_of("0123456789", 5) == std::string::npos);
+}
+
+/// Refuses a device name other than cpu, cuda and cuda:K (empty only when `may_be_empty`).
+void check_device(OptionReader& r, const std::string& device, bool may_be_empty) {
+  if (device == "cpu" || is_cuda_device(device) || (device.empty() && may_be_empty)) return;
+  r.fail("device", fmt::format("unknown device '{}'; choices: cpu, cuda, cuda:K", device));
+}
+
+// ---- the schema: every key of the job spec, once ------------------------------------
+
+const SpecSchema<ModelSpec>& model_schema() {
+  static const auto schema = [] {
+    SpecSchema<ModelSpec> s("model");
+    // Shorthand: {torchscript: file.pt} = {name: torchscript, options: {path: file.pt}}.
+    s.custom("torchscript", [](OptionReader& r, ModelSpec& m) {
+      if (!r.has("torchscript")) {
+        r.value("torchscript");
+        return;
       }
-      mr.get_string("torchscript", "");
-      s.model.name = "torchscript";
-      s.model.options = SpecNode::map(m.where(), m.path() + ".options");
-      s.model.options.set("path", *script, script->key_where());
-    } else {
-      s.model.name = mr.get_string("name", s.model.name);
-      s.model.options = mr.section("options");
-    }
-    mr.finish();
-  }
-  const SpecNode* model_name = node.find("model") ? node.find("model")->find("name") : nullptr;
-  const SpecNode& data_node = r.section("data");
-  {
-    OptionReader dr(data_node);
-    s.data.name = dr.get_string("name", s.data.name);
-    s.data.options = dr.section("options");
-    s.data.drop_last = dr.get_bool("drop_last", s.data.drop_last);
-    dr.finish();
-  }
-  s.global_batch = r.get_int("global_batch", s.global_batch, 1, kBig);
-  const bool explicit_n = r.has("virtual_nodes");
-  s.virtual_nodes = r.get_int("virtual_nodes", s.virtual_nodes, 1, kBig);
-  s.vnode_sizes = r.get_int_list("vnode_sizes", {}, 1, kBig);
-  if (!s.vnode_sizes.empty()) {  // relaxed mode: the sizes decide N
+      if (r.node().find("name") || r.node().find("options")) {
+        r.fail("torchscript", "the torchscript shorthand takes no name or options");
+      }
+      const SpecNode& script = *r.value("torchscript");
+      r.get_string("torchscript", "");  // a path: a scalar
+      m.name = "torchscript";
+      m.options = SpecNode::map(r.node().where(), r.node().path() + ".options");
+      m.options.set("path", script, script.key_where());
+    });
+    s.text("name", &ModelSpec::name,
+           "model in the registry: `mlp`, `convnet`, `resnet`, `bert`, `transformer-lm`, "
+           "`torchscript`, or one a program registers");
+    s.options("options", &ModelSpec::options, "model options, below");
+    return s;
+  }();
+  return schema;
+}
+
+const SpecSchema<DataSpec>& data_schema() {
+  static const auto schema = [] {
+    SpecSchema<DataSpec> s("data");
+    s.text("name", &DataSpec::name,
+           "data set in the registry: `fashion-mnist`, `synthetic`, the text data sets below, "
+           "or one a program registers");
+    s.options("options", &DataSpec::options, "data set options, below");
+    s.boolean("drop_last", &DataSpec::drop_last,
+              "drop each epoch's last, shorter batch; when false it is split over the vnodes as "
+              "evenly as possible and weighted by its true size");
+    return s;
+  }();
+  return schema;
+}
+
+const SpecSchema<OptimizerSpec>& optimizer_schema() {
+  static const auto schema = [] {
+    using O = OptimizerSpec;
+    SpecSchema<O> s("optimizer");
+    s.variants(&O::name, "name", {{"sgd", "an sgd option"}, {"adamw", "an adamw option"}});
+    s.choice("name", &O::name, {"sgd", "adamw"}, "`sgd` or `adamw` (LibTorch's implementations)");
+    s.real("lr", &O::lr, 0.0, 1e6, "peak learning rate");
+    s.real("weight_decay", &O::weight_decay, 0.0, 1e3,
+           "L2 penalty (sgd) or decoupled decay (adamw)")
+        .fallback(
+            [](O& o) {
+              if (o.name == "adamw") o.weight_decay = 0.01;
+            },
+            "`0.0005` (sgd), `0.01` (adamw)");
+    s.real("momentum", &O::momentum, 0.0, 1.0, "momentum factor").only_for({"sgd"});
+    s.real("dampening", &O::dampening, 0.0, 1.0, "dampening of the momentum").only_for({"sgd"});
+    s.boolean("nesterov", &O::nesterov, "Nesterov momentum; needs momentum > 0 and dampening 0")
+        .only_for({"sgd"})
+        .fallback([](O& o) { o.nesterov = o.momentum > 0 && o.dampening == 0 && o.nesterov; },
+                  "`true` when momentum > 0 and dampening 0")
+        .after([](OptionReader& r, O& o) {
+          if (o.nesterov && (o.momentum <= 0 || o.dampening != 0)) {
+            r.fail("nesterov", "nesterov momentum needs momentum > 0 and dampening 0");
+          }
+        });
+    s.real("beta1", &O::beta1, 0.0, 0.999999, "first-moment decay").only_for({"adamw"});
+    s.real("beta2", &O::beta2, 0.0, 0.999999, "second-moment decay").only_for({"adamw"});
+    s.real("eps", &O::eps, 1e-30, 1.0, "added to the denominator").only_for({"adamw"});
+    return s;
+  }();
+  return schema;
+}
+
+const SpecSchema<ScheduleSpec>& schedule_schema() {
+  static const auto schema = [] {
+    using S = ScheduleSpec;
+    SpecSchema<S> s("schedule");
+    s.variants(&S::name, "name", {{"step", "a step option"}, {"cosine", "a cosine option"}});
+    s.choice("name", &S::name, {"constant", "step", "cosine"},
+             "`constant`, `step` or `cosine` (over all steps, after warmup)");
+    s.integer("warmup_steps", &S::warmup_steps, 0, kBig,
+              "linear warmup length; combines with any schedule");
+    s.real("warmup_start", &S::warmup_start, 0.0, 1.0, "warmup starts at this fraction of `lr`");
+    s.integer("step_size", &S::step_size, 1, kBig, "decay every this many steps")
+        .only_for({"step"});
+    s.real("gamma", &S::gamma, 0.0, 1.0, "decay factor").only_for({"step"});
+    s.real("min_factor", &S::min_factor, 0.0, 1.0, "final lr as a fraction of `lr`")
+        .only_for({"cosine"});
+    return s;
+  }();
+  return schema;
+}
+
+/// Relaxed mode: the sizes decide N. Exact mode: every vnode holds B / N examples.
+void check_vnodes(OptionReader& r, SemanticSpec& s) {
+  if (!s.vnode_sizes.empty()) {
     const auto n = static_cast<int64_t>(s.vnode_sizes.size());
-    if (explicit_n && s.virtual_nodes != n) {
+    if (r.has("virtual_nodes") && s.virtual_nodes != n) {
       r.fail("vnode_sizes", fmt::format("{} sizes for virtual_nodes {}", n, s.virtual_nodes));
     }
     const int64_t total = std::accumulate(s.vnode_sizes.begin(), s.vnode_sizes.end(), int64_t{0});
@@ -201,73 +163,260 @@ void parse_semantic(const SpecNode& node, SemanticSpec& s, bool check_components
              fmt::format("the sizes sum to {}, not to global_batch {}", total, s.global_batch));
     }
     s.virtual_nodes = n;
-  } else if (s.virtual_nodes > s.global_batch) {
+    return;
+  }
+  if (s.virtual_nodes > s.global_batch) {
     r.fail("virtual_nodes", fmt::format("virtual_nodes ({}) cannot exceed global_batch ({})",
                                         s.virtual_nodes, s.global_batch));
   }
-  if (s.vnode_sizes.empty() && s.global_batch % s.virtual_nodes != 0) {
+  if (s.global_batch % s.virtual_nodes != 0) {
     r.fail("virtual_nodes", fmt::format("global_batch {} is not divisible by virtual_nodes {} "
                                         "(every vnode must hold B/N examples)",
                                         s.global_batch, s.virtual_nodes));
   }
-  {
-    OptionReader o(r.section("optimizer"));
-    auto& op = s.optimizer;
-    op.name = o.get_choice("name", op.name, {"sgd", "adamw"});
-    op.lr = o.get_double("lr", op.lr, 0.0, 1e6);
-    op.weight_decay =
-        o.get_double("weight_decay", op.name == "adamw" ? 0.01 : op.weight_decay, 0.0, 1e3);
-    const std::vector<std::string> sgd_keys{"momentum", "dampening", "nesterov"};
-    const std::vector<std::string> adamw_keys{"beta1", "beta2", "eps"};
-    for (const auto& key : op.name == "sgd" ? adamw_keys : sgd_keys) {
-      if (o.has(key)) {
-        o.fail(key, fmt::format("{} is an {} option; optimizer {} takes lr, weight_decay, {}", key,
-                                op.name == "sgd" ? "adamw" : "sgd", op.name,
-                                fmt::join(op.name == "sgd" ? sgd_keys : adamw_keys, ", ")));
-      }
-    }
-    if (op.name == "sgd") {
-      op.momentum = o.get_double("momentum", op.momentum, 0.0, 1.0);
-      op.dampening = o.get_double("dampening", op.dampening, 0.0, 1.0);
-      op.nesterov = o.get_bool("nesterov", op.momentum > 0 && op.dampening == 0 && op.nesterov);
-      if (op.nesterov && (op.momentum <= 0 || op.dampening != 0)) {
-        o.fail("nesterov", "nesterov momentum needs momentum > 0 and dampening 0");
-      }
-    } else {
-      op.beta1 = o.get_double("beta1", op.beta1, 0.0, 0.999999);
-      op.beta2 = o.get_double("beta2", op.beta2, 0.0, 0.999999);
-      op.eps = o.get_double("eps", op.eps, 1e-30, 1.0);
-    }
-    o.finish();
-  }
-  {
-    OptionReader o(r.section("schedule"));
-    auto& sc = s.schedule;
-    sc.name = o.get_choice("name", sc.name, {"constant", "step", "cosine"});
-    sc.warmup_steps = o.get_int("warmup_steps", sc.warmup_steps, 0, kBig);
-    sc.warmup_start = o.get_double("warmup_start", sc.warmup_start, 0.0, 1.0);
-    if (sc.name == "step") {
-      sc.step_size = o.get_int("step_size", sc.step_size, 1, kBig);
-      sc.gamma = o.get_double("gamma", sc.gamma, 0.0, 1.0);
-    } else if (sc.name == "cosine") {
-      sc.min_factor = o.get_double("min_factor", sc.min_factor, 0.0, 1.0);
-    }
-    o.finish();
-  }
-  if (r.has("steps") && r.has("epochs")) {
-    r.fail("steps", "give either steps or epochs, not both");
-  }
-  s.steps = r.get_int("steps", s.steps, 0, kBig);
-  s.epochs = r.get_int("epochs", s.steps > 0 ? 0 : s.epochs, 0, kBig);
-  if (s.steps == 0 && s.epochs == 0) r.fail("epochs", "training needs steps > 0 or epochs > 0");
-  s.seed = static_cast<uint64_t>(r.get_int("seed", static_cast<int64_t>(s.seed), 0, INT64_MAX));
-  s.deterministic = r.get_bool("deterministic", s.deterministic);
-  s.precision = r.get_choice("precision", s.precision, {"fp32", "bf16"});
+}
+
+const SpecSchema<SemanticSpec>& semantic_schema() {
+  static const auto schema = [] {
+    using S = SemanticSpec;
+    SpecSchema<S> s("semantic");
+    s.section("model", &S::model, model_schema());
+    s.section("data", &S::data, data_schema());
+    s.integer("global_batch", &S::global_batch, 1, kBig, "B, examples per optimizer step (≥ 1)");
+    s.integer("virtual_nodes", &S::virtual_nodes, 1, kBig,
+              "N, fixed slices of every global batch; 1 ≤ N ≤ B and B % N == 0");
+    // Written only in relaxed mode, so that exact-mode texts stay as they were.
+    s.integers("vnode_sizes", &S::vnode_sizes, 1, kBig,
+               "relaxed mode (docs/heterogeneous.md): the examples of each vnode of a full "
+               "batch, in vnode order, summing to `global_batch`; `virtual_nodes` is then their "
+               "count (set it to `null` or to that count). `vflow-plan --relaxed` prints them. "
+               "Unset = exact mode, B / N each")
+        .shown([](const S& v) { return !v.vnode_sizes.empty(); })
+        .default_text("unset")
+        .after(check_vnodes);
+    s.section("optimizer", &S::optimizer, optimizer_schema());
+    s.section("schedule", &S::schedule, schedule_schema());
+    s.integer("steps", &S::steps, 0, kBig, "total optimizer steps; give either `steps` or `epochs`")
+        .shown([](const S& v) { return v.steps > 0; })
+        .default_text("unset")
+        .after([](OptionReader& r, S&) {
+          if (r.has("steps") && r.has("epochs")) {
+            r.fail("steps", "give either steps or epochs, not both");
+          }
+        });
+    s.integer("epochs", &S::epochs, 0, kBig,
+              "passes over the training set when `steps` is not given")
+        .shown([](const S& v) { return v.steps == 0; })
+        .fallback(
+            [](S& v) {
+              if (v.steps > 0) v.epochs = 0;
+            },
+            fmt::format("`{}`", S{}.epochs))
+        .after([](OptionReader& r, S& v) {
+          if (v.steps == 0 && v.epochs == 0) {
+            r.fail("epochs", "training needs steps > 0 or epochs > 0");
+          }
+        });
+    s.integer("seed", &S::seed, static_cast<uint64_t>(INT64_MAX),
+              "seeds initialisation, data order (per epoch) and dropout (per step and vnode)");
+    s.boolean("deterministic", &S::deterministic,
+              "LibTorch deterministic algorithms (and cuDNN's, benchmark mode off) and an exact "
+              "(fixed-point) gradient reduction: bitwise-identical results run to run and across "
+              "worker counts (with equal `resources.threads`)");
+    // Written only when not the default, so that earlier specs' text (kept in their
+    // checkpoints and profiles) stays put.
+    s.choice("precision", &S::precision, {"fp32", "bf16"},
+             "`fp32`, or `bf16`: every forward pass (training and evaluation) under autocast to "
+             "bfloat16 on the worker's device type (matrix products and convolutions in bf16; "
+             "parameters, gradients, the reduction and the optimizer stay fp32). Part of the "
+             "result: a checkpoint does not resume under the other precision")
+        .shown([](const S& v) { return v.precision != S{}.precision; });
+    return s;
+  }();
+  return schema;
+}
+
+const SpecSchema<ResourcesSpec::Worker>& worker_schema() {
+  static const auto schema = [] {
+    using W = ResourcesSpec::Worker;
+    SpecSchema<W> s("layout entry");
+    s.integer("vnodes", &W::vnodes, 1, kBig,
+              "vnodes this worker holds; the entries' vnodes sum to `virtual_nodes`")
+        .default_text("required")
+        .after([](OptionReader& r, W&) {
+          if (!r.has("vnodes")) r.fail("vnodes", "every layout entry needs vnodes");
+        });
+    s.text("device", &W::device, "as `resources.device`; absent = `resources.device`")
+        .shown([](const W& w) { return !w.device.empty(); })
+        .after([](OptionReader& r, W& w) { check_device(r, w.device, true); });
+    s.integer("threads", &W::threads, 0, 4096, "its intra-op threads; 0 = `resources.threads`");
+    s.real("cpu_quota", &W::cpu_quota, 0, 4096,
+           "cores it may use (a cgroup of its own, cpu controller); 0 = no limit");
+    return s;
+  }();
+  return schema;
+}
+
+const SpecSchema<ResourcesSpec>& resources_schema() {
+  static const auto schema = [] {
+    using R = ResourcesSpec;
+    SpecSchema<R> s("resources");
+    s.integer("workers", &R::workers, 1, kBig,
+              "worker processes of the first generation, 1 to `virtual_nodes`; `vflow-train "
+              "--workers K` sets it. With `--workers` (any K) or K > 1, `vflow-train` becomes "
+              "the coordinator and starts K elastic workers on this machine "
+              "(docs/elasticity.md)");
+    s.text("device", &R::device,
+           "`cpu`, `cuda` (each worker the GPU of its local rank, modulo the GPUs visible) or "
+           "`cuda:K`; the model, gradient buffer and stateful-kernel table live there "
+           "(docs/gpu.md)")
+        .after([](OptionReader& r, R& res) { check_device(r, res.device, false); });
+    s.choice("backend", &R::backend, {"auto", "gloo", "nccl"},
+             "collectives: `auto` = `nccl` when the workers are on CUDA devices and the NCCL "
+             "backend can be used, else `gloo` (and always `gloo` when a `layout` mixes CPU and "
+             "CUDA workers: every worker must use the same collectives); `gloo`; `nccl` (needs "
+             "every worker on a CUDA device: `device: cuda...` and no `layout` entry on `cpu`)");
+    s.integer("threads", &R::threads, 0, 4096, "intra-op threads; 0 = all cores");
+    s.choice("prefetch", &R::prefetch, {"auto", "true", "false"},
+             "load the next vnode's batch on a background thread: `true`, `false`, or `auto` = "
+             "on when intra-op threads × workers on this host < cores (a loader without a core "
+             "of its own slowed 2 workers on 2 cores by about 15%)");
+    s.real("timeout_s", &R::timeout_s, 0.1, 86400.0,
+           "rendezvous and collective timeout in seconds: a peer silent for longer is declared "
+           "dead");
+    s.integer("memory_limit_mb", &R::memory_limit_mb, 0, int64_t{1} << 30,
+              "each worker's data memory (heap and anonymous mappings: the soft `RLIMIT_DATA`, "
+              "which LibTorch's allocations count against) in MiB; a step that needs more ends "
+              "the job with exit code 6 naming the vnode size; 0 = no limit. It counts "
+              "everything the worker holds (data set, model, optimizer, one vnode's "
+              "activations), so with a fixed limit a global batch that does not fit as one "
+              "vnode can still be trained as several smaller ones (docs/experiments/exploration)");
+    s.integer("min_workers", &R::min_workers, 1, kBig,
+              "an elastic job never runs on fewer workers: resize requests below it are "
+              "refused; when failures leave fewer, the job waits `timeout_s` for joiners, then "
+              "stops with a checkpoint");
+    s.integer("max_workers", &R::max_workers, 0, kBig,
+              "resize requests above it are refused; 0 = `virtual_nodes`");
+    s.boolean("replace_failed", &R::replace_failed,
+              "the launcher starts a new worker for each one that dies, which joins at a step "
+              "boundary");
+    s.list("layout", &R::layout, worker_schema(),
+           "per-worker settings of the first generation, in rank order, one entry per worker "
+           "(keys below). The launcher checks every entry's device (and `resources.device`, "
+           "which joiners use) before it starts a worker; a layout of one entry also runs as a "
+           "launched worker, so that its settings apply. `vflow-plan` prints it "
+           "(docs/heterogeneous.md). Later generations re-plan the vnode counts by the speeds "
+           "the workers measured; workers that join later use `resources.device`")
+        .shown([](const R& res) { return !res.layout.empty(); });
+    return s;
+  }();
+  return schema;
+}
+
+const SpecSchema<EvaluationSpec>& evaluation_schema() {
+  static const auto schema = [] {
+    using E = EvaluationSpec;
+    SpecSchema<E> s("evaluation");
+    s.boolean("enabled", &E::enabled, "evaluate on the test split");
+    s.integer("every_epochs", &E::every_epochs, 0, kBig,
+              "evaluate after every k-th epoch (0 = not per epoch)");
+    s.integer("every_steps", &E::every_steps, 0, kBig, "evaluate every k steps (0 = not per step)");
+    s.integer("batch", &E::batch, 1, kBig, "evaluation batch size (no effect on results)");
+    return s;
+  }();
+  return schema;
+}
+
+const SpecSchema<CheckpointSpec>& checkpoint_schema() {
+  static const auto schema = [] {
+    using C = CheckpointSpec;
+    SpecSchema<C> s("checkpoint");
+    s.text("dir", &C::dir, "directory for `step-NNNNNNNN.pt` checkpoints; empty = none");
+    s.integer("every_steps", &C::every_steps, 0, kBig,
+              "write every k steps; a checkpoint is always written at the end and when stopped "
+              "by a signal. A periodic checkpoint that cannot be written (a full disk) is logged "
+              "as an error and training goes on (see [Checkpoints](#checkpoints))");
+    s.integer("keep", &C::keep, 1, 1000000, "keep the newest k checkpoints");
+    s.text("resume", &C::resume, "resume from a checkpoint file or `latest` (the newest in `dir`)")
+        .after([](OptionReader& r, C& c) {
+          if (c.resume == "latest" && c.dir.empty()) {
+            r.fail("resume", "resume: latest needs output.checkpoint.dir");
+          }
+        });
+    return s;
+  }();
+  return schema;
+}
+
+const SpecSchema<LoggingSpec>& logging_schema() {
+  static const auto schema = [] {
+    using L = LoggingSpec;
+    SpecSchema<L> s("logging");
+    s.text("metrics", &L::metrics,
+           "append JSON lines to this file: `step` records (loss, lr, examples/s, and the mean "
+           "per-step `compute_ms`, `sync_ms`, `update_ms` since the previous record, the "
+           "generation's `workers`, and `time` in Unix seconds), `eval` records (accuracy, loss; "
+           "per token for sequence models) and one `end` record (fingerprint); a non-finite "
+           "loss is written as `null`");
+    s.text("tensorboard", &L::tensorboard,
+           "directory for TensorBoard event files (`tensorboard --logdir DIR`): `train/loss`, "
+           "`train/lr`, `train/examples_per_second` every `every_steps`, `eval/loss` and "
+           "`eval/accuracy` at each evaluation; written by rank 0");
+    s.choice("progress", &L::progress, {"auto", "bar", "lines", "off"},
+             "`bar` (status line), `lines` (periodic log lines), `off`; `auto` = bar on a "
+             "terminal");
+    s.integer("every_steps", &L::every_steps, 1, kBig,
+              "period of progress lines and metrics records");
+    s.choice("level", &L::level, {"trace", "debug", "info", "warn", "error"},
+             "`trace`, `debug`, `info`, `warn`, `error`");
+    s.text("examples", &L::examples,
+           "audit file: after each step, rank 0 appends one line `step vnode index...` per "
+           "vnode, listed as many times as the step's collective says workers ran it (exactly "
+           "once when all is well); large, meant for tests and audits. In an elastic job a "
+           "worker can complete a step whose allreduce failed on rank 0 (a peer died in "
+           "between); when the next generation goes on from that worker's state (sent to the "
+           "others, or theirs already), it appends that step's lines itself (it reads the "
+           "file's last line, so the file must be reachable from the workers' hosts). Not "
+           "covered: rank 0 dying after logging a step that no survivor completed, which the "
+           "next generation redoes and logs again");
+    return s;
+  }();
+  return schema;
+}
+
+const SpecSchema<OutputSpec>& output_schema() {
+  static const auto schema = [] {
+    SpecSchema<OutputSpec> s("output");
+    s.section("evaluation", &OutputSpec::evaluation, evaluation_schema());
+    s.section("checkpoint", &OutputSpec::checkpoint, checkpoint_schema());
+    s.section("logging", &OutputSpec::logging, logging_schema());
+    return s;
+  }();
+  return schema;
+}
+
+// ---- parsing: the schema, then the checks across sections ---------------------------
+
+SpecNode full_tree(const JobSpec& spec) {
+  SpecNode root = SpecNode::map();
+  root.set("semantic", semantic_schema().tree(spec.semantic));
+  root.set("resources", resources_schema().tree(spec.resources));
+  root.set("output", output_schema().tree(spec.output));
+  root.relocate(SpecLocation{spec.source, 0, 0});
+  return root;
+}
+
+void parse_semantic(const SpecNode& node, SemanticSpec& s, bool check_components) {
+  OptionReader r(node);
+  semantic_schema().read(r, s);
   r.finish();
   if (!check_components) return;
 
   // Model and data options: validated by their factories, without loading anything.
-  const SpecNode* data_name = data_node.find("name");
+  const SpecNode* model = node.find("model");
+  const SpecNode* data = node.find("data");
+  const SpecNode* model_name = model ? model->find("name") : nullptr;
+  const SpecNode* data_name = data ? data->find("name") : nullptr;
   const SpecNode fallback_name = SpecNode::scalar("", node.where(), node.path());
   const auto prepared = data::DataRegistry::global().prepare(
       s.data.name, data_name ? *data_name : fallback_name, s.data.options);
@@ -277,36 +426,20 @@ void parse_semantic(const SpecNode& node, SemanticSpec& s, bool check_components
                            prepared.info.vocab_size});
 }
 
-bool is_cuda_device(const std::string& name) {
-  return name == "cuda" || (name.size() > 5 && name.rfind("cuda:", 0) == 0 &&
-                            name.find_first_not_of("0123456789", 5) == std::string::npos);
-}
-
-/// A device name (cpu, cuda, cuda:K) read from `key`; absent = `fallback`.
-std::string read_device(OptionReader& r, const std::string& key, const std::string& fallback) {
-  std::string device = r.get_string(key, fallback);
-  if (device != "cpu" && !is_cuda_device(device) && !(device.empty() && fallback.empty())) {
-    r.fail(key, fmt::format("unknown device '{}'; choices: cpu, cuda, cuda:K", device));
-  }
-  return device;
-}
-
-void parse_layout(OptionReader& r, ResourcesSpec& res, const SemanticSpec& s) {
-  const auto& items = r.list("layout");
-  if (items.empty()) return;
-  res.layout.clear();
+/// The layout's entries against the semantic part: one entry per worker, the vnodes of
+/// all entries summing to N. An entry on the job's own device names none.
+void check_layout(OptionReader& r, ResourcesSpec& res, const SemanticSpec& s) {
+  if (res.layout.empty()) return;
   int64_t total = 0;
-  for (const auto& item : items) {
-    OptionReader w(item);
-    ResourcesSpec::Worker worker;
-    worker.vnodes = w.get_int("vnodes", 0, 1, s.virtual_nodes);
-    worker.device = read_device(w, "device", "");
+  for (size_t i = 0; i < res.layout.size(); ++i) {
+    auto& worker = res.layout[i];
+    if (worker.vnodes > s.virtual_nodes) {
+      OptionReader(r.node().find("layout")->items()[i])
+          .fail("vnodes",
+                fmt::format("value {} is out of range [1, {}]", worker.vnodes, s.virtual_nodes));
+    }
     if (worker.device == res.device) worker.device.clear();
-    worker.threads = w.get_int("threads", 0, 0, 4096);
-    worker.cpu_quota = w.get_double("cpu_quota", 0, 0, 4096);
-    w.finish();
     total += worker.vnodes;
-    res.layout.push_back(worker);
   }
   if (static_cast<int64_t>(res.layout.size()) != res.workers || total != s.virtual_nodes) {
     r.fail("layout", fmt::format("{} entries holding {} vnodes, but the job has {} workers and {} "
@@ -338,25 +471,15 @@ void check_backend(OptionReader& r, ResourcesSpec& res) {
 
 void parse_resources(const SpecNode& node, ResourcesSpec& res, const SemanticSpec& s) {
   OptionReader r(node);
-  res.workers = r.get_int("workers", res.workers, 1, kBig);
-  if (res.workers > s.virtual_nodes) {
-    r.fail("workers", fmt::format("{} workers but only {} virtual nodes: every worker needs at "
-                                  "least one vnode",
-                                  res.workers, s.virtual_nodes));
-  }
-  res.device = read_device(r, "device", res.device);
-  res.backend = r.get_choice("backend", res.backend, {"auto", "gloo", "nccl"});
-  res.threads = r.get_int("threads", res.threads, 0, 4096);
-  res.prefetch = r.get_choice("prefetch", res.prefetch, {"auto", "true", "false"});
-  res.timeout_s = r.get_double("timeout_s", res.timeout_s, 0.1, 86400.0);
-  res.memory_limit_mb = r.get_int("memory_limit_mb", res.memory_limit_mb, 0, int64_t{1} << 30);
-  res.min_workers = r.get_int("min_workers", res.min_workers, 1, kBig);
-  res.max_workers = r.get_int("max_workers", res.max_workers, 0, kBig);
-  if (res.max_workers > s.virtual_nodes) {
-    r.fail("max_workers", fmt::format("{} workers but only {} virtual nodes: every worker needs "
-                                      "at least one vnode",
-                                      res.max_workers, s.virtual_nodes));
-  }
+  resources_schema().read(r, res);
+  const auto too_many = [&](const char* key, int64_t workers) {
+    if (workers <= s.virtual_nodes) return;
+    r.fail(key, fmt::format("{} workers but only {} virtual nodes: every worker needs at least "
+                            "one vnode",
+                            workers, s.virtual_nodes));
+  };
+  too_many("workers", res.workers);
+  too_many("max_workers", res.max_workers);
   const int64_t most = res.max_workers > 0 ? res.max_workers : s.virtual_nodes;
   if (res.min_workers > most) {
     r.fail("min_workers", fmt::format("min_workers {} is above the most workers allowed ({})",
@@ -366,52 +489,59 @@ void parse_resources(const SpecNode& node, ResourcesSpec& res, const SemanticSpe
     r.fail("workers", fmt::format("{} workers is outside min_workers..max_workers = {}..{}",
                                   res.workers, res.min_workers, most));
   }
-  res.replace_failed = r.get_bool("replace_failed", res.replace_failed);
-  parse_layout(r, res, s);
+  check_layout(r, res, s);
   check_backend(r, res);
   r.finish();
 }
 
 void parse_output(const SpecNode& node, OutputSpec& out) {
   OptionReader r(node);
-  {
-    OptionReader e(r.section("evaluation"));
-    auto& ev = out.evaluation;
-    ev.enabled = e.get_bool("enabled", ev.enabled);
-    ev.every_epochs = e.get_int("every_epochs", ev.every_epochs, 0, kBig);
-    ev.every_steps = e.get_int("every_steps", ev.every_steps, 0, kBig);
-    ev.batch = e.get_int("batch", ev.batch, 1, kBig);
-    e.finish();
-  }
-  {
-    OptionReader c(r.section("checkpoint"));
-    auto& ck = out.checkpoint;
-    ck.dir = c.get_string("dir", ck.dir);
-    ck.every_steps = c.get_int("every_steps", ck.every_steps, 0, kBig);
-    ck.keep = c.get_int("keep", ck.keep, 1, 1000000);
-    ck.resume = c.get_string("resume", ck.resume);
-    if (ck.resume == "latest" && ck.dir.empty()) {
-      c.fail("resume", "resume: latest needs output.checkpoint.dir");
-    }
-    c.finish();
-  }
-  {
-    OptionReader l(r.section("logging"));
-    auto& lg = out.logging;
-    lg.metrics = l.get_string("metrics", lg.metrics);
-    lg.tensorboard = l.get_string("tensorboard", lg.tensorboard);
-    lg.progress = l.get_choice("progress", lg.progress, {"auto", "bar", "lines", "off"});
-    lg.every_steps = l.get_int("every_steps", lg.every_steps, 1, kBig);
-    lg.level = l.get_choice("level", lg.level, {"trace", "debug", "info", "warn", "error"});
-    lg.examples = l.get_string("examples", lg.examples);
-    l.finish();
-  }
+  output_schema().read(r, out);
   r.finish();
 }
 
+/// One markdown table of key rows.
+std::string key_table(const std::vector<SpecKeyRow>& rows) {
+  std::string text = "| key | default | meaning |\n|---|---|---|\n";
+  for (const auto& row : rows) {
+    text += fmt::format("| `{}` | {} | {} |\n", row.key, row.default_text, row.doc);
+  }
+  return text;
+}
+
+SpecNode semantic_tree(const SemanticSpec& s) { return semantic_schema().tree(s); }
+
 }  // namespace
 
+std::string layout_entry_yaml(const ResourcesSpec::Worker& worker) {
+  return worker_schema().tree(worker).to_yaml();
+}
+
+ResourcesSpec::Worker parse_layout_entry(const std::string& text, const std::string& source) {
+  const SpecNode node = parse_yaml(text, source);
+  OptionReader r(node);
+  ResourcesSpec::Worker worker;
+  worker_schema().read(r, worker);
+  r.finish();
+  return worker;
+}
+
+std::string job_spec_key_tables() {
+  std::string text;
+  const std::pair<const char*, std::vector<SpecKeyRow>> parts[] = {
+      {"semantic", semantic_schema().rows()},
+      {"resources", resources_schema().rows()},
+      {"output", output_schema().rows()},
+  };
+  for (const auto& [part, rows] : parts) {
+    text += fmt::format("<!-- keys: {} -->\n{}<!-- end keys -->\n", part, key_table(rows));
+  }
+  return text;
+}
+
 std::string JobSpec::semantic_yaml() const { return semantic_tree(semantic).to_yaml(); }
+
+std::string JobSpec::yaml() const { return full_tree(*this).to_yaml(); }
 
 std::string JobSpec::model_digest() const {
   std::string text;

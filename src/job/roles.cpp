@@ -31,11 +31,10 @@ JobLimits limits_of(const engine::JobSpec& spec) {
   return limits;
 }
 
-// The layout's per-worker settings travel from the launcher to each worker of the first
-// generation in these variables (joiners have none: they take resources.* as they are).
-constexpr const char* kDeviceVar = "VFLOW_DEVICE";
-constexpr const char* kThreadsVar = "VFLOW_THREADS";
-constexpr const char* kCpuQuotaVar = "VFLOW_CPU_QUOTA";
+// A worker of the first generation of a planned layout gets its entry of
+// resources.layout from the launcher in this variable, as YAML (joiners have none: they
+// take resources.* as they are).
+constexpr const char* kLayoutEntryVar = "VFLOW_LAYOUT_ENTRY";
 
 std::string quota_group(const ElasticWorkerEnvironment& env) {
   return fmt::format("vflow-{}-{}", env.store_port, env.member);
@@ -44,15 +43,14 @@ std::string quota_group(const ElasticWorkerEnvironment& env) {
 /// A worker of a planned layout gets its own device, threads and CPU quota from the
 /// launcher.
 engine::JobSpec apply_worker_layout(engine::JobSpec spec, const ElasticWorkerEnvironment& env) {
-  if (const char* device = std::getenv(kDeviceVar); device && *device) {
-    spec.resources.device = device;
-  }
-  if (const char* threads = std::getenv(kThreadsVar); threads && std::atoll(threads) > 0) {
-    spec.resources.threads = std::atoll(threads);
-  }
-  if (const char* quota = std::getenv(kCpuQuotaVar); quota && std::atof(quota) > 0) {
-    hetero::apply_cpu_quota(std::atof(quota), quota_group(env));
-    spdlog::info("[hetero] worker {} limited to {} cores", env.member, std::atof(quota));
+  const char* text = std::getenv(kLayoutEntryVar);
+  if (!text || !*text) return spec;
+  const auto entry = engine::parse_layout_entry(text, kLayoutEntryVar);
+  if (!entry.device.empty()) spec.resources.device = entry.device;
+  if (entry.threads > 0) spec.resources.threads = entry.threads;
+  if (entry.cpu_quota > 0) {
+    hetero::apply_cpu_quota(entry.cpu_quota, quota_group(env));
+    spdlog::info("[hetero] worker {} limited to {} cores", env.member, entry.cpu_quota);
   }
   return spec;
 }
@@ -95,9 +93,8 @@ RoleOutcome run_launcher_role(const engine::JobSpec& spec, const RoleOptions& op
   launch.elastic.replace_failed = spec.resources.replace_failed;
   for (const auto& w : spec.resources.layout) {
     launch.vnodes.push_back(w.vnodes);
-    launch.worker_env.push_back({fmt::format("{}={}", kDeviceVar, w.device),
-                                 fmt::format("{}={}", kThreadsVar, w.threads),
-                                 fmt::format("{}={}", kCpuQuotaVar, w.cpu_quota)});
+    launch.worker_env.push_back(
+        {fmt::format("{}={}", kLayoutEntryVar, engine::layout_entry_yaml(w))});
   }
   launch.stop_flag = options.stop_flag;
   RoleOutcome out;

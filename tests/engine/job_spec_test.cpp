@@ -196,3 +196,82 @@ TEST_CASE("specs built in code are validated too", "[unit]") {
   spec.semantic.virtual_nodes = 3;
   CHECK_THROWS_WITH(vflow::engine::validate(spec), Contains("not divisible by virtual_nodes 3"));
 }
+
+TEST_CASE("the printed spec reads back as the same spec", "[unit]") {
+  // Non-default values in every section, both optimizers and every schedule.
+  const std::vector<std::vector<std::string>> variants{
+      {},
+      {"semantic.optimizer={name: adamw, beta2: 0.99}",
+       "semantic.schedule={name: step, gamma: 0.5}", "semantic.epochs=null", "semantic.steps=40",
+       "semantic.precision=bf16"},
+      {"semantic.vnode_sizes=[100, 100, 56]", "semantic.virtual_nodes=null",
+       "semantic.optimizer={momentum: 0}", "semantic.schedule={name: constant}",
+       "semantic.data.drop_last=true", "semantic.deterministic=true", "semantic.seed=9"},
+      {"resources.workers=2", "resources.threads=1", "resources.prefetch=false",
+       "resources.timeout_s=2.5", "resources.replace_failed=true", "resources.max_workers=4",
+       "resources.layout=[{vnodes: 5, threads: 1}, {vnodes: 3, cpu_quota: 0.5}]",
+       "output.evaluation={enabled: false, every_steps: 7}", "output.checkpoint.dir=ck",
+       "output.checkpoint.resume=latest", "output.logging={metrics: m.jsonl, level: warn}"},
+  };
+  for (const auto& overrides : variants) {
+    CAPTURE(overrides);
+    const auto spec = load_job_spec("", overrides);
+    const std::string text = spec.yaml();
+    vflow::testing::TempDir dir;
+    vflow::testing::write_file(dir.file("again.yaml"), text);
+    const auto again = load_job_spec(dir.file("again.yaml"));
+    CHECK(again.yaml() == text);
+    CHECK(again.semantic_yaml() == spec.semantic_yaml());
+  }
+}
+
+TEST_CASE("a key of another variant is refused, naming the keys that apply", "[unit]") {
+  CHECK_THAT(error_of("semantic:\n  schedule: {name: cosine, step_size: 5}\n"),
+             Contains("semantic.schedule.step_size: step_size is a step option; schedule cosine "
+                      "takes warmup_steps, warmup_start, min_factor"));
+  CHECK_THAT(error_of("semantic:\n  optimizer: {name: sgd, eps: 1e-6}\n"),
+             Contains("semantic.optimizer.eps: eps is an adamw option; optimizer sgd takes lr, "
+                      "weight_decay, momentum, dampening, nesterov"));
+  // A null value of such a key is unset, as everywhere.
+  CHECK(error_of("semantic:\n  optimizer: {name: adamw, momentum: null}\n") == "");
+  CHECK_THAT(
+      error_of("resources:\n  workers: 2\n  layout: [{vnodes: 4}, {threads: 1}]\n"),
+      Contains("job.yaml:3:25: resources.layout[1].vnodes: every layout entry needs vnodes"));
+}
+
+TEST_CASE("the key tables come from the schema the parser reads", "[unit]") {
+  const std::string tables = vflow::engine::job_spec_key_tables();
+  for (const char* part : {"semantic", "resources", "output"}) {
+    CHECK_THAT(tables, Contains(std::string("<!-- keys: ") + part + " -->"));
+  }
+  // Defaults come from the structs, computed defaults from their declaration.
+  CHECK_THAT(tables, Contains("| `global_batch` | `256` |"));
+  CHECK_THAT(tables, Contains("| `optimizer.weight_decay` | `0.0005` (sgd), `0.01` (adamw) |"));
+  CHECK_THAT(tables, Contains("| `optimizer.beta1` | `0.9` | adamw only: "));
+  CHECK_THAT(tables, Contains("| `layout[].cpu_quota` | `0` |"));
+  CHECK_THAT(tables, Contains("| `checkpoint.dir` | empty |"));
+  // Every key of a printed spec has a row.
+  const auto spec = load_job_spec("", {"resources.layout=[{vnodes: 8, device: cuda}]"});
+  const std::string text = spec.yaml();
+  for (const char* key : {"drop_last", "warmup_start", "min_factor", "memory_limit_mb",
+                          "replace_failed", "cpu_quota", "every_epochs", "keep", "examples"}) {
+    CAPTURE(key);
+    CHECK_THAT(text, Contains(std::string(key) + ":"));
+    CHECK_THAT(tables, Contains(std::string(key) + "` |"));
+  }
+}
+
+TEST_CASE("a layout entry travels as YAML and reads back", "[unit][hetero]") {
+  vflow::engine::ResourcesSpec::Worker w;
+  w.vnodes = 3;
+  w.device = "cuda:1";
+  w.threads = 2;
+  w.cpu_quota = 0.5;
+  const auto back = vflow::engine::parse_layout_entry(vflow::engine::layout_entry_yaml(w), "entry");
+  CHECK(back.vnodes == 3);
+  CHECK(back.device == "cuda:1");
+  CHECK(back.threads == 2);
+  CHECK(back.cpu_quota == 0.5);
+  CHECK_THROWS_WITH(vflow::engine::parse_layout_entry("{vnodes: 2, device: tpu}", "entry"),
+                    Contains("entry:1:21: device: unknown device 'tpu'"));
+}

@@ -134,9 +134,21 @@ struct JobSpec {
   /// Canonical YAML of the semantic part, defaults included: two jobs with the same
   /// text follow the same trajectory. Stored in checkpoints to refuse a mismatched resume.
   std::string semantic_yaml() const;
+  /// The whole spec, defaults included, as YAML that parses back to this spec.
+  std::string yaml() const;
   /// A digest of the model and data parts alone: what a device profile was measured with.
   std::string model_digest() const;
 };
+
+/// One layout entry as YAML, with the keys of resources.layout[] (what a launcher hands a
+/// worker of a planned layout), and back; errors name `source` and the key.
+std::string layout_entry_yaml(const ResourcesSpec::Worker& worker);
+ResourcesSpec::Worker parse_layout_entry(const std::string& text, const std::string& source);
+
+/// The reference tables of every key (key, default, meaning), one markdown table per part
+/// between "<!-- keys: PART -->" and "<!-- end keys -->" lines: what docs/job-spec.md shows,
+/// generated from the same declaration the parser reads (`vflow-train --spec-keys`).
+std::string job_spec_key_tables();
 
 /// The built-in default job: a ConvNet on Fashion-MNIST.
 const std::string& default_job_yaml();

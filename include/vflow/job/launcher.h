@@ -47,7 +47,7 @@ struct LaunchOptions {
   const std::atomic<bool>* stop_flag = nullptr;
   int stop_grace_s = 60;  ///< after a stop request, workers still running are killed
   /// Per first-generation worker, in rank order (a planned split): its vnodes and extra
-  /// environment (e.g. VFLOW_THREADS, VFLOW_CPU_QUOTA). Empty: an even split.
+  /// environment (e.g. the worker's layout entry). Empty: an even split.
   std::vector<int64_t> vnodes;
   std::vector<std::vector<std::string>> worker_env;
 };

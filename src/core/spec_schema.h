@@ -1,0 +1,338 @@
+// The keys of one configuration section, each declared once.
+//
+// A SpecSchema<T> lists a section's keys in order, each bound to a member of T with
+// its type, range or choices and its doc line; the default is the member's value in a
+// default-constructed T. The parser (read), the printed tree (tree) and the key tables
+// of the reference docs (rows) all come from this one declaration, so a key cannot be
+// parsed but not printed, or documented with a default the parser does not use.
+#pragma once
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "vflow/core/spec_node.h"
+
+namespace vflow {
+
+/// One row of a key table: dotted key, default, meaning.
+struct SpecKeyRow {
+  std::string key;
+  std::string default_text;
+  std::string doc;
+};
+
+template <class T>
+class SpecSchema {
+ public:
+  using Predicate = std::function<bool(const T&)>;
+  /// Runs after its key is read, with the section read so far: cross-key checks (which
+  /// call reader.fail) and values derived from others.
+  using After = std::function<void(OptionReader&, T&)>;
+  /// Sets a key's default from keys read before it (absent keys only).
+  using Fallback = std::function<void(T&)>;
+
+ private:
+  struct KeyData {
+    std::string name;
+    std::string doc;
+    std::string default_text;       ///< the docs' default column; empty = the member's default
+    std::vector<std::string> only;  ///< selector values the key applies to; empty = all
+    Predicate shown;                ///< printed when true; null = whenever it applies
+    Fallback fallback;
+    After after;
+    std::function<void(OptionReader&, T&)> read;     ///< absent = leave the member as it is
+    std::function<void(SpecNode&, const T&)> print;  ///< adds the key to a map; null = never
+    std::function<void(const std::string&, std::vector<SpecKeyRow>&)> nested_rows;
+  };
+
+ public:
+  /// Fluent extras of one key.
+  class Key {
+   public:
+    explicit Key(KeyData& data) : data_(data) {}
+    /// Applies only when the section's selector holds one of `values` (see variants()).
+    Key& only_for(std::vector<std::string> values) {
+      data_.only = std::move(values);
+      return *this;
+    }
+    /// Printed in the tree only when `pred` holds (default: whenever the key applies).
+    Key& shown(Predicate pred) {
+      data_.shown = std::move(pred);
+      return *this;
+    }
+    /// A default computed from earlier keys; `text` is the docs' default column.
+    Key& fallback(Fallback set, std::string text) {
+      data_.fallback = std::move(set);
+      data_.default_text = std::move(text);
+      return *this;
+    }
+    Key& after(After check) {
+      data_.after = std::move(check);
+      return *this;
+    }
+    /// The docs' default column, where the member's own default says too little ("unset").
+    Key& default_text(std::string text) {
+      data_.default_text = std::move(text);
+      return *this;
+    }
+
+   private:
+    KeyData& data_;
+  };
+
+  /// `label` names the section in messages ("optimizer").
+  explicit SpecSchema(std::string label = {}) : label_(std::move(label)) {}
+
+  /// Keys declared only_for(...) apply when `selector` (the key `selector_key`) holds one
+  /// of their values. `phrases` says how a message names each value's keys: {"sgd", "an
+  /// sgd option"}.
+  void variants(std::string T::*selector, std::string selector_key,
+                std::vector<std::pair<std::string, std::string>> phrases) {
+    selector_ = selector;
+    selector_key_ = std::move(selector_key);
+    phrases_ = std::move(phrases);
+  }
+
+  Key integer(std::string key, int64_t T::*m, int64_t min, int64_t max, std::string doc) {
+    return add(
+        std::move(key), std::move(doc),
+        [m, min, max](OptionReader& r, const std::string& k, T& v) {
+          v.*m = r.get_int(k, v.*m, min, max);
+        },
+        [m](const T& v) { return SpecNode::scalar(std::to_string(v.*m)); });
+  }
+  Key integer(std::string key, uint64_t T::*m, uint64_t max, std::string doc) {
+    return add(
+        std::move(key), std::move(doc),
+        [m, max](OptionReader& r, const std::string& k, T& v) {
+          v.*m = static_cast<uint64_t>(
+              r.get_int(k, static_cast<int64_t>(v.*m), 0, static_cast<int64_t>(max)));
+        },
+        [m](const T& v) { return SpecNode::scalar(std::to_string(v.*m)); });
+  }
+  Key real(std::string key, double T::*m, double min, double max, std::string doc) {
+    return add(
+        std::move(key), std::move(doc),
+        [m, min, max](OptionReader& r, const std::string& k, T& v) {
+          v.*m = r.get_double(k, v.*m, min, max);
+        },
+        [m](const T& v) { return SpecNode::scalar(fmt::format("{}", v.*m)); });
+  }
+  Key boolean(std::string key, bool T::*m, std::string doc) {
+    return add(
+        std::move(key), std::move(doc),
+        [m](OptionReader& r, const std::string& k, T& v) { v.*m = r.get_bool(k, v.*m); },
+        [m](const T& v) { return SpecNode::scalar(v.*m ? "true" : "false"); });
+  }
+  Key text(std::string key, std::string T::*m, std::string doc) {
+    return add(
+        std::move(key), std::move(doc),
+        [m](OptionReader& r, const std::string& k, T& v) { v.*m = r.get_string(k, v.*m); },
+        [m](const T& v) { return SpecNode::scalar(v.*m); });
+  }
+  Key choice(std::string key, std::string T::*m, std::vector<std::string> choices,
+             std::string doc) {
+    return add(
+        std::move(key), std::move(doc),
+        [m, choices](OptionReader& r, const std::string& k, T& v) {
+          v.*m = r.get_choice(k, v.*m, choices);
+        },
+        [m](const T& v) { return SpecNode::scalar(v.*m); });
+  }
+  Key integers(std::string key, std::vector<int64_t> T::*m, int64_t min, int64_t max,
+               std::string doc) {
+    return add(
+        std::move(key), std::move(doc),
+        [m, min, max](OptionReader& r, const std::string& k, T& v) {
+          v.*m = r.get_int_list(k, v.*m, min, max);
+        },
+        [m](const T& v) {
+          SpecNode list = SpecNode::sequence();
+          for (const int64_t x : v.*m) list.append(SpecNode::scalar(std::to_string(x)));
+          return list;
+        });
+  }
+  /// A map of options that another reader checks (a model's or data set's factory). An
+  /// absent map keeps its place, so that errors about its defaults name where it would be.
+  Key options(std::string key, SpecNode T::*m, std::string doc) {
+    return add(
+        std::move(key), std::move(doc),
+        [m](OptionReader& r, const std::string& k, T& v) {
+          if (r.has(k) || (v.*m).is_null()) {
+            v.*m = r.section(k);
+          } else {
+            r.value(k);  // set before (a shorthand): keep it, and know the key
+          }
+        },
+        [m](const T& v) { return (v.*m).is_null() ? SpecNode::map() : v.*m; });
+  }
+  /// A nested section with its own schema.
+  template <class S>
+  Key section(std::string key, S T::*m, const SpecSchema<S>& schema) {
+    Key k = add(
+        std::move(key), {},
+        [m, &schema](OptionReader& r, const std::string& name, T& v) {
+          OptionReader sub(r.section(name));
+          schema.read(sub, v.*m);
+          sub.finish();
+        },
+        [m, &schema](const T& v) { return schema.tree(v.*m); });
+    KeyData& data = *keys_.back();
+    data.nested_rows = [&schema, name = data.name](const std::string& prefix,
+                                                   std::vector<SpecKeyRow>& rows) {
+      for (auto& row : schema.rows(prefix + name + ".")) rows.push_back(std::move(row));
+    };
+    return k;
+  }
+  /// A list of entries, each a section of `schema`; absent or empty = the member's default.
+  template <class S>
+  Key list(std::string key, std::vector<S> T::*m, const SpecSchema<S>& schema, std::string doc) {
+    Key k = add(
+        std::move(key), std::move(doc),
+        [m, &schema](OptionReader& r, const std::string& name, T& v) {
+          const auto& items = r.list(name);
+          if (items.empty()) return;
+          (v.*m).clear();
+          for (const auto& item : items) {
+            OptionReader entry(item);
+            S value{};
+            schema.read(entry, value);
+            entry.finish();
+            (v.*m).push_back(std::move(value));
+          }
+        },
+        [m, &schema](const T& v) {
+          SpecNode list = SpecNode::sequence();
+          for (const auto& item : v.*m) list.append(schema.tree(item));
+          return list;
+        });
+    KeyData& data = *keys_.back();
+    data.default_text = "empty";
+    data.nested_rows = [&schema, name = data.name](const std::string& prefix,
+                                                   std::vector<SpecKeyRow>& rows) {
+      for (auto& row : schema.rows(prefix + name + "[].")) rows.push_back(std::move(row));
+    };
+    return k;
+  }
+  /// A key read by hand (a shorthand); it is neither printed nor given a row.
+  Key custom(std::string key, std::function<void(OptionReader&, T&)> read) {
+    auto data = std::make_unique<KeyData>();
+    data->name = std::move(key);
+    data->read = std::move(read);
+    keys_.push_back(std::move(data));
+    return Key(*keys_.back());
+  }
+
+  /// Reads every key of the section in declaration order into `value`, which holds the
+  /// defaults. A key given for another variant is refused, naming the keys that apply.
+  /// The caller runs reader.finish() (after its own cross-section checks).
+  void read(OptionReader& r, T& value) const {
+    for (const auto& key : keys_) {
+      if (!applies(*key, value)) {
+        if (r.has(key->name)) r.fail(key->name, not_applicable(*key, value));
+        r.value(key->name);  // a null value of such a key is unset, not unknown
+        continue;
+      }
+      if (key->fallback && !r.has(key->name)) key->fallback(value);
+      key->read(r, value);
+      if (key->after) key->after(r, value);
+    }
+  }
+
+  /// The section as a map of the keys that are shown, in declaration order.
+  SpecNode tree(const T& value) const {
+    SpecNode map = SpecNode::map();
+    for (const auto& key : keys_) {
+      if (!key->print) continue;
+      const bool show = key->shown ? key->shown(value) : applies(*key, value);
+      if (show) key->print(map, value);
+    }
+    return map;
+  }
+
+  /// The key table: one row per key, nested sections' keys as "prefix.key".
+  std::vector<SpecKeyRow> rows(const std::string& prefix = {}) const {
+    std::vector<SpecKeyRow> out;
+    const T defaults{};
+    for (const auto& key : keys_) {
+      if (!key->print) continue;
+      if (!key->doc.empty()) {
+        std::string doc = key->doc;
+        if (!key->only.empty()) doc = fmt::format("{} only: {}", fmt::join(key->only, ", "), doc);
+        out.push_back({prefix + key->name, default_of(*key, defaults), doc});
+      }
+      if (key->nested_rows) key->nested_rows(prefix, out);
+    }
+    return out;
+  }
+
+ private:
+  Key add(std::string key, std::string doc,
+          std::function<void(OptionReader&, const std::string&, T&)> read,
+          std::function<SpecNode(const T&)> value) {
+    auto data = std::make_unique<KeyData>();
+    data->name = std::move(key);
+    data->doc = std::move(doc);
+    data->read = [read = std::move(read), name = data->name](OptionReader& r, T& v) {
+      read(r, name, v);
+    };
+    data->print = [value = std::move(value), name = data->name](SpecNode& map, const T& v) {
+      map.set(name, value(v));
+    };
+    keys_.push_back(std::move(data));
+    return Key(*keys_.back());
+  }
+
+  bool applies(const KeyData& key, const T& value) const {
+    return key.only.empty() ||
+           std::find(key.only.begin(), key.only.end(), value.*selector_) != key.only.end();
+  }
+
+  std::string phrase(const std::string& variant) const {
+    for (const auto& [v, text] : phrases_) {
+      if (v == variant) return text;
+    }
+    return "an option of " + selector_key_ + " " + variant;
+  }
+
+  /// "momentum is an sgd option; optimizer adamw takes lr, weight_decay, beta1, ..."
+  std::string not_applicable(const KeyData& key, const T& value) const {
+    std::vector<std::string> taken;
+    for (const auto& k : keys_) {
+      if (k->name != selector_key_ && k->print && applies(*k, value)) taken.push_back(k->name);
+    }
+    return fmt::format("{} is {}; {} {} takes {}", key.name, phrase(key.only.front()), label_,
+                       value.*selector_, fmt::join(taken, ", "));
+  }
+
+  static std::string default_of(const KeyData& key, const T& defaults) {
+    if (!key.default_text.empty()) return key.default_text;
+    SpecNode map = SpecNode::map();
+    key.print(map, defaults);
+    const SpecNode& node = map.entries().front().second;
+    if (node.is_map() && node.entries().empty()) return "`{}`";
+    if ((node.is_scalar() && node.value().empty()) ||
+        (node.is_sequence() && node.items().empty())) {
+      return "empty";
+    }
+    std::string text = node.to_yaml();
+    while (!text.empty() && text.back() == '\n') text.pop_back();
+    return "`" + text + "`";
+  }
+
+  std::string label_;
+  std::string T::*selector_ = nullptr;
+  std::string selector_key_;
+  std::vector<std::pair<std::string, std::string>> phrases_;
+  std::vector<std::unique_ptr<KeyData>> keys_;  // stable addresses: Key refers to its data
+};
+
+}  // namespace vflow
