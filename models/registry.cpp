@@ -28,9 +28,10 @@ ModelRegistry::ModelRegistry() : Registry("model") {
       make_torchscript_factory);
 }
 
-torch::Tensor prediction_loss(const torch::Tensor& logits, const torch::Tensor& target, bool sum) {
+torch::Tensor prediction_loss(const torch::Tensor& logits, const torch::Tensor& target, bool sum,
+                              double label_smoothing) {
   namespace F = torch::nn::functional;
-  auto options = F::CrossEntropyFuncOptions();
+  auto options = F::CrossEntropyFuncOptions().label_smoothing(label_smoothing);
   if (sum) options.reduction(torch::kSum);
   return F::cross_entropy(logits.reshape({-1, logits.size(-1)}), target.reshape({-1}), options);
 }

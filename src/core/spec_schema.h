@@ -92,13 +92,13 @@ class SpecSchema {
   explicit SpecSchema(std::string label = {}) : label_(std::move(label)) {}
 
   /// Keys declared only_for(...) apply when `selector` (the key `selector_key`) holds one
-  /// of their values. `phrases` says how a message names each value's keys: {"sgd", "an
-  /// sgd option"}.
+  /// of their values. `articles` gives the article a message puts before each value
+  /// ({"sgd", "an"}: "momentum is an sgd or lars option"); absent = "a".
   void variants(std::string T::*selector, std::string selector_key,
-                std::vector<std::pair<std::string, std::string>> phrases) {
+                std::vector<std::pair<std::string, std::string>> articles) {
     selector_ = selector;
     selector_key_ = std::move(selector_key);
-    phrases_ = std::move(phrases);
+    articles_ = std::move(articles);
   }
 
   Key integer(std::string key, int64_t T::*m, int64_t min, int64_t max, std::string doc) {
@@ -296,20 +296,26 @@ class SpecSchema {
            std::find(key.only.begin(), key.only.end(), value.*selector_) != key.only.end();
   }
 
-  std::string phrase(const std::string& variant) const {
-    for (const auto& [v, text] : phrases_) {
-      if (v == variant) return text;
+  /// "an sgd or lars option", "an adamw, adam or lamb option"
+  std::string phrase(const std::vector<std::string>& values) const {
+    std::string article = "a";
+    for (const auto& [v, a] : articles_) {
+      if (v == values.front()) article = a;
     }
-    return "an option of " + selector_key_ + " " + variant;
+    std::string names = values.front();
+    for (size_t i = 1; i < values.size(); ++i) {
+      names += (i + 1 == values.size() ? " or " : ", ") + values[i];
+    }
+    return fmt::format("{} {} option", article, names);
   }
 
-  /// "momentum is an sgd option; optimizer adamw takes lr, weight_decay, beta1, ..."
+  /// "momentum is an sgd or lars option; optimizer adamw takes lr, weight_decay, ..."
   std::string not_applicable(const KeyData& key, const T& value) const {
     std::vector<std::string> taken;
     for (const auto& k : keys_) {
       if (k->name != selector_key_ && k->print && applies(*k, value)) taken.push_back(k->name);
     }
-    return fmt::format("{} is {}; {} {} takes {}", key.name, phrase(key.only.front()), label_,
+    return fmt::format("{} is {}; {} {} takes {}", key.name, phrase(key.only), label_,
                        value.*selector_, fmt::join(taken, ", "));
   }
 
@@ -331,7 +337,7 @@ class SpecSchema {
   std::string label_;
   std::string T::*selector_ = nullptr;
   std::string selector_key_;
-  std::vector<std::pair<std::string, std::string>> phrases_;
+  std::vector<std::pair<std::string, std::string>> articles_;
   std::vector<std::unique_ptr<KeyData>> keys_;  // stable addresses: Key refers to its data
 };
 

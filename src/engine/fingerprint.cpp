@@ -26,7 +26,10 @@ struct Fnv1a {
 };
 }  // namespace
 
-std::string fingerprint(const torch::nn::Module& module) {
+std::string fingerprint(const torch::nn::Module& module) { return fingerprint(module, {}, ""); }
+
+std::string fingerprint(const torch::nn::Module& module, const std::vector<torch::Tensor>& extra,
+                        const std::string& extra_name) {
   Fnv1a f;
   for (const auto& p : module.named_parameters(/*recurse=*/true)) {
     f.add(p.key());
@@ -35,6 +38,10 @@ std::string fingerprint(const torch::nn::Module& module) {
   for (const auto& b : module.named_buffers(/*recurse=*/true)) {
     f.add(b.key());
     f.add(b.value());
+  }
+  for (size_t i = 0; i < extra.size(); ++i) {
+    f.add(fmt::format("{}.{}", extra_name, i));
+    f.add(extra[i]);
   }
   return fmt::format("{:016x}", f.h);
 }

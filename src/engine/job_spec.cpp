@@ -101,17 +101,22 @@ const SpecSchema<OptimizerSpec>& optimizer_schema() {
   static const auto schema = [] {
     using O = OptimizerSpec;
     SpecSchema<O> s("optimizer");
-    s.variants(&O::name, "name", {{"sgd", "an sgd option"}, {"adamw", "an adamw option"}});
-    s.choice("name", &O::name, {"sgd", "adamw"}, "`sgd` or `adamw` (LibTorch's implementations)");
+    s.variants(&O::name, "name", {{"sgd", "an"}, {"adamw", "an"}, {"adam", "an"}});
+    s.choice("name", &O::name, {"sgd", "adamw", "adam", "lamb", "lars"},
+             "`sgd`, `adamw` or `adam` (LibTorch's implementations), `lamb` (Adam with a "
+             "layer-wise trust ratio; You et al. 2019, with bias correction) or `lars` (SGD with "
+             "momentum and a layer-wise trust ratio; You et al. 2017)");
     s.real("lr", &O::lr, 0.0, 1e6, "peak learning rate");
     s.real("weight_decay", &O::weight_decay, 0.0, 1e3,
-           "L2 penalty (sgd) or decoupled decay (adamw)")
+           "L2 penalty added to the gradient (sgd, adam, lars) or decoupled decay (adamw, "
+           "lamb: inside the trust ratio's update)")
         .fallback(
             [](O& o) {
-              if (o.name == "adamw") o.weight_decay = 0.01;
+              if (o.name == "adamw" || o.name == "lamb") o.weight_decay = 0.01;
+              if (o.name == "adam") o.weight_decay = 0;
             },
-            "`0.0005` (sgd), `0.01` (adamw)");
-    s.real("momentum", &O::momentum, 0.0, 1.0, "momentum factor").only_for({"sgd"});
+            "`0.0005` (sgd, lars), `0.01` (adamw, lamb), `0` (adam)");
+    s.real("momentum", &O::momentum, 0.0, 1.0, "momentum factor").only_for({"sgd", "lars"});
     s.real("dampening", &O::dampening, 0.0, 1.0, "dampening of the momentum").only_for({"sgd"});
     s.boolean("nesterov", &O::nesterov, "Nesterov momentum; needs momentum > 0 and dampening 0")
         .only_for({"sgd"})
@@ -122,9 +127,17 @@ const SpecSchema<OptimizerSpec>& optimizer_schema() {
             r.fail("nesterov", "nesterov momentum needs momentum > 0 and dampening 0");
           }
         });
-    s.real("beta1", &O::beta1, 0.0, 0.999999, "first-moment decay").only_for({"adamw"});
-    s.real("beta2", &O::beta2, 0.0, 0.999999, "second-moment decay").only_for({"adamw"});
-    s.real("eps", &O::eps, 1e-30, 1.0, "added to the denominator").only_for({"adamw"});
+    const std::vector<std::string> adam_like{"adamw", "adam", "lamb"};
+    s.real("beta1", &O::beta1, 0.0, 0.999999, "first-moment decay").only_for(adam_like);
+    s.real("beta2", &O::beta2, 0.0, 0.999999, "second-moment decay").only_for(adam_like);
+    s.real("eps", &O::eps, 1e-30, 1.0, "added to the denominator").only_for(adam_like);
+    s.real("trust_coefficient", &O::trust_coefficient, 1e-12, 1e3,
+           "eta: a layer's rate is lr × eta × ‖w‖ / (‖∇w‖ + weight_decay × ‖w‖)")
+        .only_for({"lars"});
+    s.boolean("exclude_bias_and_norm", &O::exclude_bias_and_norm,
+              "parameters of one dimension (biases, normalization weights) get neither the "
+              "trust ratio nor weight decay")
+        .only_for({"lars"});
     return s;
   }();
   return schema;
@@ -134,9 +147,12 @@ const SpecSchema<ScheduleSpec>& schedule_schema() {
   static const auto schema = [] {
     using S = ScheduleSpec;
     SpecSchema<S> s("schedule");
-    s.variants(&S::name, "name", {{"step", "a step option"}, {"cosine", "a cosine option"}});
-    s.choice("name", &S::name, {"constant", "step", "cosine"},
-             "`constant`, `step` or `cosine` (over all steps, after warmup)");
+    s.variants(&S::name, "name", {});
+    s.choice("name", &S::name,
+             {"constant", "step", "cosine", "linear", "inverse_sqrt", "polynomial"},
+             "`constant`; `step`; `cosine`, `linear` or `polynomial` decay from `lr` to "
+             "`min_factor` × `lr` over the steps after warmup; `inverse_sqrt` = `lr` × "
+             "√(max(warmup_steps, 1) / max(step, warmup_steps, 1)) (the Transformer's)");
     s.integer("warmup_steps", &S::warmup_steps, 0, kBig,
               "linear warmup length; combines with any schedule");
     s.real("warmup_start", &S::warmup_start, 0.0, 1.0, "warmup starts at this fraction of `lr`");
@@ -144,7 +160,52 @@ const SpecSchema<ScheduleSpec>& schedule_schema() {
         .only_for({"step"});
     s.real("gamma", &S::gamma, 0.0, 1.0, "decay factor").only_for({"step"});
     s.real("min_factor", &S::min_factor, 0.0, 1.0, "final lr as a fraction of `lr`")
-        .only_for({"cosine"});
+        .only_for({"cosine", "linear", "polynomial"});
+    s.real("power", &S::power, 1e-3, 1e3,
+           "exponent: factor = min + (1 − min) × (1 − progress)^power")
+        .only_for({"polynomial"});
+    return s;
+  }();
+  return schema;
+}
+
+const SpecSchema<ClipSpec>& clip_schema() {
+  static const auto schema = [] {
+    SpecSchema<ClipSpec> s("clip");
+    s.real("max_norm", &ClipSpec::max_norm, 0.0, 1e12,
+           "clip the step's reduced gradient to this global L2 norm (as PyTorch's "
+           "`clip_grad_norm_`); 0 = off. Metrics records then carry the norm before clipping "
+           "(`grad_norm`)");
+    s.real("value", &ClipSpec::value, 0.0, 1e12,
+           "clamp every element of the reduced gradient to [−value, value], before `max_norm`; "
+           "0 = off");
+    return s;
+  }();
+  return schema;
+}
+
+const SpecSchema<EmaSpec>& ema_schema() {
+  static const auto schema = [] {
+    SpecSchema<EmaSpec> s("ema");
+    s.real("decay", &EmaSpec::decay, 0.0, 0.999999999,
+           "keep an exponential moving average of the parameters, ema = decay × ema + (1 − "
+           "decay) × parameters after each update; 0 = none. It is part of the result: in the "
+           "checkpoint (`ema` in parameter order), moved to joiners with the optimizer state, "
+           "and in the fingerprint");
+    s.integer("every_steps", &EmaSpec::every_steps, 1, kBig,
+              "update the average after every k-th optimizer step");
+    return s;
+  }();
+  return schema;
+}
+
+const SpecSchema<LossSpec>& loss_schema() {
+  static const auto schema = [] {
+    SpecSchema<LossSpec> s("loss");
+    s.real("label_smoothing", &LossSpec::label_smoothing, 0.0, 0.999,
+           "label smoothing of the training cross-entropy (classification and language "
+           "models, as PyTorch's `cross_entropy(label_smoothing=)`); evaluation reports the "
+           "plain cross-entropy");
     return s;
   }();
   return schema;
@@ -196,6 +257,12 @@ const SpecSchema<SemanticSpec>& semantic_schema() {
         .after(check_vnodes);
     s.section("optimizer", &S::optimizer, optimizer_schema());
     s.section("schedule", &S::schedule, schedule_schema());
+    // Written only when set, so that earlier specs' text stays put (as for precision).
+    s.section("clip", &S::clip, clip_schema()).shown([](const S& v) { return v.clip.enabled(); });
+    s.section("loss", &S::loss, loss_schema()).shown([](const S& v) {
+      return v.loss.label_smoothing != LossSpec{}.label_smoothing;
+    });
+    s.section("ema", &S::ema, ema_schema()).shown([](const S& v) { return v.ema.enabled(); });
     s.integer("steps", &S::steps, 0, kBig, "total optimizer steps; give either `steps` or `epochs`")
         .shown([](const S& v) { return v.steps > 0; })
         .default_text("unset")
@@ -322,6 +389,9 @@ const SpecSchema<EvaluationSpec>& evaluation_schema() {
               "evaluate after every k-th epoch (0 = not per epoch)");
     s.integer("every_steps", &E::every_steps, 0, kBig, "evaluate every k steps (0 = not per step)");
     s.integer("batch", &E::batch, 1, kBig, "evaluation batch size (no effect on results)");
+    s.boolean("use_ema", &E::use_ema,
+              "evaluate the weight average of `semantic.ema` instead of the weights (needs "
+              "`semantic.ema.decay` > 0)");
     return s;
   }();
   return schema;
@@ -355,7 +425,8 @@ const SpecSchema<LoggingSpec>& logging_schema() {
     s.text("metrics", &L::metrics,
            "append JSON lines to this file: `step` records (loss, lr, examples/s, and the mean "
            "per-step `compute_ms`, `sync_ms`, `update_ms` since the previous record, the "
-           "generation's `workers`, and `time` in Unix seconds), `eval` records (accuracy, loss; "
+           "generation's `workers`, `time` in Unix seconds and, with `semantic.clip`, the step's "
+           "`grad_norm` before clipping), `eval` records (accuracy, loss; "
            "per token for sequence models) and one `end` record (fingerprint); a non-finite "
            "loss is written as `null`");
     s.text("tensorboard", &L::tensorboard,
@@ -571,6 +642,10 @@ JobSpec parse_job_spec(const SpecNode& root, bool check_components) {
   parse_semantic(semantic, spec.semantic, check_components);
   parse_resources(resources, spec.resources, spec.semantic);
   parse_output(output, spec.output);
+  if (spec.output.evaluation.use_ema && !spec.semantic.ema.enabled()) {
+    OptionReader e(output.find("evaluation") ? *output.find("evaluation") : output);
+    e.fail("use_ema", "use_ema needs a weight average: set semantic.ema.decay");
+  }
   return spec;
 }
 

@@ -176,6 +176,7 @@ struct Trainer::Impl {
   std::unique_ptr<vnode::StepPacket> packet;  // the step's one collective
   std::unique_ptr<vnode::StatefulKernelSet> kernels;
   std::unique_ptr<torch::optim::Optimizer> optimizer;
+  std::vector<torch::Tensor> ema;  // semantic.ema: the parameters' average, in their order
   std::shared_ptr<comm::Communicator> comm;
   vnode::VnodeRange held;     // the vnodes this worker processes
   bool prefetch = false;      // load the next vnode's batch in the background
@@ -367,8 +368,10 @@ struct Trainer::Impl {
       packet->gradient_buffer().check_views();
       views_checked = true;
     }
+    if (spec.semantic.clip.enabled()) info.grad_norm = clip_gradients();
     optimizer->step();
     ++step;
+    if (!ema.empty() && step % spec.semantic.ema.every_steps == 0) update_ema();
 
     info.step = s;
     info.workers = comm->size();
@@ -410,7 +413,8 @@ struct Trainer::Impl {
       torch::Tensor loss;
       {
         const compat::AutocastGuard autocast(device.type(), bf16);
-        loss = models::prediction_loss(model->forward(b.input), b.target);
+        loss = models::prediction_loss(model->forward(b.input), b.target, /*sum=*/false,
+                                       spec.semantic.loss.label_smoothing);
       }
       // Weight n_v / B: the accumulated gradient is the global batch's mean-loss gradient.
       (loss * (static_cast<double>(part.size) / static_cast<double>(batch.size))).backward();
@@ -441,6 +445,31 @@ struct Trainer::Impl {
     } else {
       comm->allreduce_sum(packet->flat());
     }
+  }
+
+  /// Every worker holds the same parameters after the update, so each keeps the same
+  /// average.
+  void update_ema() {
+    torch::NoGradGuard no_grad;
+    const double decay = spec.semantic.ema.decay;
+    const auto params = model->parameters();
+    for (size_t i = 0; i < ema.size(); ++i) ema[i].mul_(decay).add_(params[i], 1 - decay);
+  }
+
+  /// semantic.clip on the reduced gradient, which every worker holds alike, so the
+  /// clipped update is the same for every worker count. Returns the norm before clipping.
+  double clip_gradients() {
+    const auto& clip = spec.semantic.clip;
+    auto gradients = packet->gradients();
+    const double norm = gradients.norm().item<double>();
+    if (clip.value > 0) gradients.clamp_(-clip.value, clip.value);
+    if (clip.max_norm > 0) {
+      // As PyTorch's clip_grad_norm_: scale by max_norm / (norm + 1e-6) when that is < 1.
+      const double clipped = clip.value > 0 ? gradients.norm().item<double>() : norm;
+      const double scale = clip.max_norm / (clipped + 1e-6);
+      if (scale < 1) gradients.mul_(scale);
+    }
+    return norm;
   }
 
   /// Deterministic mode: adds this vnode's weighted gradient (and table row, and loss)
@@ -486,6 +515,9 @@ Trainer::Trainer(JobSpec spec, std::shared_ptr<models::Model> model, data::DataS
                                       torch::TensorOptions(torch::kInt64).device(impl_->device));
   }
   impl_->optimizer = make_optimizer(impl_->spec.semantic.optimizer, m.parameters());
+  if (impl_->spec.semantic.ema.enabled()) {
+    for (const auto& p : m.parameters()) impl_->ema.push_back(p.detach().clone());
+  }
   const auto& sem = impl_->spec.semantic;
   const int64_t tail = impl_->data.train->size() % sem.global_batch;
   if (!impl_->kernels->empty() && !sem.data.drop_last && tail == 1) {
@@ -564,6 +596,16 @@ EvalResult Trainer::evaluate() {
   auto& im = *impl_;
   if (!im.data.test) throw SpecError("the job has no evaluation split to evaluate on");
   torch::NoGradGuard no_grad;
+  // output.evaluation.use_ema: the average takes the parameters' place while evaluating.
+  std::vector<torch::Tensor> trained;
+  if (im.spec.output.evaluation.use_ema && !im.ema.empty()) {
+    torch::NoGradGuard no_grad;
+    auto params = im.model->parameters();
+    for (size_t i = 0; i < params.size(); ++i) {
+      trained.push_back(params[i].detach().clone());
+      params[i].copy_(im.ema[i]);
+    }
+  }
   im.model->eval();
   const int64_t n = im.data.test->size();
   const int64_t chunk = im.spec.output.evaluation.batch;
@@ -581,6 +623,11 @@ EvalResult Trainer::evaluate() {
     predictions += target.numel();
   }
   im.model->train();
+  if (!trained.empty()) {
+    torch::NoGradGuard no_grad;
+    auto params = im.model->parameters();
+    for (size_t i = 0; i < params.size(); ++i) params[i].copy_(trained[i]);
+  }
   EvalResult r;
   r.step = im.step;
   r.examples = n;
@@ -665,6 +712,13 @@ void Trainer::write_state(torch::serialize::OutputArchive& archive) const {
   torch::serialize::OutputArchive optimizer_archive;
   im.optimizer->save(optimizer_archive);
   archive.write("optimizer", optimizer_archive);
+  if (!im.ema.empty()) {
+    torch::serialize::OutputArchive ema_archive;
+    for (size_t i = 0; i < im.ema.size(); ++i) {
+      ema_archive.write(fmt::format("p{}", i), im.ema[i], /*is_buffer=*/true);
+    }
+    archive.write("ema", ema_archive);
+  }
 }
 
 void Trainer::load_checkpoint(const std::string& path) {
@@ -723,6 +777,19 @@ void Trainer::read_state(torch::serialize::InputArchive& archive, const std::str
     torch::serialize::InputArchive optimizer_archive;
     archive.read("optimizer", optimizer_archive);
     im.optimizer->load(optimizer_archive);
+    if (!im.ema.empty()) {
+      torch::serialize::InputArchive ema_archive;
+      archive.read("ema", ema_archive);
+      for (size_t i = 0; i < im.ema.size(); ++i) {
+        torch::Tensor t;
+        ema_archive.read(fmt::format("p{}", i), t, /*is_buffer=*/true);
+        if (!t.sizes().equals(im.ema[i].sizes())) {
+          throw Error(fmt::format("its weight average p{} has shape {}, the parameter {}", i,
+                                  fmt::join(t.sizes(), "x"), fmt::join(im.ema[i].sizes(), "x")));
+        }
+        im.ema[i] = t.to(im.device);
+      }
+    }
   } catch (const c10::Error& e) {
     throw CheckpointError(
         fmt::format("{}: does not fit this model: {}", path, compat::message_of(e)));
@@ -781,7 +848,9 @@ void Trainer::set_communicator(std::shared_ptr<comm::Communicator> communicator,
   im.held = vnode::vnodes_of(counts, im.comm->rank());
 }
 void Trainer::set_stop_flag(const std::atomic<bool>* flag) { impl_->stop_flag = flag; }
-std::string Trainer::fingerprint() const { return engine::fingerprint(*impl_->model); }
+std::string Trainer::fingerprint() const {
+  return engine::fingerprint(*impl_->model, impl_->ema, "ema");
+}
 torch::Device Trainer::device() const { return impl_->device; }
 
 double Trainer::seconds_per_vnode() const { return impl_->vnode_seconds; }

@@ -87,6 +87,33 @@ TEST_CASE("a job resized 2 -> 3 -> 1 -> 4 ends with the undisturbed fingerprint"
   CHECK(nothing_left(dir));
 }
 
+TEST_CASE("the training recipes' keys keep the undisturbed fingerprint through resizes",
+          "[multiproc][elastic][recipes]") {
+  // LAMB, LARS and the weight average keep state of their own (moved to joiners with the
+  // training state); clipping and label smoothing act on the reduced gradient and the loss.
+  const std::vector<std::string> recipes{
+      " --set semantic.optimizer='{name: lamb, lr: 0.01}' --set semantic.clip.max_norm=0.5"
+      " --set semantic.loss.label_smoothing=0.1 --set semantic.ema='{decay: 0.99, every_steps: 3}'"
+      " --set semantic.schedule='{name: polynomial, power: 2, warmup_steps: 10}'",
+      " --set semantic.optimizer='{name: lars, lr: 1.0, trust_coefficient: 0.01}'"
+      " --set semantic.clip='{value: 0.05}' --set semantic.schedule='{name: inverse_sqrt, "
+      "warmup_steps: 20}'"};
+  for (const auto& recipe : recipes) {
+    CAPTURE(recipe);
+    const auto reference = reference_fingerprint(recipe);
+    TempDir dir;
+    const auto r = elastic_job(dir, 2, recipe,
+                               "$CTL resize $A 3; await_workers 3; $CTL resize $A 1; "
+                               "await_workers 1");
+    INFO(r.output);
+    CHECK_THAT(r.output, Catch::Matchers::Contains("exit=0"));
+    CHECK_THAT(r.output,
+               !Catch::Matchers::Contains("TIMEOUT") && !Catch::Matchers::Contains("GONE"));
+    CHECK(fingerprints_in(r.output) == std::set<std::string>{reference});
+    CHECK(nothing_left(dir));
+  }
+}
+
 TEST_CASE("a SIGKILLed worker is survived: the step is redone, nothing is lost",
           "[multiproc][elastic]") {
   const auto reference = reference_fingerprint();

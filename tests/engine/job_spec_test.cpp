@@ -106,8 +106,10 @@ TEST_CASE("each class of bad job spec is rejected with file, line and key", "[un
                Contains("job.yaml:3:19: resources.layout[0].cores: unknown key"));
   }
   SECTION("unknown choice") {
-    CHECK_THAT(error_of("semantic:\n  optimizer: {name: adam}\n"),
-               Contains("semantic.optimizer.name: unknown value 'adam'; choices: sgd, adamw"));
+    CHECK_THAT(
+        error_of("semantic:\n  optimizer: {name: adagrad}\n"),
+        Contains("semantic.optimizer.name: unknown value 'adagrad'; choices: sgd, adamw, adam, "
+                 "lamb, lars"));
   }
   SECTION("unknown model and model option") {
     CHECK_THAT(
@@ -176,7 +178,8 @@ TEST_CASE("command-line overrides go through the same validation", "[unit]") {
              Contains("--set semantic.optimzer.lr=0.1: semantic.optimzer: unknown key"));
   CHECK_THROWS_WITH(
       load_job_spec("", {"semantic.optimizer.name=adamw"}),
-      Contains("semantic.optimizer.momentum: momentum is an sgd option; optimizer adamw takes"));
+      Contains("semantic.optimizer.momentum: momentum is an sgd or lars option; optimizer "
+               "adamw takes"));
   const auto spec =
       load_job_spec("", {"semantic.seed=42", "semantic.optimizer={name: adamw, lr: 0.001}"});
   CHECK(spec.semantic.seed == 42);
@@ -230,8 +233,11 @@ TEST_CASE("a key of another variant is refused, naming the keys that apply", "[u
              Contains("semantic.schedule.step_size: step_size is a step option; schedule cosine "
                       "takes warmup_steps, warmup_start, min_factor"));
   CHECK_THAT(error_of("semantic:\n  optimizer: {name: sgd, eps: 1e-6}\n"),
-             Contains("semantic.optimizer.eps: eps is an adamw option; optimizer sgd takes lr, "
-                      "weight_decay, momentum, dampening, nesterov"));
+             Contains("semantic.optimizer.eps: eps is an adamw, adam or lamb option; optimizer sgd "
+                      "takes lr, weight_decay, momentum, dampening, nesterov"));
+  CHECK_THAT(error_of("output:\n  evaluation: {use_ema: true}\n"),
+             Contains("job.yaml:2:25: output.evaluation.use_ema: use_ema needs a weight average: "
+                      "set semantic.ema.decay"));
   // A null value of such a key is unset, as everywhere.
   CHECK(error_of("semantic:\n  optimizer: {name: adamw, momentum: null}\n") == "");
   CHECK_THAT(
@@ -246,8 +252,11 @@ TEST_CASE("the key tables come from the schema the parser reads", "[unit]") {
   }
   // Defaults come from the structs, computed defaults from their declaration.
   CHECK_THAT(tables, Contains("| `global_batch` | `256` |"));
-  CHECK_THAT(tables, Contains("| `optimizer.weight_decay` | `0.0005` (sgd), `0.01` (adamw) |"));
-  CHECK_THAT(tables, Contains("| `optimizer.beta1` | `0.9` | adamw only: "));
+  CHECK_THAT(
+      tables,
+      Contains("| `optimizer.weight_decay` | `0.0005` (sgd, lars), `0.01` (adamw, lamb), `0` "
+               "(adam) |"));
+  CHECK_THAT(tables, Contains("| `optimizer.beta1` | `0.9` | adamw, adam, lamb only: "));
   CHECK_THAT(tables, Contains("| `layout[].cpu_quota` | `0` |"));
   CHECK_THAT(tables, Contains("| `checkpoint.dir` | empty |"));
   // Every key of a printed spec has a row.

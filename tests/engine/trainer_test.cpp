@@ -39,6 +39,46 @@ TEST_CASE("learning-rate schedules", "[unit]") {
   CHECK(step.at(25) == Approx(0.5));
   s.name = "constant";
   CHECK(vflow::engine::LrSchedule(s, 0.3, 100).at(77) == Approx(0.3));
+  // Decays over the 100 steps after a warmup of 10 (from 0.1 x lr), down to min_factor.
+  s.warmup_steps = 10;
+  s.min_factor = 0.2;
+  s.name = "linear";
+  const vflow::engine::LrSchedule linear(s, 1.0, 110);
+  CHECK(linear.at(0) == Approx(0.1));
+  CHECK(linear.at(10) == Approx(1.0));
+  CHECK(linear.at(60) == Approx(0.6));
+  CHECK(linear.at(110) == Approx(0.2));
+  s.name = "polynomial";
+  s.power = 2;
+  const vflow::engine::LrSchedule poly(s, 1.0, 110);
+  CHECK(poly.at(60) == Approx(0.2 + 0.8 * 0.25));
+  CHECK(poly.at(110) == Approx(0.2));
+  // The Transformer's: 1 at the end of warmup, then 1/sqrt of the step's multiple of it.
+  s.name = "inverse_sqrt";
+  const vflow::engine::LrSchedule inv(s, 2.0, 1000);
+  CHECK(inv.at(5) == Approx(2.0 * 0.55));
+  CHECK(inv.at(10) == Approx(2.0));
+  CHECK(inv.at(40) == Approx(1.0));
+  CHECK(inv.at(250) == Approx(0.4));
+}
+
+TEST_CASE("the weight average is part of the result; use_ema evaluates it", "[integration]") {
+  const std::vector<std::string> ema{"semantic.ema={decay: 0.9, every_steps: 2}",
+                                     "semantic.deterministic=true"};
+  auto with_average = ema;
+  with_average.push_back("output.evaluation.use_ema=true");
+  const auto plain = run_job(small_job({"semantic.deterministic=true"}));
+  const auto averaged = run_job(small_job(ema));
+  const auto evaluated = run_job(small_job(with_average));
+  REQUIRE(averaged.evaluation.has_value());
+  REQUIRE(evaluated.evaluation.has_value());
+  // The average enters the fingerprint, but not the parameters' trajectory...
+  CHECK(averaged.fingerprint != plain.fingerprint);
+  CHECK(averaged.final_loss == plain.final_loss);
+  // ...and evaluating it is an output choice: the same result, another evaluation.
+  CHECK(evaluated.fingerprint == averaged.fingerprint);
+  CHECK(evaluated.evaluation->loss != averaged.evaluation->loss);
+  CHECK(averaged.evaluation->loss == plain.evaluation->loss);
 }
 
 TEST_CASE("a small job learns its synthetic task", "[integration][numeric]") {

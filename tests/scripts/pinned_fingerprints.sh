@@ -40,12 +40,12 @@ small=(--set "semantic.data={name: synthetic, options: {train_size: 600, test_si
        --set semantic.global_batch=48 --set semantic.virtual_nodes=12 --set semantic.steps=16
        --set resources.timeout_s=20)
 cases=(default-1w default-3w resnet18-fashion fortunes-lm langid-bert torchscript-convnet
-       small-1w small-4w)
+       small-1w small-4w langid-bert-finetune fortunes-lm-transformer fashion-large-batch-lamb)
 args_of() {
   case $1 in
     default-1w) echo "--set semantic.steps=20" ;;
     default-3w) echo "--set semantic.steps=20 --workers 3" ;;
-    resnet18-fashion|fortunes-lm|langid-bert)
+    resnet18-fashion|fortunes-lm|langid-bert|langid-bert-finetune|fortunes-lm-transformer|fashion-large-batch-lamb)
       echo "$here/examples/jobs/$1.yaml --set semantic.steps=3" ;;
     torchscript-convnet)
       echo "$here/examples/jobs/$1.yaml --set semantic.steps=3 --set semantic.model.torchscript=$work/convnet.pt" ;;

@@ -27,24 +27,46 @@ struct DataSpec {
 };
 
 struct OptimizerSpec {
-  std::string name = "sgd";    ///< sgd | adamw
+  std::string name = "sgd";    ///< sgd | adamw | adam | lamb | lars
   double lr = 0.05;            ///< peak learning rate
-  double weight_decay = 5e-4;  ///< L2 (sgd) or decoupled (adamw) weight decay
-  double momentum = 0.9;       ///< sgd only
+  double weight_decay = 5e-4;  ///< L2 (sgd, adam, lars) or decoupled (adamw, lamb) weight decay
+  double momentum = 0.9;       ///< sgd and lars
   double dampening = 0.0;      ///< sgd only
   bool nesterov = true;        ///< sgd only; needs momentum > 0 and dampening 0
-  double beta1 = 0.9;          ///< adamw only
-  double beta2 = 0.999;        ///< adamw only
-  double eps = 1e-8;           ///< adamw only
+  double beta1 = 0.9;          ///< adamw, adam and lamb
+  double beta2 = 0.999;        ///< adamw, adam and lamb
+  double eps = 1e-8;           ///< adamw, adam and lamb
+  double trust_coefficient = 0.001;   ///< lars only: eta of the layer-wise trust ratio
+  bool exclude_bias_and_norm = true;  ///< lars only: 1-d parameters keep lr, no decay
 };
 
 struct ScheduleSpec {
-  std::string name = "cosine";  ///< constant | step | cosine
-  int64_t warmup_steps = 0;     ///< linear warmup from warmup_start * lr to lr over this many steps
-  double warmup_start = 0.1;    ///< warmup starting factor
-  int64_t step_size = 1000;     ///< step: multiply by gamma every step_size steps
-  double gamma = 0.1;           ///< step: decay factor
-  double min_factor = 0.0;      ///< cosine: final lr = min_factor * lr
+  /// constant | step | cosine | linear | inverse_sqrt | polynomial
+  std::string name = "cosine";
+  int64_t warmup_steps = 0;   ///< linear warmup from warmup_start * lr to lr over this many steps
+  double warmup_start = 0.1;  ///< warmup starting factor
+  int64_t step_size = 1000;   ///< step: multiply by gamma every step_size steps
+  double gamma = 0.1;         ///< step: decay factor
+  double min_factor = 0.0;    ///< cosine, linear, polynomial: final lr = min_factor * lr
+  double power = 1.0;         ///< polynomial: exponent of the decay
+};
+
+/// Clipping of the step's reduced gradient (the same on every worker); 0 = off.
+struct ClipSpec {
+  double max_norm = 0;  ///< scale the whole gradient down to this global L2 norm
+  double value = 0;     ///< clamp every gradient element to [-value, value]
+  bool enabled() const { return max_norm > 0 || value > 0; }
+};
+
+/// An exponential moving average of the parameters, updated after optimizer steps.
+struct EmaSpec {
+  double decay = 0;         ///< ema = decay * ema + (1 - decay) * parameters; 0 = no EMA
+  int64_t every_steps = 1;  ///< update after every k-th step
+  bool enabled() const { return decay > 0; }
+};
+
+struct LossSpec {
+  double label_smoothing = 0;  ///< of the training loss's targets (cross-entropy's)
 };
 
 struct SemanticSpec {
@@ -57,6 +79,9 @@ struct SemanticSpec {
   std::vector<int64_t> vnode_sizes;
   OptimizerSpec optimizer;
   ScheduleSpec schedule;
+  ClipSpec clip;
+  LossSpec loss;
+  EmaSpec ema;
   int64_t steps = 0;           ///< total optimizer steps; 0 = use epochs
   int64_t epochs = 3;          ///< used when steps is 0
   uint64_t seed = 1;           ///< seeds initialisation, data order and dropout
@@ -99,6 +124,7 @@ struct EvaluationSpec {
   int64_t every_epochs = 1;  ///< evaluate after every k-th epoch (0 = never mid-run)
   int64_t every_steps = 0;   ///< evaluate every k steps (0 = never)
   int64_t batch = 1000;      ///< evaluation batch size (no effect on results)
+  bool use_ema = false;      ///< evaluate the weight EMA (semantic.ema) instead of the weights
 };
 
 struct CheckpointSpec {

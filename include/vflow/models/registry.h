@@ -34,9 +34,10 @@ class Model : public torch::nn::Module {
 
 /// Cross-entropy of logits [n, C] against targets [n], or of [n, T, C] against [n, T]
 /// (every position one prediction, all equally weighted). `sum`: the sum instead of
-/// the mean over predictions.
+/// the mean over predictions. `label_smoothing`: targets mixed with the uniform
+/// distribution by this weight (PyTorch's cross_entropy(label_smoothing=)).
 torch::Tensor prediction_loss(const torch::Tensor& logits, const torch::Tensor& target,
-                              bool sum = false);
+                              bool sum = false, double label_smoothing = 0);
 
 using ModelBuilder = std::function<std::shared_ptr<Model>()>;
 /// Reads and validates a model's options (throwing SpecError through the reader) and
