@@ -203,7 +203,11 @@ def records(metrics):
 
 
 def replay(r, model_path, examples_path, images, labels):
-    model = torch.jit.load(model_path)
+    # The same initial parameters in an eager module: PyTorch's TorchScript executor is not
+    # part of what is compared (and Debian 13's PyTorch 2.6 hangs in the fused backward it
+    # compiles after two profiling runs).
+    model = Mlp()
+    model.load_state_dict(torch.jit.load(model_path).state_dict())
     model.train()
     params = list(model.parameters())
     opt = make_optimizer(r, params)
