@@ -95,9 +95,13 @@ TEST_CASE("the training recipes' keys keep the undisturbed fingerprint through r
       " --set semantic.optimizer='{name: lamb, lr: 0.01}' --set semantic.clip.max_norm=0.5"
       " --set semantic.loss.label_smoothing=0.1 --set semantic.ema='{decay: 0.99, every_steps: 3}'"
       " --set semantic.schedule='{name: polynomial, power: 2, warmup_steps: 10}'",
-      " --set semantic.optimizer='{name: lars, lr: 1.0, trust_coefficient: 0.01}'"
+      " --set semantic.optimizer='{name: lars, lr: 1.0, trust_coefficient: 0.01, "
+      "exclude_bias_and_norm: false}'"
       " --set semantic.clip='{value: 0.05}' --set semantic.schedule='{name: inverse_sqrt, "
-      "warmup_steps: 20}'"};
+      "warmup_steps: 20}'",
+      " --set semantic.optimizer='{name: adam, lr: 0.002, beta2: 0.98}'"
+      " --set semantic.schedule='{name: linear, warmup_steps: 5, min_factor: 0.1}'"
+      " --set semantic.ema.decay=0.9 --set output.evaluation.use_ema=true"};
   for (const auto& recipe : recipes) {
     CAPTURE(recipe);
     const auto reference = reference_fingerprint(recipe);
