@@ -391,7 +391,8 @@ const SpecSchema<EvaluationSpec>& evaluation_schema() {
     s.integer("batch", &E::batch, 1, kBig, "evaluation batch size (no effect on results)");
     s.boolean("use_ema", &E::use_ema,
               "evaluate the weight average of `semantic.ema` instead of the weights (needs "
-              "`semantic.ema.decay` > 0)");
+              "`semantic.ema.decay` > 0); buffers such as batch-norm statistics stay the "
+              "model's own");
     return s;
   }();
   return schema;
