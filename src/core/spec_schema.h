@@ -180,16 +180,10 @@ class SpecSchema {
     Key k = add(
         std::move(key), {},
         [m, &schema](OptionReader& r, const std::string& name, T& v) {
-          OptionReader sub(r.section(name));
-          schema.read(sub, v.*m);
-          sub.finish();
+          schema.read_section(r.section(name), v.*m);
         },
         [m, &schema](const T& v) { return schema.tree(v.*m); });
-    KeyData& data = *keys_.back();
-    data.nested_rows = [&schema, name = data.name](const std::string& prefix,
-                                                   std::vector<SpecKeyRow>& rows) {
-      for (auto& row : schema.rows(prefix + name + ".")) rows.push_back(std::move(row));
-    };
+    nest_rows(schema, ".");
     return k;
   }
   /// A list of entries, each a section of `schema`; absent or empty = the member's default.
@@ -202,10 +196,8 @@ class SpecSchema {
           if (items.empty()) return;
           (v.*m).clear();
           for (const auto& item : items) {
-            OptionReader entry(item);
             S value{};
-            schema.read(entry, value);
-            entry.finish();
+            schema.read_section(item, value);
             (v.*m).push_back(std::move(value));
           }
         },
@@ -214,12 +206,8 @@ class SpecSchema {
           for (const auto& item : v.*m) list.append(schema.tree(item));
           return list;
         });
-    KeyData& data = *keys_.back();
-    data.default_text = "empty";
-    data.nested_rows = [&schema, name = data.name](const std::string& prefix,
-                                                   std::vector<SpecKeyRow>& rows) {
-      for (auto& row : schema.rows(prefix + name + "[].")) rows.push_back(std::move(row));
-    };
+    keys_.back()->default_text = "empty";
+    nest_rows(schema, "[].");
     return k;
   }
   /// A key read by hand (a shorthand); it is neither printed nor given a row.
@@ -245,6 +233,14 @@ class SpecSchema {
       key->read(r, value);
       if (key->after) key->after(r, value);
     }
+  }
+
+  /// Reads a whole section node into `value` (holding the defaults) and refuses keys that
+  /// are not in the schema: for sections without checks across their parent's keys.
+  void read_section(const SpecNode& node, T& value) const {
+    OptionReader r(node);
+    read(r, value);
+    r.finish();
   }
 
   /// The section as a map of the keys that are shown, in declaration order.
@@ -289,6 +285,16 @@ class SpecSchema {
     };
     keys_.push_back(std::move(data));
     return Key(*keys_.back());
+  }
+
+  /// The last key's rows are those of `schema`, under "<prefix><key><separator>".
+  template <class S>
+  void nest_rows(const SpecSchema<S>& schema, const char* separator) {
+    KeyData& data = *keys_.back();
+    data.nested_rows = [&schema, stem = data.name + separator](const std::string& prefix,
+                                                               std::vector<SpecKeyRow>& rows) {
+      for (auto& row : schema.rows(prefix + stem)) rows.push_back(std::move(row));
+    };
   }
 
   bool applies(const KeyData& key, const T& value) const {

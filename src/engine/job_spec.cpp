@@ -479,9 +479,7 @@ SpecNode full_tree(const JobSpec& spec) {
 }
 
 void parse_semantic(const SpecNode& node, SemanticSpec& s, bool check_components) {
-  OptionReader r(node);
-  semantic_schema().read(r, s);
-  r.finish();
+  semantic_schema().read_section(node, s);
   if (!check_components) return;
 
   // Model and data options: validated by their factories, without loading anything.
@@ -566,12 +564,6 @@ void parse_resources(const SpecNode& node, ResourcesSpec& res, const SemanticSpe
   r.finish();
 }
 
-void parse_output(const SpecNode& node, OutputSpec& out) {
-  OptionReader r(node);
-  output_schema().read(r, out);
-  r.finish();
-}
-
 /// One markdown table of key rows.
 std::string key_table(const std::vector<SpecKeyRow>& rows) {
   std::string text = "| key | default | meaning |\n|---|---|---|\n";
@@ -590,11 +582,8 @@ std::string layout_entry_yaml(const ResourcesSpec::Worker& worker) {
 }
 
 ResourcesSpec::Worker parse_layout_entry(const std::string& text, const std::string& source) {
-  const SpecNode node = parse_yaml(text, source);
-  OptionReader r(node);
   ResourcesSpec::Worker worker;
-  worker_schema().read(r, worker);
-  r.finish();
+  worker_schema().read_section(parse_yaml(text, source), worker);
   return worker;
 }
 
@@ -642,7 +631,7 @@ JobSpec parse_job_spec(const SpecNode& root, bool check_components) {
   r.finish();
   parse_semantic(semantic, spec.semantic, check_components);
   parse_resources(resources, spec.resources, spec.semantic);
-  parse_output(output, spec.output);
+  output_schema().read_section(output, spec.output);
   if (spec.output.evaluation.use_ema && !spec.semantic.ema.enabled()) {
     OptionReader e(output.find("evaluation") ? *output.find("evaluation") : output);
     e.fail("use_ema", "use_ema needs a weight average: set semantic.ema.decay");
