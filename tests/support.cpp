@@ -15,6 +15,7 @@
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
+#include <thread>
 
 #include "vflow/core/process.h"
 #include "vflow/core/spec_node.h"
@@ -90,6 +91,27 @@ comm::Rendezvous rendezvous_at(const job::Coordinator& coordinator, int rank, in
   r.generation = generation;
   r.timeout = std::chrono::milliseconds(timeout_ms);
   return r;
+}
+
+std::vector<std::string> run_gloo_ranks(const job::Coordinator& coordinator, int ranks,
+                                        const std::string& generation,
+                                        const std::function<void(int, comm::Communicator&)>& body) {
+  std::vector<std::string> errors(static_cast<size_t>(ranks));
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < ranks; ++rank) {
+    threads.emplace_back([&, rank] {
+      try {
+        auto comm =
+            comm::make_gloo_communicator(rendezvous_at(coordinator, rank, ranks, generation));
+        body(rank, *comm);
+      } catch (const std::exception& e) {
+        errors[rank] = e.what();
+        if (errors[rank].empty()) errors[rank] = "(an exception without a message)";
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  return errors;
 }
 
 std::string export_torchscript(const std::string& model, const std::string& path) {

@@ -1,6 +1,7 @@
 // Helpers shared by the tests: temporary directories, small jobs, running the CLI.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -48,6 +49,13 @@ std::string export_torchscript(const std::string& model, const std::string& path
 /// `generation` (a fresh store prefix), giving up after `timeout_ms`.
 comm::Rendezvous rendezvous_at(const job::Coordinator& coordinator, int rank, int size,
                                const std::string& generation, int timeout_ms = 10000);
+
+/// Runs `body(rank, communicator)` for ranks 0 .. ranks-1 of a Gloo group, each in a
+/// thread of its own, over `coordinator`'s store. Returns each rank's error message, empty
+/// where the rank finished without one.
+std::vector<std::string> run_gloo_ranks(const job::Coordinator& coordinator, int ranks,
+                                        const std::string& generation,
+                                        const std::function<void(int, comm::Communicator&)>& body);
 
 /// A TCP port on 127.0.0.1 that was free a moment ago.
 int free_port();

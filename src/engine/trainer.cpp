@@ -19,12 +19,14 @@
 #include "engine/background_task.h"
 #include "engine/copy_stream.h"
 #include "vflow/comm/nccl.h"
+#include "vflow/comm/split_sum.h"
 #include "vflow/core/error.h"
 #include "vflow/core/spec_node.h"
 #include "vflow/engine/checkpoint.h"
 #include "vflow/engine/fingerprint.h"
 #include "vflow/engine/lr_schedule.h"
 #include "vflow/engine/optimizer.h"
+#include "vflow/vnode/fixed_point.h"
 #include "vflow/vnode/gradient_buffer.h"
 #include "vflow/vnode/plan.h"
 #include "vflow/vnode/stateful_kernels.h"
@@ -37,10 +39,6 @@ namespace {
 constexpr int64_t kCheckpointFormat = 1;
 /// Checkpoints are read whole into memory; this only bounds what a wrong path can cost.
 constexpr uint64_t kMaxCheckpointBytes = uint64_t{1} << 40;
-// Deterministic reduction: values are summed as integers in units of 2^-36 (about
-// 1.5e-11); |value| must stay below 2^20 so that 128 vnodes cannot overflow int64.
-constexpr double kFixedPointScale = 68719476736.0;  // 2^36
-constexpr double kFixedPointLimit = 1048576.0;      // 2^20
 constexpr uint64_t kInitStream = 0x1417;
 
 using Clock = std::chrono::steady_clock;
@@ -178,9 +176,11 @@ struct Trainer::Impl {
   std::unique_ptr<torch::optim::Optimizer> optimizer;
   std::vector<torch::Tensor> ema;  // semantic.ema: the parameters' average, in their order
   std::shared_ptr<comm::Communicator> comm;
-  vnode::VnodeRange held;     // the vnodes this worker processes
-  bool prefetch = false;      // load the next vnode's batch in the background
-  torch::Tensor fixed_point;  // deterministic mode: the exact integer sum of vnode gradients
+  vnode::VnodeRange held;  // the vnodes this worker processes
+  bool prefetch = false;   // load the next vnode's batch in the background
+  // Deterministic mode: the exact sum of vnode contributions, and its reduction.
+  std::unique_ptr<vnode::FixedPointSum> exact;
+  std::unique_ptr<comm::SplitSum> exact_reduction;
   std::vector<std::shared_ptr<TrainingObserver>> observers;
   int64_t step = 0;
   std::optional<EvalResult> last_eval;
@@ -290,7 +290,7 @@ struct Trainer::Impl {
     drain_loader();
     kernels->abort_step();
     packet->clear();
-    if (fixed_point.defined()) fixed_point.zero_();
+    if (exact) exact->clear();
   }
 
   data::Batch take(const WorkItem& item) {
@@ -350,7 +350,7 @@ struct Trainer::Impl {
     model->train();
     packet->clear();
     kernels->begin_step();
-    if (fixed_point.defined()) fixed_point.zero_();
+    if (exact) exact->clear();
     const int64_t ran = run_vnodes(s, batch);
     // Kernels run asynchronously on a GPU: the compute time (and the speed measured for
     // re-planning and profiles) includes them only once they have finished.
@@ -396,7 +396,6 @@ struct Trainer::Impl {
   /// order, accumulated into the packet (gradients, stateful-kernel rows, loss). Returns
   /// how many vnodes this worker computed.
   int64_t run_vnodes(int64_t s, const vnode::Slice& batch) {
-    const bool exact = fixed_point.defined();
     int64_t ordinal = 0;
     int64_t ran = 0;
     for (int64_t v = 0; v < plan.virtual_nodes(); ++v) {
@@ -405,6 +404,9 @@ struct Trainer::Impl {
       ++ordinal;
       if (v < held.first || v >= held.last) continue;
       ++ran;
+      // Deterministic mode: the previous vnode's contributions become exact integers; the
+      // last vnode's are rounded on their way into the reduction.
+      if (exact && ran > 1) check_range(exact->absorb(packet->flat()));
       const data::Batch b = take(WorkItem{s, v});
       // Randomness inside the forward pass depends on (seed, step, vnode) only.
       torch::manual_seed(
@@ -420,7 +422,6 @@ struct Trainer::Impl {
       (loss * (static_cast<double>(part.size) / static_cast<double>(batch.size))).backward();
       kernels->end_vnode(v);
       packet->add_loss(loss, part.size);
-      if (exact) accumulate_fixed_point();
     }
     return ran;
   }
@@ -431,20 +432,26 @@ struct Trainer::Impl {
     const StepControl wanted = step_control ? step_control(*self) : StepControl{};
     if (stop_requested() || wanted.stop) packet->request_stop();
     if (wanted.next_generation > 0) packet->request_regroup(wanted.next_generation);
-    if (fixed_point.defined() && (packet->stop_requested() || wanted.next_generation > 0)) {
-      accumulate_fixed_point();
-    }
   }
 
   /// The one collective: gradients, stateful-kernel table, loss and control word together
-  /// (deterministic mode: as exact fixed-point integers).
+  /// (deterministic mode: as exact fixed-point integers, 32 bits an element).
   void reduce_packet() {
-    if (fixed_point.defined()) {
-      comm->allreduce_sum(fixed_point);
-      packet->flat().copy_(fixed_point.to(torch::kFloat64).div_(kFixedPointScale));
-    } else {
-      comm->allreduce_sum(packet->flat());
+    auto& flat = packet->flat();
+    if (!exact) {
+      comm->allreduce_sum(flat);
+      return;
     }
+    const int world = comm->size();
+    if (world == 1) {
+      check_range(exact->round_in_place(flat));
+      return;
+    }
+    auto dense = exact_reduction->dense(world);
+    torch::Tensor index, value;
+    check_range(exact->split(flat, comm::SplitSum::dense_limit(world), dense, index, value));
+    const auto listed = exact_reduction->reduce(*comm, index, value);
+    vnode::FixedPointSum::assemble(dense, listed.index, listed.value, flat);
   }
 
   /// Every worker holds the same parameters after the update, so each keeps the same
@@ -472,21 +479,17 @@ struct Trainer::Impl {
     return norm;
   }
 
-  /// Deterministic mode: adds this vnode's weighted gradient (and table row, and loss)
-  /// to an int64 fixed-point sum and clears the float buffer. Integer addition is
+  /// Deterministic mode: `largest`, the largest magnitude of a vnode's contributions
+  /// (NaN if one is NaN), must be in the exact sum's range. Integer addition is
   /// associative, so the total is bitwise the same however vnodes are spread over
   /// workers and in whatever order the collective adds the workers' parts.
-  void accumulate_fixed_point() {
-    auto& flat = packet->flat();
-    const double largest = flat.abs().max().item<double>();
-    if (!(largest < kFixedPointLimit)) {
+  void check_range(double largest) const {
+    if (!(largest < vnode::FixedPointSum::kLimit)) {
       throw Error(fmt::format(
           "step {}: a gradient value of {} is outside the deterministic reduction's range "
           "(|g| < {}); the run diverged or needs deterministic: false",
-          step, largest, kFixedPointLimit));
+          step, largest, vnode::FixedPointSum::kLimit));
     }
-    fixed_point.add_(flat.to(torch::kFloat64).mul_(kFixedPointScale).round_().to(torch::kInt64));
-    flat.zero_();
   }
 
   bool stop_requested() const {
@@ -511,8 +514,9 @@ Trainer::Trainer(JobSpec spec, std::shared_ptr<models::Model> model, data::DataS
       std::make_unique<vnode::StepPacket>(m.parameters(), impl_->kernels->table_numel());
   impl_->kernels->bind_table(impl_->packet->table());
   if (impl_->spec.semantic.deterministic) {
-    impl_->fixed_point = torch::zeros({impl_->packet->numel()},
-                                      torch::TensorOptions(torch::kInt64).device(impl_->device));
+    impl_->exact = std::make_unique<vnode::FixedPointSum>(impl_->packet->numel(), impl_->device);
+    impl_->exact_reduction =
+        std::make_unique<comm::SplitSum>(impl_->packet->numel(), impl_->device);
   }
   impl_->optimizer = make_optimizer(impl_->spec.semantic.optimizer, m.parameters());
   if (impl_->spec.semantic.ema.enabled()) {

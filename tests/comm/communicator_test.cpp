@@ -28,27 +28,17 @@ TEST_CASE("Gloo collectives over the coordinator's store", "[integration]") {
   Coordinator coordinator("127.0.0.1", 0, std::chrono::seconds(10));
   constexpr int kRanks = 3;
   std::vector<std::vector<float>> results(kRanks);
-  std::vector<std::string> errors(kRanks);
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < kRanks; ++rank) {
-    threads.emplace_back([&, rank] {
-      try {
-        auto comm =
-            vflow::comm::make_gloo_communicator(rendezvous(coordinator, rank, kRanks, "t1"));
+  const auto errors = vflow::testing::run_gloo_ranks(
+      coordinator, kRanks, "t1", [&](int rank, vflow::comm::Communicator& comm) {
         auto sum = torch::full({4}, static_cast<float>(rank + 1));
-        comm->allreduce_sum(sum);
+        comm.allreduce_sum(sum);
         auto root = torch::full({2}, static_cast<float>(10 * rank));
-        comm->broadcast(root, 2);
-        const auto gathered = comm->all_gather(torch::full({1}, static_cast<float>(rank)));
-        comm->barrier();
+        comm.broadcast(root, 2);
+        const auto gathered = comm.all_gather(torch::full({1}, static_cast<float>(rank)));
+        comm.barrier();
         results[rank] = {sum[0].item<float>(), sum[3].item<float>(), root[1].item<float>(),
                          gathered[0].item<float>(), gathered[2].item<float>()};
-      } catch (const std::exception& e) {
-        errors[rank] = e.what();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
+      });
   for (int rank = 0; rank < kRanks; ++rank) {
     CAPTURE(rank, errors[rank]);
     REQUIRE(errors[rank].empty());

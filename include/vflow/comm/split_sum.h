@@ -1,0 +1,56 @@
+// An exact sum across ranks of int64 values of which nearly all are small, in 32 bits an
+// element (deterministic mode's reduction; docs/design.md).
+//
+// Each rank gives a dense int32 part, every element below dense_limit(world) in magnitude
+// so that the sum over all ranks cannot overflow, and a list of its few other values as
+// (index, int64 value) pairs. One int32 allreduce sums the dense parts and carries, in a
+// region of its own per rank, each rank's count and first capacity() pairs; only when
+// some rank lists more does a second collective follow (an all-gather of the remainder, or a
+// dense int64 allreduce when that is smaller). Integer sums are exact, so the result does
+// not depend on the number of ranks or the order of the additions.
+#pragma once
+
+#include <torch/types.h>
+
+#include <cstdint>
+
+namespace vflow::comm {
+
+class Communicator;
+
+class SplitSum {
+ public:
+  /// Pairs each rank carries inside the dense allreduce: numel / (1024 · world), at
+  /// least 256, so that the regions add about 1 % to the allreduce.
+  static int64_t capacity(int64_t numel, int world);
+
+  /// For dense parts of `numel` elements on `device`.
+  SplitSum(int64_t numel, torch::Device device);
+
+  /// The magnitude every element of a rank's dense part must stay below when `world`
+  /// ranks add theirs: 2^31 / (world rounded up to a power of two).
+  static int64_t dense_limit(int world);
+
+  /// The dense part to fill before reduce (int32, numel elements, on the device).
+  torch::Tensor dense(int world);
+
+  /// The listed values summed over ranks.
+  struct Listed {
+    torch::Tensor index;  ///< int64 on the CPU, distinct, ascending
+    torch::Tensor value;  ///< int64 on the CPU: the sum of every rank's value there
+  };
+
+  /// Sums every rank's dense part in place and merges the lists. `index` and `value`
+  /// (int64, on the CPU, distinct indices) are this rank's list. Every rank calls it
+  /// together; a failed collective throws PeerFailure as the communicator does.
+  Listed reduce(Communicator& comm, const torch::Tensor& index, const torch::Tensor& value);
+
+ private:
+  int64_t numel_;
+  torch::Device device_;
+  int world_ = 0;
+  int64_t capacity_ = 0;
+  torch::Tensor carrier_;  // int32: [dense | per rank: count, capacity_ x (index, low, high)]
+};
+
+}  // namespace vflow::comm

@@ -1,0 +1,65 @@
+// Deterministic mode's exact sum of vnode contributions (docs/design.md, "Bitwise
+// reproducibility across worker counts").
+//
+// Each vnode's weighted gradient (and table row, and loss) is rounded to a multiple of
+// 2^-36 and added as an int64 to a worker's sum; the sum over workers is integer
+// addition too, so the total is the same however vnodes are spread over workers and in
+// whatever order they are added. The float buffer of a vnode is read and cleared in one
+// pass. The last vnode a worker computes needs no int64 step of its own: its values are
+// rounded on the way into the reduction (split) or into the result (round_in_place).
+//
+// The reduction across workers carries the total in 32 bits an element: split() writes
+// every element whose magnitude is below a limit (chosen so that the sum over all
+// workers fits int32) into a dense int32 part and lists the few larger ones as
+// (index, int64 value) pairs; assemble() turns the reduced parts back into floats. The
+// result is bitwise that of one int64 sum, converted once.
+#pragma once
+
+#include <torch/types.h>
+
+#include <cstdint>
+
+namespace vflow::vnode {
+
+class FixedPointSum {
+ public:
+  /// The unit is 2^-36; values must stay below 2^20 in magnitude, so that up to 128
+  /// vnodes cannot overflow the int64 total.
+  static constexpr double kScale = 68719476736.0;  // 2^36
+  static constexpr double kLimit = 1048576.0;      // 2^20
+
+  /// A sum for buffers of `numel` elements on `device`, zero.
+  FixedPointSum(int64_t numel, torch::Device device);
+
+  /// Adds `values` (one vnode's contributions, the buffer of `numel` elements) to the
+  /// sum and zeroes them. Returns the largest magnitude among them, NaN if one is NaN;
+  /// when that is not below kLimit the sum is invalid until clear().
+  double absorb(torch::Tensor& values);
+
+  /// One worker alone: `values` becomes the sum plus its own rounded values, as floats.
+  /// Returns the largest magnitude among `values` before (as absorb). Clears the sum.
+  double round_in_place(torch::Tensor& values);
+
+  /// The reduction's parts of the sum plus the rounded `values` (left as they are):
+  /// elements of magnitude below `dense_limit` (units of 2^-36, a power of two up to
+  /// 2^31) go to `dense` (int32, `numel` elements), the others are 0 there and listed in
+  /// `index` and `value` (int64, on the CPU, ascending index). Returns the largest
+  /// magnitude among `values` (as absorb). Clears the sum.
+  double split(const torch::Tensor& values, int64_t dense_limit, torch::Tensor& dense,
+               torch::Tensor& index, torch::Tensor& value);
+
+  /// `values` = (dense + the listed values at their indices) · 2^-36, rounded to float
+  /// once: the inverse of split after the parts were summed over workers. `index` and
+  /// `value` are int64 on the CPU with distinct indices.
+  static void assemble(const torch::Tensor& dense, const torch::Tensor& index,
+                       const torch::Tensor& value, torch::Tensor& values);
+
+  /// Zeroes the sum (a step abandoned).
+  void clear();
+
+ private:
+  torch::Tensor sum_;  // int64
+  bool empty_ = true;  // sum_ is zero: the first absorb writes instead of adding
+};
+
+}  // namespace vflow::vnode

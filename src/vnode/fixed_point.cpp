@@ -1,0 +1,334 @@
+// Compiled with -ffp-contract=off (no multiply-add fused into one rounding) and
+// -fno-trapping-math (so that selects between computed floats vectorise; no value
+// changes): every operation here is exact or rounds once by IEEE rules, so hosts of
+// different instruction sets in one job compute the same integers and floats.
+#include "vflow/vnode/fixed_point.h"
+
+#include <ATen/Parallel.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "vflow/core/error.h"
+
+namespace vflow::vnode {
+
+namespace {
+
+constexpr float kScaleF = 68719476736.0f;        // 2^36
+constexpr float kUnitF = 1.0f / 68719476736.0f;  // 2^-36
+constexpr double kUnit = 1.0 / FixedPointSum::kScale;
+constexpr int64_t kChunk = int64_t{1} << 15;  // elements per parallel task
+
+/// The nearest integer to x, ties to even, for any finite float: below 2^23 in
+/// magnitude, adding and subtracting 2^23 (with x's sign) leaves the rounded value;
+/// above, every float is an integer already. Both sides are computed, so that the
+/// select vectorises (even without SSE4.1's roundps).
+inline float round_even(float x) {
+  constexpr float kBig = 8388608.0f;  // 2^23
+  const float big = std::copysign(kBig, x);
+  const float rounded = (x + big) - big;
+  return std::fabs(x) < kBig ? rounded : x;
+}
+
+/// The largest magnitude seen, as the bits of a non-negative float: their integer order
+/// is the floats' order, and NaN's bits come above infinity's, so one integer maximum
+/// finds both the largest value and a NaN (and vectorises, which a float maximum with
+/// NaN semantics does not).
+struct RangeSeen {
+  uint32_t largest = 0;
+  void merge(const RangeSeen& o) { largest = o.largest > largest ? o.largest : largest; }
+  double result() const {
+    float f = 0;
+    std::memcpy(&f, &largest, sizeof f);
+    return f;
+  }
+};
+
+constexpr uint32_t kLimitBits = 0x49800000u;  // the bits of 2^20
+
+/// x in units of 2^-36, rounded, or 0 when |x| is not below 2^20 (or NaN); the
+/// magnitude's bits go into `largest`.
+inline float scaled(float x, uint32_t& largest) {
+  uint32_t bits = 0;
+  std::memcpy(&bits, &x, sizeof bits);
+  bits &= 0x7fffffffu;
+  largest = bits > largest ? bits : largest;
+  const float q = round_even(x * kScaleF);
+  return bits < kLimitBits ? q : 0.0f;
+}
+
+/// An integral float below 2^56 in magnitude as int64, in 32-bit vector steps: the
+/// quotient by 2^31 (truncated, exact) and the exact remainder.
+inline int64_t to_int64(float q) {
+  constexpr float kWord = 2147483648.0f;  // 2^31
+  const auto high = static_cast<int32_t>(q * (1.0f / kWord));
+  const auto low = static_cast<int32_t>(q - static_cast<float>(high) * kWord);
+  return static_cast<int64_t>(static_cast<uint64_t>(static_cast<int64_t>(high)) << 31) + low;
+}
+
+/// An int64 as the nearest double, in 32-bit vector steps: both halves convert exactly
+/// and their sum rounds once, as the conversion of the whole does.
+inline double to_double(int64_t t) {
+  const auto high = static_cast<int32_t>(t >> 32);
+  const auto low = static_cast<uint32_t>(static_cast<uint64_t>(t));
+  const double low_d = static_cast<double>(static_cast<int32_t>(low ^ 0x80000000u)) + 2147483648.0;
+  return static_cast<double>(high) * 4294967296.0 + low_d;
+}
+
+// The kernels of one chunk, in plain loops over restrict pointers with local
+// accumulators so that the compiler vectorises them; compiled for AVX2 too, where the
+// int64 steps vectorise. Every operation is exact or rounds once by IEEE rules, so both
+// versions give the same bits.
+#define VFLOW_KERNEL __attribute__((target_clones("avx2", "default")))
+
+VFLOW_KERNEL RangeSeen absorb_first(float* __restrict v, int64_t* __restrict s, int64_t n) {
+  uint32_t largest = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    s[i] = to_int64(scaled(v[i], largest));
+    v[i] = 0.0f;
+  }
+  return {largest};
+}
+
+VFLOW_KERNEL RangeSeen absorb_more(float* __restrict v, int64_t* __restrict s, int64_t n) {
+  uint32_t largest = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    s[i] += to_int64(scaled(v[i], largest));
+    v[i] = 0.0f;
+  }
+  return {largest};
+}
+
+VFLOW_KERNEL RangeSeen round_alone(float* __restrict v, int64_t n) {
+  uint32_t largest = 0;
+  // A float that is an integer times 2^-36 converts to itself: no int64 step.
+  for (int64_t i = 0; i < n; ++i) v[i] = scaled(v[i], largest) * kUnitF;
+  return {largest};
+}
+
+VFLOW_KERNEL RangeSeen round_with_sum(float* __restrict v, const int64_t* __restrict s, int64_t n) {
+  uint32_t largest = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t t = s[i] + to_int64(scaled(v[i], largest));
+    v[i] = static_cast<float>(to_double(t) * kUnit);
+  }
+  return {largest};
+}
+
+/// Splits alone: returns how many elements were too large for the dense part.
+VFLOW_KERNEL int32_t split_alone(const float* __restrict v, int32_t* __restrict d, float limit,
+                                 int64_t n, RangeSeen& seen) {
+  uint32_t largest = 0;
+  int32_t count = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const float q = scaled(v[i], largest);
+    const bool small = std::fabs(q) < limit;
+    d[i] = static_cast<int32_t>(small ? q : 0.0f);
+    count += small ? 0 : 1;
+  }
+  seen = {largest};
+  return count;
+}
+
+VFLOW_KERNEL int32_t split_with_sum(const float* __restrict v, const int64_t* __restrict s,
+                                    int32_t* __restrict d, int64_t limit, int64_t n,
+                                    RangeSeen& seen) {
+  uint32_t largest = 0;
+  int32_t count = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t t = s[i] + to_int64(scaled(v[i], largest));
+    // Masks rather than a select: the form the compiler vectorises for int64.
+    const auto small = static_cast<int32_t>((t < limit) & (t > -limit));
+    d[i] = static_cast<int32_t>(t) & -small;
+    count += 1 - small;
+  }
+  seen = {largest};
+  return count;
+}
+
+VFLOW_KERNEL void assemble_dense(const int32_t* __restrict d, float* __restrict v, int64_t n) {
+  // An int32 rounded to float, times 2^-36 (exact), is the int32 times 2^-36 rounded once.
+  for (int64_t i = 0; i < n; ++i) v[i] = static_cast<float>(d[i]) * kUnitF;
+}
+
+#undef VFLOW_KERNEL
+
+bool fast_path(const torch::Tensor& values) {
+  return values.device().is_cpu() && values.scalar_type() == torch::kFloat32 &&
+         values.is_contiguous();
+}
+
+/// Runs f(begin, end, chunk) over chunks of [0, n) in parallel; returns the chunks'
+/// RangeSeen merged.
+template <typename F>
+RangeSeen for_chunks(int64_t n, F f) {
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+  std::vector<RangeSeen> seen(static_cast<size_t>(chunks));
+  at::parallel_for(0, chunks, 1, [&](int64_t first, int64_t last) {
+    for (int64_t c = first; c < last; ++c) {
+      const int64_t b = c * kChunk;
+      seen[c] = f(b, std::min(n, b + kChunk), c);
+    }
+  });
+  RangeSeen all;
+  for (const auto& s : seen) all.merge(s);
+  return all;
+}
+
+double generic_largest(const torch::Tensor& values) {
+  return values.numel() == 0 ? 0.0 : values.abs().max().item<double>();
+}
+
+torch::Tensor generic_rounded(const torch::Tensor& values) {
+  return values.to(torch::kFloat64).mul_(FixedPointSum::kScale).round_().to(torch::kInt64);
+}
+
+}  // namespace
+
+FixedPointSum::FixedPointSum(int64_t numel, torch::Device device)
+    : sum_(torch::zeros({numel}, torch::TensorOptions(torch::kInt64).device(device))) {}
+
+void FixedPointSum::clear() { empty_ = true; }
+
+double FixedPointSum::absorb(torch::Tensor& values) {
+  VFLOW_ASSERT(values.numel() == sum_.numel(), "a fixed-point sum of another size");
+  if (!fast_path(values)) {
+    const double largest = generic_largest(values);
+    if (!(largest < kLimit)) return largest;
+    const auto q = generic_rounded(values);
+    if (empty_) {
+      sum_.copy_(q);
+    } else {
+      sum_.add_(q);
+    }
+    values.zero_();
+    empty_ = false;
+    return largest;
+  }
+  float* v = values.data_ptr<float>();
+  int64_t* s = sum_.data_ptr<int64_t>();
+  const bool first = empty_;
+  const auto seen = for_chunks(values.numel(), [&](int64_t b, int64_t e, int64_t) {
+    return first ? absorb_first(v + b, s + b, e - b) : absorb_more(v + b, s + b, e - b);
+  });
+  empty_ = false;
+  return seen.result();
+}
+
+double FixedPointSum::round_in_place(torch::Tensor& values) {
+  VFLOW_ASSERT(values.numel() == sum_.numel(), "a fixed-point sum of another size");
+  const bool alone = empty_;
+  empty_ = true;
+  if (!fast_path(values)) {
+    const double largest = generic_largest(values);
+    if (!(largest < kLimit)) return largest;
+    auto t = generic_rounded(values);
+    if (!alone) t.add_(sum_);
+    values.copy_(t.to(torch::kFloat64).mul_(kUnit));
+    return largest;
+  }
+  float* v = values.data_ptr<float>();
+  const int64_t* s = sum_.data_ptr<int64_t>();
+  const auto seen = for_chunks(values.numel(), [&](int64_t b, int64_t e, int64_t) {
+    return alone ? round_alone(v + b, e - b) : round_with_sum(v + b, s + b, e - b);
+  });
+  return seen.result();
+}
+
+double FixedPointSum::split(const torch::Tensor& values, int64_t dense_limit, torch::Tensor& dense,
+                            torch::Tensor& index, torch::Tensor& value) {
+  VFLOW_ASSERT(values.numel() == sum_.numel() && dense.numel() == sum_.numel() &&
+                   dense.scalar_type() == torch::kInt32 && dense.is_contiguous(),
+               "split into a dense part of another size or type");
+  VFLOW_ASSERT(dense_limit > 0 && dense_limit <= (int64_t{1} << 31) &&
+                   (dense_limit & (dense_limit - 1)) == 0,
+               "the dense limit must be a power of two up to 2^31");
+  const bool alone = empty_;
+  empty_ = true;
+  if (!fast_path(values) || !dense.device().is_cpu()) {
+    const double largest = generic_largest(values);
+    if (!(largest < kLimit)) return largest;
+    auto t = generic_rounded(values);
+    if (!alone) t.add_(sum_);
+    const auto large = t.abs().ge(dense_limit);
+    dense.copy_(t.masked_fill(large, 0).to(torch::kInt32));
+    const auto where = large.nonzero().view({-1});
+    index = where.to(torch::kCPU);
+    value = t.index_select(0, where).to(torch::kCPU);
+    return largest;
+  }
+  const float* v = values.data_ptr<float>();
+  const int64_t* s = sum_.data_ptr<int64_t>();
+  int32_t* d = dense.data_ptr<int32_t>();
+  const int64_t n = values.numel();
+  const float limit_f = static_cast<float>(dense_limit);
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> large(
+      static_cast<size_t>((n + kChunk - 1) / kChunk));
+  const auto seen = for_chunks(n, [&](int64_t b, int64_t e, int64_t c) {
+    RangeSeen r;
+    const int32_t count = alone ? split_alone(v + b, d + b, limit_f, e - b, r)
+                                : split_with_sum(v + b, s + b, d + b, dense_limit, e - b, r);
+    if (count > 0) {  // rare: list them, recomputing the chunk's values while it is cached
+      auto& list = large[c];
+      uint32_t unused = 0;
+      for (int64_t i = b; i < e; ++i) {
+        const int64_t t = (alone ? 0 : s[i]) + to_int64(scaled(v[i], unused));
+        if (t >= dense_limit || t <= -dense_limit) list.emplace_back(i, t);
+      }
+    }
+    return r;
+  });
+  int64_t total = 0;
+  for (const auto& l : large) total += static_cast<int64_t>(l.size());
+  index = torch::empty({total}, torch::kInt64);
+  value = torch::empty({total}, torch::kInt64);
+  int64_t k = 0;
+  for (const auto& l : large) {
+    for (const auto& [i, t] : l) {
+      index.data_ptr<int64_t>()[k] = i;
+      value.data_ptr<int64_t>()[k] = t;
+      ++k;
+    }
+  }
+  return seen.result();
+}
+
+void FixedPointSum::assemble(const torch::Tensor& dense, const torch::Tensor& index,
+                             const torch::Tensor& value, torch::Tensor& values) {
+  VFLOW_ASSERT(dense.numel() == values.numel() && dense.scalar_type() == torch::kInt32,
+               "assemble from a dense part of another size or type");
+  VFLOW_ASSERT(index.device().is_cpu() && value.device().is_cpu() &&
+                   index.scalar_type() == torch::kInt64 && value.scalar_type() == torch::kInt64,
+               "the listed values must be int64 on the CPU");
+  const int64_t listed = index.numel();
+  if (!fast_path(values) || !dense.device().is_cpu() || !dense.is_contiguous()) {
+    values.copy_(dense.to(torch::kFloat64).mul_(kUnit));
+    if (listed == 0) return;
+    const auto where = index.to(dense.device());
+    const auto t = dense.index_select(0, where).to(torch::kInt64).add_(value.to(dense.device()));
+    values.index_put_({where}, t.to(torch::kFloat64).mul_(kUnit).to(values.scalar_type()));
+    return;
+  }
+  const int32_t* d = dense.data_ptr<int32_t>();
+  float* v = values.data_ptr<float>();
+  for_chunks(values.numel(), [&](int64_t b, int64_t e, int64_t) {
+    assemble_dense(d + b, v + b, e - b);
+    return RangeSeen{};
+  });
+  const auto ic = index.contiguous();
+  const auto vc = value.contiguous();
+  const int64_t* ip = ic.data_ptr<int64_t>();
+  const int64_t* vp = vc.data_ptr<int64_t>();
+  for (int64_t k = 0; k < listed; ++k) {
+    const int64_t i = ip[k];
+    VFLOW_ASSERT(i >= 0 && i < values.numel(), "a listed index outside the buffer");
+    const int64_t t = static_cast<int64_t>(d[i]) + vp[k];
+    v[i] = static_cast<float>(static_cast<double>(t) * kUnit);
+  }
+}
+
+}  // namespace vflow::vnode

@@ -1,0 +1,77 @@
+// The exact split sum over real Gloo ranks (threads, loopback store): the dense int32
+// parts and the listed int64 values add up to the plain int64 sum, whether the lists ride
+// in the allreduce, need an all-gather, or a dense int64 sum.
+#include "vflow/comm/split_sum.h"
+
+#include <torch/torch.h>
+
+#include <catch2/catch.hpp>
+#include <cstring>
+
+#include "support.h"
+#include "vflow/comm/communicator.h"
+#include "vflow/job/control_plane.h"
+
+using vflow::comm::SplitSum;
+
+namespace {
+
+/// Rank r's values: small ones everywhere, and `listed` large ones at indices of its own
+/// and shared with the other ranks.
+torch::Tensor rank_values(int64_t n, int rank, int64_t listed, int world) {
+  torch::manual_seed(100 + rank);
+  const int64_t limit = SplitSum::dense_limit(world);
+  auto v = torch::randint(-(limit - 1), limit, {n}, torch::kInt64);
+  const auto where = torch::randperm(n, torch::kInt64).narrow(0, 0, listed);
+  const auto big = torch::randint(int64_t{1} << 40, int64_t{1} << 58, {listed}, torch::kInt64);
+  v.index_put_({where}, big * (rank % 2 == 0 ? 1 : -1));
+  if (listed > 0) v[0] = int64_t{1} << 50;  // a large value at one index of every rank
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("the split sum over 3 ranks is the exact int64 sum", "[integration]") {
+  constexpr int kRanks = 3;
+  const int64_t n = 5000;
+  // none listed; some, carried in the allreduce; beyond the capacity (all-gather); very many
+  // (dense int64 sum).
+  const int64_t listed = GENERATE(as<int64_t>{}, 0, 40, 700, 4000);
+  CAPTURE(listed);
+  std::vector<torch::Tensor> values;
+  auto expected = torch::zeros({n}, torch::kInt64);
+  for (int r = 0; r < kRanks; ++r) {
+    values.push_back(rank_values(n, r, listed, kRanks));
+    expected.add_(values.back());
+  }
+  vflow::job::Coordinator coordinator("127.0.0.1", 0, std::chrono::seconds(10));
+  std::vector<torch::Tensor> results(kRanks);
+  const auto errors = vflow::testing::run_gloo_ranks(
+      coordinator, kRanks, "s" + std::to_string(listed),
+      [&](int rank, vflow::comm::Communicator& comm) {
+        SplitSum sum(n, torch::kCPU);
+        const int64_t limit = SplitSum::dense_limit(kRanks);
+        const auto& v = values[rank];
+        const auto large = v.abs().ge(limit);
+        auto dense = sum.dense(kRanks);
+        dense.copy_(v.masked_fill(large, 0).to(torch::kInt32));
+        const auto index = large.nonzero().view({-1});
+        const auto listed_sum = sum.reduce(comm, index, v.index_select(0, index));
+        auto total = dense.to(torch::kInt64);
+        total.index_add_(0, listed_sum.index, listed_sum.value);
+        results[rank] = total;
+      });
+  for (int rank = 0; rank < kRanks; ++rank) {
+    CAPTURE(rank, errors[rank]);
+    REQUIRE(errors[rank].empty());
+    CHECK(torch::equal(results[rank], expected));
+  }
+}
+
+TEST_CASE("the split sum's dense limit leaves room for every rank's part", "[unit]") {
+  CHECK(SplitSum::dense_limit(1) == int64_t{1} << 31);
+  CHECK(SplitSum::dense_limit(2) == int64_t{1} << 30);
+  CHECK(SplitSum::dense_limit(3) == int64_t{1} << 29);
+  CHECK(SplitSum::dense_limit(4) == int64_t{1} << 29);
+  for (int w = 1; w <= 300; ++w) CHECK((SplitSum::dense_limit(w) - 1) * w < int64_t{1} << 31);
+}

@@ -1,0 +1,137 @@
+// Deterministic mode's exact sum: the fused kernels against the plain int64 formula
+// (round each vnode's values to units of 2^-36, add as int64, convert once).
+#include "vflow/vnode/fixed_point.h"
+
+#include <torch/torch.h>
+
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+using vflow::vnode::FixedPointSum;
+
+namespace {
+
+/// Values of every magnitude the sum must handle: ordinary gradients, values below the
+/// unit (rounded away), exact ties of the unit, denormals, signed zeros, and values close
+/// to the limit.
+torch::Tensor awkward_values(int64_t n, uint64_t seed) {
+  torch::manual_seed(seed);
+  auto v = torch::randn({n}) * torch::pow(10.0, torch::randint(-14, 5, {n}).to(torch::kFloat));
+  auto* p = v.data_ptr<float>();
+  const float unit = std::ldexp(1.0f, -36);
+  for (int64_t i = 0; i < n; i += 7) p[i] = unit * (static_cast<float>(i % 11) - 5.0f + 0.5f);
+  for (int64_t i = 3; i < n; i += 97) p[i] = std::numeric_limits<float>::denorm_min() * 3;
+  for (int64_t i = 5; i < n; i += 101) p[i] = -0.0f;
+  for (int64_t i = 9; i < n; i += 211) p[i] = (i % 2 ? 1 : -1) * 1048575.9f;
+  return v;
+}
+
+/// The reference: the sum of the rounded values as int64.
+torch::Tensor reference_sum(const std::vector<torch::Tensor>& parts) {
+  auto sum = torch::zeros({parts.front().numel()}, torch::kInt64);
+  for (const auto& p : parts) {
+    sum.add_(p.to(torch::kFloat64).mul_(FixedPointSum::kScale).round_().to(torch::kInt64));
+  }
+  return sum;
+}
+
+torch::Tensor as_floats(const torch::Tensor& sum) {
+  return sum.to(torch::kFloat64).div_(FixedPointSum::kScale).to(torch::kFloat32);
+}
+
+bool same_bits(const torch::Tensor& a, const torch::Tensor& b) {
+  return a.numel() == b.numel() &&
+         std::memcmp(a.contiguous().data_ptr(), b.contiguous().data_ptr(),
+                     static_cast<size_t>(a.numel()) * a.element_size()) == 0;
+}
+
+/// A buffer whose values are a strided view, so that the kernels take their generic path
+/// (the one a CUDA buffer takes).
+torch::Tensor strided_copy(const torch::Tensor& values) {
+  auto wide = torch::zeros({values.numel(), 2});
+  wide.select(1, 0).copy_(values);
+  return wide.select(1, 0);
+}
+
+}  // namespace
+
+TEST_CASE("the fused exact sum equals the int64 sum of rounded values, bit for bit", "[unit]") {
+  // Over two chunks' worth and a ragged end, with 1 and 2 intra-op threads.
+  const int64_t n = (int64_t{1} << 16) + 4321;
+  const int threads = GENERATE(1, 2);
+  const bool strided = GENERATE(false, true);
+  const int vnodes = GENERATE(1, 3);
+  CAPTURE(threads, strided, vnodes);
+  const int saved = torch::get_num_threads();
+  torch::set_num_threads(threads);
+  std::vector<torch::Tensor> parts;
+  for (int k = 0; k < vnodes; ++k) parts.push_back(awkward_values(n, 11 + k));
+  const auto expected = reference_sum(parts);
+  const auto prepare = [&](const torch::Tensor& v) {
+    return strided ? strided_copy(v) : v.clone();
+  };
+
+  SECTION("one worker: absorb every vnode but the last, round the last in place") {
+    FixedPointSum sum(n, torch::kCPU);
+    for (int k = 0; k + 1 < vnodes; ++k) {
+      auto values = prepare(parts[k]);
+      CHECK(sum.absorb(values) < FixedPointSum::kLimit);
+      CHECK(values.abs().max().item<float>() == 0);  // cleared for the next vnode
+    }
+    auto values = prepare(parts.back());
+    CHECK(sum.round_in_place(values) < FixedPointSum::kLimit);
+    CHECK(same_bits(values.contiguous(), as_floats(expected)));
+  }
+
+  SECTION("split into a dense int32 part and the listed rest, assembled again") {
+    const int64_t limit = int64_t{1} << 30;
+    FixedPointSum sum(n, torch::kCPU);
+    for (int k = 0; k + 1 < vnodes; ++k) {
+      auto values = prepare(parts[k]);
+      sum.absorb(values);
+    }
+    const auto last = prepare(parts.back());
+    auto dense = torch::empty({n}, torch::kInt32);
+    torch::Tensor index, value;
+    sum.split(last, limit, dense, index, value);
+    const auto large = expected.abs().ge(limit);
+    CHECK(same_bits(index, large.nonzero().view({-1})));
+    CHECK(same_bits(value, expected.index_select(0, index)));
+    CHECK(same_bits(dense, expected.masked_fill(large, 0).to(torch::kInt32)));
+    CHECK(index.numel() > 0);
+
+    auto out = prepare(torch::zeros({n}));
+    FixedPointSum::assemble(dense, index, value, out);
+    CHECK(same_bits(out.contiguous(), as_floats(expected)));
+  }
+  torch::set_num_threads(saved);
+}
+
+TEST_CASE("the exact sum reports values outside its range, NaN included", "[unit]") {
+  const int64_t n = 40000;
+  const bool strided = GENERATE(false, true);
+  CAPTURE(strided);
+  const auto make = [&](float bad) {
+    auto v = torch::randn({n}) * 1e-3;
+    v[n - 17] = bad;
+    return strided ? strided_copy(v) : v;
+  };
+  FixedPointSum sum(n, torch::kCPU);
+  auto at_limit = make(1048576.0f);
+  CHECK(sum.absorb(at_limit) == 1048576.0);
+  sum.clear();
+  auto negative = make(-3e30f);
+  CHECK(sum.round_in_place(negative) == Approx(3e30));
+  auto nan = make(std::numeric_limits<float>::quiet_NaN());
+  auto dense = torch::empty({n}, torch::kInt32);
+  torch::Tensor index, value;
+  CHECK(std::isnan(sum.split(nan, int64_t{1} << 30, dense, index, value)));
+  auto inf = make(std::numeric_limits<float>::infinity());
+  CHECK(std::isinf(sum.absorb(inf)));
+  sum.clear();
+  auto fine = make(0.5f);
+  CHECK(sum.absorb(fine) == 0.5);
+}
