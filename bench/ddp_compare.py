@@ -1,15 +1,17 @@
 #!/usr/bin/python3
 """vflow on K workers against PyTorch DistributedDataParallel, side by side.
 
-Same model (ConvNet: two 3x3 conv + batch norm blocks with 32/64 channels, 128
-hidden, dropout 0.25), same data (Fashion-MNIST), same global batch (K workers x
-V vnodes x b examples), same SGD. PyTorch DDP (Gloo, K processes) accumulates V
+Same model (--model convnet: two 3x3 conv + batch norm blocks with 32/64 channels,
+128 hidden, dropout 0.25; --model mlp-wide: the MLP 784-2048-2048-10, 5.8 M
+parameters, 23 MB of gradient), same data (Fashion-MNIST), same global batch (K
+workers x V vnodes x b examples), same SGD. PyTorch DDP (Gloo, K processes) accumulates V
 micro-batches per step with no_sync() and synchronises on the last one. The
 compute-only limit is K plain LibTorch loops (bench/vnode_overhead --child
 plain) running at once with no communication. One intra-op thread per process.
 
-    bench/ddp_compare.py [--build build] [--workers 2] [--vnodes 4] [--micro-batch 32]
-                         [--steps 30] [--repeats 3]
+    bench/ddp_compare.py [--build build] [--model convnet|mlp-wide] [--workers 2]
+                         [--vnodes 4] [--micro-batch 32] [--steps 30] [--repeats 3]
+                         [--deterministic]
 """
 import argparse
 import gzip
@@ -29,7 +31,24 @@ WARMUP = 3
 
 # ---- PyTorch DDP ---------------------------------------------------------------
 
-def ddp_worker(rank, world, port, vnodes, micro, steps, queue):
+def torch_model(name):
+    import torch.nn as nn
+    if name == "mlp-wide":
+        return nn.Sequential(nn.Flatten(), nn.Linear(784, 2048), nn.ReLU(), nn.Linear(2048, 2048),
+                             nn.ReLU(), nn.Linear(2048, 10))
+    return nn.Sequential(
+        nn.Conv2d(1, 32, 3, padding=1, bias=False), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 3, padding=1, bias=False), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(64 * 7 * 7, 128), nn.ReLU(), nn.Dropout(0.25), nn.Linear(128, 10))
+
+
+VFLOW_MODEL = {
+    "convnet": "{name: convnet, options: {channels: [32, 64], hidden: 128, dropout: 0.25}}",
+    "mlp-wide": "{name: mlp, options: {hidden: [2048, 2048], dropout: 0}}",
+}
+
+
+def ddp_worker(rank, world, port, model_name, vnodes, micro, steps, queue):
     import numpy as np
     import torch
     import torch.distributed as dist
@@ -48,10 +67,7 @@ def ddp_worker(rank, world, port, vnodes, micro, steps, queue):
     y_all = torch.from_numpy(labels.copy()).long()
 
     torch.manual_seed(1)
-    model = nn.Sequential(
-        nn.Conv2d(1, 32, 3, padding=1, bias=False), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(32, 64, 3, padding=1, bias=False), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Flatten(), nn.Linear(64 * 7 * 7, 128), nn.ReLU(), nn.Dropout(0.25), nn.Linear(128, 10))
+    model = torch_model(model_name)
     ddp = nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
     perm = torch.randperm(x_all.shape[0])
@@ -93,7 +109,7 @@ def run_ddp(args):
         port = s.getsockname()[1]
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    procs = [ctx.Process(target=ddp_worker, args=(r, args.workers, port, args.vnodes, args.micro_batch,
+    procs = [ctx.Process(target=ddp_worker, args=(r, args.workers, port, args.model, args.vnodes, args.micro_batch,
                                                   args.steps, queue)) for r in range(args.workers)]
     for p in procs:
         p.start()
@@ -109,7 +125,8 @@ def run_vflow(args):
     with tempfile.TemporaryDirectory() as tmp:
         metrics = os.path.join(tmp, "m.jsonl")
         cmd = [os.path.join(args.build, "vflow-train"), "--workers", str(args.workers),
-               "--set", "semantic.model.options={channels: [32, 64], hidden: 128, dropout: 0.25}",
+               "--set", f"semantic.model={VFLOW_MODEL[args.model]}",
+               "--set", f"semantic.deterministic={'true' if args.deterministic else 'false'}",
                "--set", f"semantic.global_batch={args.workers * args.vnodes * args.micro_batch}",
                "--set", f"semantic.virtual_nodes={args.workers * args.vnodes}",
                "--set", "semantic.epochs=null", "--set", f"semantic.steps={WARMUP + args.steps}",
@@ -135,7 +152,7 @@ def run_limit(args):
     cmd = [os.path.join(args.build, "bench", "vnode_overhead"), "--child", "plain",
            "--vnodes", str(args.vnodes), "--micro-batch", str(args.micro_batch),
            "--examples", str(args.steps * args.vnodes * args.micro_batch), "--threads", "1",
-           "--channels", "32,64"]
+           "--channels", "32,64", "--model", args.model]
     procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True) for _ in range(args.workers)]
     total = 0.0
     for p in procs:
@@ -149,6 +166,9 @@ def run_limit(args):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--build", default=os.path.join(ROOT, "build"))
+    parser.add_argument("--model", choices=sorted(VFLOW_MODEL), default="convnet")
+    parser.add_argument("--deterministic", action="store_true",
+                        help="vflow with semantic.deterministic: true")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--vnodes", type=int, default=4, help="vnodes per worker")
     parser.add_argument("--micro-batch", type=int, default=32)
@@ -168,7 +188,8 @@ def main():
 
     v, d, l = med("vflow"), med("ddp"), med("limit")
     print()
-    print(f"K={args.workers} workers x {args.vnodes} vnodes x b={args.micro_batch} "
+    print(f"{args.model}{' (vflow deterministic)' if args.deterministic else ''}: "
+          f"K={args.workers} workers x {args.vnodes} vnodes x b={args.micro_batch} "
           f"(global batch {args.workers * args.vnodes * args.micro_batch}), {args.steps} timed steps, "
           f"median of {args.repeats}")
     print("| system | examples/s | vs PyTorch DDP | vs compute-only limit |")

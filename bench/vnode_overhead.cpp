@@ -6,12 +6,13 @@
 // steps between them, so drift in the machine's speed affects both alike; the
 // table reports the median over repeated children. Peak RSS: one child per
 // loop, so each process's high-water mark is its own.
-//   vnode_overhead [--model convnet|resnet18|bert-tiny] [--vnodes 1,2,4,8,16,32]
+//   vnode_overhead [--model convnet|mlp-wide|resnet18|bert-tiny] [--vnodes 1,2,4,8,16,32]
 //                  [--micro-batch 32] [--examples 8192] [--repeats 5] [--device cpu|cuda:0]
 // On a CUDA device the timed blocks end with a device synchronisation, and the memory
 // column is the device memory the process holds at the end (cudaMemGetInfo, which
 // counts LibTorch's caching allocator at its high-water mark) instead of the peak RSS.
-// Models: the ConvNet on synthetic 28x28 images, a ResNet-18 (width 16 unless --width) on
+// Models: the ConvNet on synthetic 28x28 images, the MLP 784-2048-2048-10 (mlp-wide) on the
+// same images, a ResNet-18 (width 16 unless --width) on
 // synthetic 3x32x32 images, and BERT-tiny on the fortunes-langid sentences (64 tokens).
 #include <dlfcn.h>
 #include <fmt/format.h>
@@ -53,6 +54,13 @@ std::pair<std::string, std::string> workload(const Config& c) {
             fmt::format("{{name: synthetic, options: {{train_size: {}, test_size: 0, shape: [3, "
                         "32, 32], classes: 10}}}}",
                         kDatasetSize)};
+  }
+  if (c.model == "mlp-wide") {  // 5.8 M parameters: communication- and update-heavy
+    return {
+        "{name: mlp, options: {hidden: [2048, 2048], dropout: 0}}",
+        fmt::format("{{name: synthetic, options: {{train_size: {}, test_size: 0, shape: [1, 28, "
+                    "28], classes: 10}}}}",
+                    kDatasetSize)};
   }
   if (c.model == "bert-tiny") {
     return {"{name: bert, options: {preset: tiny}}",
@@ -262,8 +270,8 @@ int main(int argc, char** argv) {
   app.add_option("--examples", c.examples, "examples per loop per measurement");
   app.add_option("--threads", c.threads, "intra-op threads");
   app.add_option("--channels", c.channels, "ConvNet channels")->delimiter(',');
-  app.add_option("--model", c.model, "convnet, resnet18 or bert-tiny")
-      ->check(CLI::IsMember({"convnet", "resnet18", "bert-tiny"}));
+  app.add_option("--model", c.model, "convnet, mlp-wide, resnet18 or bert-tiny")
+      ->check(CLI::IsMember({"convnet", "mlp-wide", "resnet18", "bert-tiny"}));
   app.add_option("--repeats", repeats, "throughput measurements (processes) per configuration");
   app.add_option("--device", c.device, "cpu, cuda or cuda:K (resources.device)");
   app.add_option("--width", c.width, "resnet18: first-stage channels (64 = ResNet-18)");

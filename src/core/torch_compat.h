@@ -7,6 +7,7 @@
 #include <c10/util/Exception.h>
 #include <torch/version.h>
 
+#include <sstream>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -101,6 +102,21 @@ class AutocastGuard {
 template <typename StoreOptions>
 void use_classic_store(StoreOptions& options) {
   if constexpr (has_use_libuv<StoreOptions>::value) options.useLibUV = false;
+}
+
+/// The key of parameter `p` in a LibTorch optimizer's state map `Map`: the TensorImpl's
+/// address as text in 1.13 (as c10::guts::to_string writes it), the address itself in
+/// 2.x.
+template <typename Map, typename Tensor>
+typename Map::key_type optimizer_state_key(const Tensor& p) {
+  using Key = typename Map::key_type;
+  if constexpr (std::is_same_v<Key, std::string>) {
+    std::ostringstream out;
+    out << p.unsafeGetTensorImpl();
+    return out.str();
+  } else {
+    return static_cast<Key>(p.unsafeGetTensorImpl());
+  }
 }
 
 /// A LibTorch error message without the C++ backtrace.

@@ -5,6 +5,7 @@
 
 #include <cmath>
 
+#include "engine/fused_update.h"
 #include "vflow/core/error.h"
 
 namespace vflow::engine {
@@ -24,11 +25,7 @@ class LayerwiseOptimizer : public torch::optim::Optimizer {
 
   torch::Tensor step(LossClosure closure = nullptr) override {
     torch::NoGradGuard no_grad;
-    torch::Tensor loss;
-    if (closure) {
-      torch::AutoGradMode enable_grad(true);
-      loss = closure();
-    }
+    const auto loss = evaluate_closure(closure);
     auto& group = param_groups().front();
     const double lr = group.options().get_lr();
     auto& params = group.params();
@@ -160,21 +157,8 @@ class Lars : public LayerwiseOptimizer {
 
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimizerSpec& spec,
                                                         const std::vector<torch::Tensor>& params) {
-  if (spec.name == "sgd") {
-    auto options = torch::optim::SGDOptions(spec.lr)
-                       .momentum(spec.momentum)
-                       .dampening(spec.dampening)
-                       .nesterov(spec.nesterov)
-                       .weight_decay(spec.weight_decay);
-    return std::make_unique<torch::optim::SGD>(params, options);
-  }
-  if (spec.name == "adamw") {
-    auto options = torch::optim::AdamWOptions(spec.lr)
-                       .betas({spec.beta1, spec.beta2})
-                       .eps(spec.eps)
-                       .weight_decay(spec.weight_decay);
-    return std::make_unique<torch::optim::AdamW>(params, options);
-  }
+  // SGD and AdamW: one pass over flat buffers, with LibTorch's arithmetic and format.
+  if (auto fused = make_fused_optimizer(spec, params)) return fused;
   if (spec.name == "adam") {
     auto options = torch::optim::AdamOptions(spec.lr)
                        .betas({spec.beta1, spec.beta2})

@@ -1,4 +1,5 @@
-// Optimizers from the job spec: LibTorch's SGD and AdamW.
+// Optimizers from the job spec: SGD and AdamW fused over flat buffers (LibTorch's
+// arithmetic and checkpoint format), LibTorch's Adam, LAMB and LARS.
 #pragma once
 
 #include <torch/optim/optimizer.h>

@@ -1,0 +1,348 @@
+#include "engine/fused_update.h"
+
+#include <ATen/Parallel.h>
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include <cmath>
+
+#include "core/torch_compat.h"
+#include "engine/update_kernels.h"
+#include "vflow/core/error.h"
+
+namespace vflow::engine {
+
+namespace {
+
+constexpr int64_t kChunk = int64_t{1} << 14;  // elements per parallel task
+
+/// f(begin, end) over chunks of [0, n), in parallel.
+template <typename F>
+void for_chunks(int64_t n, F f) {
+  at::parallel_for(0, (n + kChunk - 1) / kChunk, 1, [&](int64_t first, int64_t last) {
+    for (int64_t c = first; c < last; ++c) f(c * kChunk, std::min(n, (c + 1) * kChunk));
+  });
+}
+
+bool cpu_float(const torch::Tensor& t) {
+  return t.device().is_cpu() && t.scalar_type() == torch::kFloat32 && t.is_contiguous();
+}
+
+// ---- flat parameters -----------------------------------------------------------------
+
+/// The trainable parameters as views into one flat buffer, in their order.
+class FlatParameters {
+ public:
+  explicit FlatParameters(const std::vector<torch::Tensor>& all) {
+    int64_t total = 0;
+    for (const auto& p : all) {
+      if (!p.requires_grad()) continue;
+      VFLOW_ASSERT(params_.empty() || (p.scalar_type() == params_.front().scalar_type() &&
+                                       p.device() == params_.front().device()),
+                   "all parameters of a model must share one dtype and device");
+      params_.push_back(p);
+      offsets_.push_back(total);
+      total += p.numel();
+    }
+    VFLOW_ASSERT(!params_.empty(), "the model has no trainable parameters");
+    flat_ = torch::empty({total}, params_.front().options().requires_grad(false));
+    bind();
+  }
+
+  /// Makes every parameter a view into the buffer again, copying in the values of those
+  /// that were given storage of their own (a checkpoint's load replaces it).
+  void bind() {
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < params_.size(); ++i) {
+      auto& p = params_[i];
+      if (is_view(i)) continue;
+      auto slot = slice(i).view(p.sizes());
+      slot.copy_(p.detach());
+      p.set_(flat_.storage(), flat_.storage_offset() + offsets_[i], p.sizes(), slot.strides());
+    }
+  }
+
+  /// The gradients as one flat tensor when they are one buffer in the parameters' order
+  /// (the step packet's gradient section), else undefined.
+  torch::Tensor flat_gradients() const {
+    const auto& g0 = params_.front().grad();
+    if (!g0.defined() || g0.scalar_type() != flat_.scalar_type() || g0.device() != flat_.device()) {
+      return {};
+    }
+    const auto* base = static_cast<const char*>(g0.data_ptr());
+    for (size_t i = 0; i < params_.size(); ++i) {
+      const auto& g = params_[i].grad();
+      if (!g.defined() || !g.is_contiguous() ||
+          static_cast<const char*>(g.data_ptr()) !=
+              base + static_cast<size_t>(offsets_[i]) * flat_.element_size()) {
+        return {};
+      }
+    }
+    return torch::empty({0}, g0.options())
+        .set_(g0.storage(), g0.storage_offset(), {flat_.numel()}, {1});
+  }
+
+  /// The gradients copied into one flat tensor (zero where a parameter has none).
+  torch::Tensor gathered_gradients() const {
+    auto out = torch::zeros_like(flat_);
+    for (size_t i = 0; i < params_.size(); ++i) {
+      const auto& g = params_[i].grad();
+      if (g.defined()) out.narrow(0, offsets_[i], params_[i].numel()).copy_(g.reshape({-1}));
+    }
+    return out;
+  }
+
+  const std::vector<torch::Tensor>& params() const { return params_; }
+  torch::Tensor& flat() { return flat_; }
+  /// Parameter i's range of a flat tensor laid out like the parameters.
+  torch::Tensor part(const torch::Tensor& flat, size_t i) const {
+    return flat.narrow(0, offsets_[i], params_[i].numel()).view(params_[i].sizes());
+  }
+
+ private:
+  bool is_view(size_t i) const {
+    const auto& p = params_[i];
+    return p.is_contiguous() && p.data_ptr() != nullptr &&
+           static_cast<const char*>(p.data_ptr()) ==
+               static_cast<const char*>(flat_.data_ptr()) +
+                   static_cast<size_t>(offsets_[i]) * flat_.element_size();
+  }
+  torch::Tensor slice(size_t i) const { return flat_.narrow(0, offsets_[i], params_[i].numel()); }
+
+  std::vector<torch::Tensor> params_;
+  std::vector<int64_t> offsets_;
+  torch::Tensor flat_;
+};
+
+// ---- the optimizers --------------------------------------------------------------------
+
+/// An optimizer whose update is one pass over flat buffers. `Reference` is LibTorch's
+/// optimizer of the same arithmetic: it defines the checkpoint format (save and load go
+/// through one built for the purpose) and its options are this optimizer's.
+template <typename Reference, typename Options>
+class FusedOptimizer : public torch::optim::Optimizer {
+ public:
+  FusedOptimizer(const std::vector<torch::Tensor>& params, const Options& options,
+                 int state_tensors)
+      : Optimizer({torch::optim::OptimizerParamGroup(params)}, std::make_unique<Options>(options)),
+        all_params_(params),
+        flat_(params) {
+    for (int k = 0; k < state_tensors; ++k) state_.push_back(torch::zeros_like(flat_.flat()));
+  }
+
+  torch::Tensor step(LossClosure closure = nullptr) override {
+    torch::NoGradGuard no_grad;
+    const auto loss = evaluate_closure(closure);
+    flat_.bind();
+    auto gradients = flat_.flat_gradients();
+    if (!gradients.defined()) gradients = flat_.gathered_gradients();
+    update(flat_.flat(), gradients, options().get_lr());
+    ++steps_;
+    return loss;
+  }
+
+  void save(torch::serialize::OutputArchive& archive) const override {
+    auto reference = make_reference();
+    if (steps_ > 0 && !state_.empty()) {
+      auto& state = reference.state();
+      for (size_t i = 0; i < flat_.params().size(); ++i) {
+        const auto& p = flat_.params()[i];
+        state[compat::optimizer_state_key<std::decay_t<decltype(state)>>(p)] = saved_state(i);
+      }
+    }
+    reference.save(archive);
+  }
+
+  void load(torch::serialize::InputArchive& archive) override {
+    auto reference = make_reference();
+    reference.load(archive);
+    auto& state = reference.state();
+    steps_ = 0;
+    for (auto& s : state_) s.zero_();
+    if (state.empty()) return;
+    for (size_t i = 0; i < flat_.params().size(); ++i) {
+      const auto& p = flat_.params()[i];
+      const auto it = state.find(compat::optimizer_state_key<std::decay_t<decltype(state)>>(p));
+      if (it == state.end()) {
+        throw Error(fmt::format("the optimizer state has no entry for trainable parameter {}", i));
+      }
+      const int64_t steps = restore_state(i, *it->second);
+      if (i > 0 && steps != steps_) {
+        throw Error(fmt::format("the optimizer state of parameter {} is at step {}, not {}", i,
+                                steps, steps_));
+      }
+      steps_ = steps;
+    }
+  }
+
+ protected:
+  /// The update of every element: `p` and `g` are flat, state_ is laid out alike;
+  /// steps_ updates were applied before this one.
+  virtual void update(torch::Tensor& p, const torch::Tensor& g, double lr) = 0;
+  /// Parameter i's state as LibTorch's optimizer keeps it.
+  virtual std::unique_ptr<torch::optim::OptimizerParamState> saved_state(size_t i) const = 0;
+  /// Copies LibTorch's state of parameter i into state_; returns its step count.
+  virtual int64_t restore_state(size_t i, const torch::optim::OptimizerParamState& s) = 0;
+
+  const Options& options() const {
+    return static_cast<const Options&>(param_groups().front().options());
+  }
+  /// Parameter i's part of state tensor k, as a tensor of its own (for a checkpoint).
+  torch::Tensor state_of(size_t i, int k) const { return flat_.part(state_[k], i).clone(); }
+  /// Copies `t` into parameter i's part of state tensor k, checking its shape.
+  void restore(size_t i, int k, const torch::Tensor& t, const char* name) {
+    const auto& p = flat_.params()[i];
+    if (!t.defined() || !t.sizes().equals(p.sizes())) {
+      throw Error(fmt::format(
+          "optimizer state {} of parameter {} has shape {}, its parameter {}", name, i,
+          t.defined() ? fmt::format("{}", fmt::join(t.sizes(), "x")) : std::string("(none)"),
+          fmt::join(p.sizes(), "x")));
+    }
+    flat_.part(state_[k], i).copy_(t);
+  }
+
+  std::vector<torch::Tensor> state_;  // flat, laid out like the parameters
+  int64_t steps_ = 0;
+
+ private:
+  Reference make_reference() const {
+    return Reference(all_params_, static_cast<const Options&>(param_groups().front().options()));
+  }
+
+  std::vector<torch::Tensor> all_params_;
+  FlatParameters flat_;
+};
+
+class FusedSgd final : public FusedOptimizer<torch::optim::SGD, torch::optim::SGDOptions> {
+ public:
+  FusedSgd(const std::vector<torch::Tensor>& params, const torch::optim::SGDOptions& options)
+      : FusedOptimizer(params, options, /*state_tensors=*/options.momentum() != 0 ? 1 : 0) {}
+
+ protected:
+  void update(torch::Tensor& p, const torch::Tensor& g, double lr) override {
+    const auto& o = options();
+    const SgdScalars s{static_cast<float>(-lr),
+                       static_cast<float>(o.weight_decay()),
+                       static_cast<float>(o.momentum()),
+                       static_cast<float>(1 - o.dampening()),
+                       o.weight_decay() != 0,
+                       o.momentum() != 0,
+                       o.nesterov(),
+                       steps_ == 0};
+    if (cpu_float(p) && cpu_float(g)) {
+      float* pp = p.data_ptr<float>();
+      const float* gp = g.data_ptr<float>();
+      float* bp = s.use_momentum ? state_[0].data_ptr<float>() : nullptr;
+      for_chunks(p.numel(), [&](int64_t b, int64_t e) {
+        sgd_kernel(pp + b, gp + b, bp ? bp + b : nullptr, e - b, s);
+      });
+      return;
+    }
+    // Other devices and types: LibTorch's operations over the whole buffer.
+    auto d = s.decay ? g.add(p, o.weight_decay()) : g;
+    if (s.use_momentum) {
+      auto& buf = state_[0];
+      if (s.first) {
+        buf.copy_(d);
+      } else {
+        buf.mul_(o.momentum()).add_(d, 1 - o.dampening());
+      }
+      d = s.nesterov ? d.add(buf, o.momentum()) : buf;
+    }
+    p.add_(d, -lr);
+  }
+
+  std::unique_ptr<torch::optim::OptimizerParamState> saved_state(size_t i) const override {
+    auto s = std::make_unique<torch::optim::SGDParamState>();
+    s->momentum_buffer(state_of(i, 0));
+    return s;
+  }
+
+  int64_t restore_state(size_t i, const torch::optim::OptimizerParamState& state) override {
+    restore(i, 0, static_cast<const torch::optim::SGDParamState&>(state).momentum_buffer(),
+            "momentum_buffer");
+    return 1;  // LibTorch's SGD counts no steps: any state means the first step is past
+  }
+};
+
+class FusedAdamW final : public FusedOptimizer<torch::optim::AdamW, torch::optim::AdamWOptions> {
+ public:
+  FusedAdamW(const std::vector<torch::Tensor>& params, const torch::optim::AdamWOptions& options)
+      : FusedOptimizer(params, options, /*state_tensors=*/2) {
+    VFLOW_ASSERT(!options.amsgrad(), "the fused AdamW has no amsgrad variant");
+  }
+
+ protected:
+  void update(torch::Tensor& p, const torch::Tensor& g, double lr) override {
+    const auto& o = options();
+    const double beta1 = std::get<0>(o.betas());
+    const double beta2 = std::get<1>(o.betas());
+    const auto t = static_cast<double>(steps_ + 1);
+    const double correction1 = 1 - std::pow(beta1, t);
+    const double correction2 = 1 - std::pow(beta2, t);
+    const double step_size = lr / correction1;
+    auto& m = state_[0];
+    auto& v = state_[1];
+    if (cpu_float(p) && cpu_float(g)) {
+      const AdamWScalars s{static_cast<float>(1 - lr * o.weight_decay()),
+                           static_cast<float>(beta1),
+                           static_cast<float>(1 - beta1),
+                           static_cast<float>(beta2),
+                           static_cast<float>(1 - beta2),
+                           static_cast<float>(std::sqrt(correction2)),
+                           static_cast<float>(o.eps()),
+                           static_cast<float>(-step_size),
+                           o.weight_decay() != 0};
+      float* pp = p.data_ptr<float>();
+      const float* gp = g.data_ptr<float>();
+      float* mp = m.data_ptr<float>();
+      float* vp = v.data_ptr<float>();
+      for_chunks(p.numel(), [&](int64_t b, int64_t e) {
+        adamw_kernel(pp + b, gp + b, mp + b, vp + b, e - b, s);
+      });
+      return;
+    }
+    if (o.weight_decay() != 0) p.mul_(1 - lr * o.weight_decay());
+    m.mul_(beta1).add_(g, 1 - beta1);
+    v.mul_(beta2).addcmul_(g, g, 1 - beta2);
+    const auto denom = (v.sqrt() / std::sqrt(correction2)).add_(o.eps());
+    p.addcdiv_(m, denom, -step_size);
+  }
+
+  std::unique_ptr<torch::optim::OptimizerParamState> saved_state(size_t i) const override {
+    auto s = std::make_unique<torch::optim::AdamWParamState>();
+    s->step(steps_);
+    s->exp_avg(state_of(i, 0));
+    s->exp_avg_sq(state_of(i, 1));
+    return s;
+  }
+
+  int64_t restore_state(size_t i, const torch::optim::OptimizerParamState& state) override {
+    const auto& s = static_cast<const torch::optim::AdamWParamState&>(state);
+    restore(i, 0, s.exp_avg(), "exp_avg");
+    restore(i, 1, s.exp_avg_sq(), "exp_avg_sq");
+    return s.step();
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<torch::optim::Optimizer> make_fused_optimizer(
+    const OptimizerSpec& spec, const std::vector<torch::Tensor>& params) {
+  if (spec.name == "sgd") {
+    return std::make_unique<FusedSgd>(params, torch::optim::SGDOptions(spec.lr)
+                                                  .momentum(spec.momentum)
+                                                  .dampening(spec.dampening)
+                                                  .nesterov(spec.nesterov)
+                                                  .weight_decay(spec.weight_decay));
+  }
+  if (spec.name == "adamw") {
+    return std::make_unique<FusedAdamW>(params, torch::optim::AdamWOptions(spec.lr)
+                                                    .betas({spec.beta1, spec.beta2})
+                                                    .eps(spec.eps)
+                                                    .weight_decay(spec.weight_decay));
+  }
+  return nullptr;
+}
+
+}  // namespace vflow::engine

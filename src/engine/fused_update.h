@@ -1,0 +1,32 @@
+// SGD and AdamW as one pass over flat buffers (docs/design.md, "The fused update").
+//
+// The trainable parameters become views into one flat buffer, in the order of the
+// gradient buffer's views, and the optimizer's state is flat too, so that one
+// vectorised, parallel loop updates every element. The arithmetic is LibTorch's
+// SGD's and AdamW's, element by element, in float32, compiled without FMA
+// contraction, so hosts of different instruction sets compute the same update.
+// Checkpoints hold exactly what LibTorch's SGD or AdamW would save.
+#pragma once
+
+#include <torch/optim/optimizer.h>
+
+#include <memory>
+#include <vector>
+
+#include "vflow/engine/job_spec.h"
+
+namespace vflow::engine {
+
+/// A step's loss closure evaluated with gradients on, as LibTorch's optimizers do
+/// (undefined without one).
+inline torch::Tensor evaluate_closure(const torch::optim::Optimizer::LossClosure& closure) {
+  if (!closure) return {};
+  torch::AutoGradMode enable_grad(true);
+  return closure();
+}
+
+/// The fused optimizer for `spec` (sgd or adamw) over `params`, nullptr for the others.
+std::unique_ptr<torch::optim::Optimizer> make_fused_optimizer(
+    const OptimizerSpec& spec, const std::vector<torch::Tensor>& params);
+
+}  // namespace vflow::engine

@@ -1,0 +1,52 @@
+// Compiled with -ffp-contract=off (no multiply-add fused into one rounding),
+// -fno-trapping-math and -fno-math-errno (so that the loops, square roots included,
+// vectorise; no value changes): every operation rounds once by IEEE rules, so the
+// baseline and AVX2 versions and hosts of different instruction sets give the same bits.
+#include "engine/update_kernels.h"
+
+#include <cmath>
+
+namespace vflow::engine {
+
+// Plain loops over restrict pointers, with loop-invariant branches the compiler hoists.
+#define VFLOW_KERNEL __attribute__((target_clones("avx2", "default")))
+
+VFLOW_KERNEL void sgd_kernel(float* __restrict p, const float* __restrict g, float* __restrict buf,
+                             int64_t n, const SgdScalars& s) {
+  const float lr = s.minus_lr, wd = s.weight_decay, m = s.momentum, keep = s.keep;
+  const bool decay = s.decay, use_momentum = s.use_momentum, nesterov = s.nesterov, first = s.first;
+  for (int64_t i = 0; i < n; ++i) {
+    float d = g[i];
+    if (decay) d = d + wd * p[i];  // d_p.add(p, weight_decay)
+    if (use_momentum) {
+      // buf.mul_(momentum).add_(d_p, 1 - dampening), or a copy of d_p at first.
+      const float b = first ? d : buf[i] * m + keep * d;
+      buf[i] = b;
+      d = nesterov ? d + m * b : b;  // d_p.add(buf, momentum), or buf
+    }
+    p[i] = p[i] + lr * d;  // p.add_(d_p, -lr)
+  }
+}
+
+VFLOW_KERNEL void adamw_kernel(float* __restrict p, const float* __restrict g, float* __restrict m,
+                               float* __restrict v, int64_t n, const AdamWScalars& s) {
+  const float f = s.decay_factor, b1 = s.beta1, c1 = s.one_minus_beta1, b2 = s.beta2,
+              c2 = s.one_minus_beta2, root = s.sqrt_correction2, eps = s.eps,
+              step = s.minus_step_size;
+  const bool decay = s.decay;
+  for (int64_t i = 0; i < n; ++i) {
+    float w = p[i];
+    if (decay) w = w * f;  // p.mul_(1 - lr · weight_decay)
+    const float gi = g[i];
+    const float mi = m[i] * b1 + c1 * gi;       // exp_avg.mul_(β1).add_(grad, 1 − β1)
+    const float vi = v[i] * b2 + c2 * gi * gi;  // exp_avg_sq.mul_(β2).addcmul_(grad, grad, 1 − β2)
+    m[i] = mi;
+    v[i] = vi;
+    const float denom = std::sqrt(vi) / root + eps;  // (exp_avg_sq.sqrt() / √c2).add_(eps)
+    p[i] = w + step * (mi / denom);                  // p.addcdiv_(exp_avg, denom, −step_size)
+  }
+}
+
+#undef VFLOW_KERNEL
+
+}  // namespace vflow::engine
