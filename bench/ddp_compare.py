@@ -3,13 +3,14 @@
 
 Same model (--model convnet: two 3x3 conv + batch norm blocks with 32/64 channels,
 128 hidden, dropout 0.25; --model mlp-wide: the MLP 784-2048-2048-10, 5.8 M
-parameters, 23 MB of gradient), same data (Fashion-MNIST), same global batch (K
+parameters, 23 MB of gradient; --model resnet18: CIFAR-style ResNet-18 of width 16,
+on synthetic 3x32x32 images), same data (Fashion-MNIST unless said), same global batch (K
 workers x V vnodes x b examples), same SGD. PyTorch DDP (Gloo, K processes) accumulates V
 micro-batches per step with no_sync() and synchronises on the last one. The
 compute-only limit is K plain LibTorch loops (bench/vnode_overhead --child
 plain) running at once with no communication. One intra-op thread per process.
 
-    bench/ddp_compare.py [--build build] [--model convnet|mlp-wide] [--workers 2]
+    bench/ddp_compare.py [--build build] [--model convnet|mlp-wide|resnet18] [--workers 2]
                          [--vnodes 4] [--micro-batch 32] [--steps 30] [--repeats 3]
                          [--deterministic]
 """
@@ -25,27 +26,22 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 DATA = "/usr/share/datasets/fashion-mnist"
 WARMUP = 3
 
 
 # ---- PyTorch DDP ---------------------------------------------------------------
 
-def torch_model(name):
-    import torch.nn as nn
-    if name == "mlp-wide":
-        return nn.Sequential(nn.Flatten(), nn.Linear(784, 2048), nn.ReLU(), nn.Linear(2048, 2048),
-                             nn.ReLU(), nn.Linear(2048, 10))
-    return nn.Sequential(
-        nn.Conv2d(1, 32, 3, padding=1, bias=False), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(32, 64, 3, padding=1, bias=False), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Flatten(), nn.Linear(64 * 7 * 7, 128), nn.ReLU(), nn.Dropout(0.25), nn.Linear(128, 10))
-
-
 VFLOW_MODEL = {
     "convnet": "{name: convnet, options: {channels: [32, 64], hidden: 128, dropout: 0.25}}",
     "mlp-wide": "{name: mlp, options: {hidden: [2048, 2048], dropout: 0}}",
+    "resnet18": "{name: resnet, options: {depth: 18, width: 16}}",
 }
+# ResNet-18 trains on synthetic 3x32x32 images on every side (as bench/vnode_overhead's
+# plain loop does); the others on Fashion-MNIST.
+SYNTHETIC = {"resnet18": "{name: synthetic, options: {train_size: 8192, test_size: 0, "
+                         "shape: [3, 32, 32], classes: 10}}"}
 
 
 def ddp_worker(rank, world, port, model_name, vnodes, micro, steps, queue):
@@ -66,8 +62,12 @@ def ddp_worker(rank, world, port, model_name, vnodes, micro, steps, queue):
     x_all = (torch.from_numpy(images.copy()).float() / 255 - 0.2860) / 0.3530
     y_all = torch.from_numpy(labels.copy()).long()
 
+    import torch_models
+    if model_name in SYNTHETIC:
+        x_all = torch.randn(8192, 3, 32, 32)
+        y_all = torch.randint(0, 10, (8192,))
     torch.manual_seed(1)
-    model = torch_model(model_name)
+    model = torch_models.by_name(model_name)
     ddp = nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
     perm = torch.randperm(x_all.shape[0])
@@ -126,6 +126,7 @@ def run_vflow(args):
         metrics = os.path.join(tmp, "m.jsonl")
         cmd = [os.path.join(args.build, "vflow-train"), "--workers", str(args.workers),
                "--set", f"semantic.model={VFLOW_MODEL[args.model]}",
+               *(["--set", f"semantic.data={SYNTHETIC[args.model]}"] if args.model in SYNTHETIC else []),
                "--set", f"semantic.deterministic={'true' if args.deterministic else 'false'}",
                "--set", f"semantic.global_batch={args.workers * args.vnodes * args.micro_batch}",
                "--set", f"semantic.virtual_nodes={args.workers * args.vnodes}",

@@ -63,7 +63,7 @@ int64_t SplitSum::dense_limit(int world) {
 }
 
 int64_t SplitSum::capacity(int64_t numel, int world) {
-  return std::max<int64_t>(256, numel / (int64_t{1024} * world));
+  return std::max<int64_t>(2048, numel / (int64_t{256} * world));
 }
 
 torch::Tensor SplitSum::dense(int world) {

@@ -22,6 +22,7 @@ constexpr float kScaleF = 68719476736.0f;        // 2^36
 constexpr float kUnitF = 1.0f / 68719476736.0f;  // 2^-36
 constexpr double kUnit = 1.0 / FixedPointSum::kScale;
 constexpr int64_t kChunk = int64_t{1} << 15;  // elements per parallel task
+constexpr int64_t kBlock = 1024;              // split: the unit rescanned for its large values
 
 /// The nearest integer to x, ties to even, for any finite float: below 2^23 in
 /// magnitude, adding and subtracting 2^23 (with x's sign) leaves the rounded value;
@@ -269,18 +270,22 @@ double FixedPointSum::split(const torch::Tensor& values, int64_t dense_limit, to
   std::vector<std::vector<std::pair<int64_t, int64_t>>> large(
       static_cast<size_t>((n + kChunk - 1) / kChunk));
   const auto seen = for_chunks(n, [&](int64_t b, int64_t e, int64_t c) {
-    RangeSeen r;
-    const int32_t count = alone ? split_alone(v + b, d + b, limit_f, e - b, r)
-                                : split_with_sum(v + b, s + b, d + b, dense_limit, e - b, r);
-    if (count > 0) {  // rare: list them, recomputing the chunk's values while it is cached
-      auto& list = large[c];
+    RangeSeen chunk;
+    for (int64_t bb = b; bb < e; bb += kBlock) {
+      const int64_t be = std::min(e, bb + kBlock);
+      RangeSeen r;
+      const int32_t count = alone ? split_alone(v + bb, d + bb, limit_f, be - bb, r)
+                                  : split_with_sum(v + bb, s + bb, d + bb, dense_limit, be - bb, r);
+      chunk.merge(r);
+      if (count == 0) continue;
+      // Rare: list the block's large values, recomputing them while the block is cached.
       uint32_t unused = 0;
-      for (int64_t i = b; i < e; ++i) {
+      for (int64_t i = bb; i < be; ++i) {
         const int64_t t = (alone ? 0 : s[i]) + to_int64(scaled(v[i], unused));
-        if (t >= dense_limit || t <= -dense_limit) list.emplace_back(i, t);
+        if (t >= dense_limit || t <= -dense_limit) large[c].emplace_back(i, t);
       }
     }
-    return r;
+    return chunk;
   });
   int64_t total = 0;
   for (const auto& l : large) total += static_cast<int64_t>(l.size());

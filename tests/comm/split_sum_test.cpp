@@ -33,10 +33,10 @@ torch::Tensor rank_values(int64_t n, int rank, int64_t listed, int world) {
 
 TEST_CASE("the split sum over 3 ranks is the exact int64 sum", "[integration]") {
   constexpr int kRanks = 3;
-  const int64_t n = 5000;
-  // none listed; some, carried in the allreduce; beyond the capacity (all-gather); very many
-  // (dense int64 sum).
-  const int64_t listed = GENERATE(as<int64_t>{}, 0, 40, 700, 4000);
+  const int64_t n = 40000;
+  // none listed; some, carried in the allreduce (capacity 2048 a rank here); beyond the
+  // capacity (all-gather); very many (dense int64 sum).
+  const int64_t listed = GENERATE(as<int64_t>{}, 0, 40, 1500, 2500, 30000);
   CAPTURE(listed);
   std::vector<torch::Tensor> values;
   auto expected = torch::zeros({n}, torch::kInt64);

@@ -1,0 +1,99 @@
+#!/usr/bin/python3
+"""The cost of semantic.deterministic: true, model by model, on 1 and 2 workers.
+
+Each model trains for a few steps with `vflow-train --workers K`, once in the
+default mode and once deterministic, alternating within each repeat so that the
+machine's drift affects both alike; the table gives the median examples/s of
+each mode over the timed steps (the first WARMUP steps of every run are left
+out) and their ratio, with the min-max over repeats. One intra-op thread per
+worker.
+
+Models (--models, default all), at the sizes of docs/workloads.md:
+
+    convnet   the default job (ConvNet [32, 64] + batch norm, B 256 as 8 vnodes)
+    mlp-wide  MLP 784-2048-2048-10 (5.8 M parameters), 32 examples per vnode, one
+              vnode per worker
+    resnet18  examples/jobs/resnet18-fashion.yaml (B 256 as 8 vnodes)
+    bert      examples/jobs/langid-bert.yaml
+    lm        examples/jobs/fortunes-lm.yaml (transformer-lm)
+
+    bench/determinism_cost.py [--build build] [--models convnet,mlp-wide]
+                              [--workers 1,2] [--steps 12] [--repeats 5]
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WARMUP = 3
+
+MODELS = {
+    "convnet": [],
+    "mlp-wide": ["--set", "semantic.model={name: mlp, options: {hidden: [2048, 2048], dropout: 0}}",
+                 "--set", "semantic.optimizer={name: sgd, lr: 0.01, momentum: 0.9}"],
+    "resnet18": [os.path.join(ROOT, "examples/jobs/resnet18-fashion.yaml")],
+    "bert": [os.path.join(ROOT, "examples/jobs/langid-bert.yaml")],
+    "lm": [os.path.join(ROOT, "examples/jobs/fortunes-lm.yaml")],
+}
+
+
+def run(args, model, workers, deterministic):
+    extra = list(MODELS[model])
+    if model == "mlp-wide":  # one vnode of 32 examples per worker
+        extra += ["--set", f"semantic.global_batch={32 * workers}",
+                  "--set", f"semantic.virtual_nodes={workers}"]
+    with tempfile.TemporaryDirectory() as tmp:
+        metrics = os.path.join(tmp, "m.jsonl")
+        cmd = [os.path.join(args.build, "vflow-train"), *extra, "--workers", str(workers),
+               "--set", f"semantic.deterministic={'true' if deterministic else 'false'}",
+               "--set", "semantic.epochs=null", "--set", f"semantic.steps={WARMUP + args.steps}",
+               "--set", "resources.threads=1", "--set", "output.evaluation.enabled=false",
+               "--set", "output.logging.progress=off", "--set", "output.logging.every_steps=1",
+               "--set", f"output.logging.metrics={metrics}"]
+        subprocess.run(cmd, check=True, capture_output=True)
+        records = [json.loads(line) for line in open(metrics)]
+    steps = [r for r in records if r["event"] == "step" and r["step"] > WARMUP]
+    # examples/s over the timed steps: total examples over total step time
+    seconds = sum(1.0 / r["examples_per_second"] for r in steps)
+    return len(steps) / seconds
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--build", default=os.path.join(ROOT, "build"))
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--workers", default="1,2")
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    models = args.models.split(",")
+    for m in models:
+        if m not in MODELS:
+            parser.error(f"unknown model {m}; choices: {', '.join(MODELS)}")
+    rows = []
+    for model in models:
+        for workers in (int(w) for w in args.workers.split(",")):
+            default, exact = [], []
+            for r in range(args.repeats):
+                default.append(run(args, model, workers, False))
+                exact.append(run(args, model, workers, True))
+                print(f"{model} K={workers} repeat {r + 1}: default {default[-1]:.0f}, "
+                      f"deterministic {exact[-1]:.0f} examples/s", flush=True)
+            d, e = statistics.median(default), statistics.median(exact)
+            rows.append(f"| {model} | {workers} | {d:.0f} ({min(default):.0f}-{max(default):.0f}) | "
+                        f"{e:.0f} ({min(exact):.0f}-{max(exact):.0f}) | {e / d:.3f} |")
+    print()
+    print(f"{args.steps} timed steps after {WARMUP}, medians (min-max) of {args.repeats} alternating repeats")
+    print("| model | workers | default examples/s | deterministic examples/s | ratio |")
+    print("|---|---|---|---|---|")
+    for row in rows:
+        print(row)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
