@@ -16,17 +16,16 @@ plain) running at once with no communication. One intra-op thread per process.
 """
 import argparse
 import gzip
-import json
 import os
 import re
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import vflow_runs  # noqa: E402
 DATA = "/usr/share/datasets/fashion-mnist"
 WARMUP = 3
 
@@ -122,23 +121,15 @@ def run_ddp(args):
 # ---- vflow -----------------------------------------------------------------------
 
 def run_vflow(args):
-    with tempfile.TemporaryDirectory() as tmp:
-        metrics = os.path.join(tmp, "m.jsonl")
-        cmd = [os.path.join(args.build, "vflow-train"), "--workers", str(args.workers),
-               "--set", f"semantic.model={VFLOW_MODEL[args.model]}",
-               *(["--set", f"semantic.data={SYNTHETIC[args.model]}"] if args.model in SYNTHETIC else []),
-               "--set", f"semantic.deterministic={'true' if args.deterministic else 'false'}",
-               "--set", f"semantic.global_batch={args.workers * args.vnodes * args.micro_batch}",
-               "--set", f"semantic.virtual_nodes={args.workers * args.vnodes}",
-               "--set", "semantic.epochs=null", "--set", f"semantic.steps={WARMUP + args.steps}",
-               "--set", "semantic.optimizer={name: sgd, lr: 0.01, momentum: 0.9, nesterov: false, weight_decay: 0}",
-               "--set", "semantic.schedule={name: constant}",
-               "--set", "resources.threads=1", "--set", "output.evaluation.enabled=false",
-               "--set", "output.logging.progress=off", "--set", "output.logging.every_steps=1",
-               "--set", f"output.logging.metrics={metrics}"]
-        subprocess.run(cmd, check=True, capture_output=True)
-        records = [json.loads(line) for line in open(metrics)]
-    steps = [r for r in records if r["event"] == "step" and r["step"] > WARMUP]
+    steps = vflow_runs.timed_steps(args.build, [
+        "--workers", str(args.workers),
+        "--set", f"semantic.model={VFLOW_MODEL[args.model]}",
+        *(["--set", f"semantic.data={SYNTHETIC[args.model]}"] if args.model in SYNTHETIC else []),
+        "--set", f"semantic.deterministic={'true' if args.deterministic else 'false'}",
+        "--set", f"semantic.global_batch={args.workers * args.vnodes * args.micro_batch}",
+        "--set", f"semantic.virtual_nodes={args.workers * args.vnodes}",
+        "--set", "semantic.optimizer={name: sgd, lr: 0.01, momentum: 0.9, nesterov: false, weight_decay: 0}",
+        "--set", "semantic.schedule={name: constant}"], args.steps, WARMUP)
     batch = args.workers * args.vnodes * args.micro_batch
     step_s = [batch / r["examples_per_second"] for r in steps]
     return {"examples_per_second": batch * len(step_s) / sum(step_s),

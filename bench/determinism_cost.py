@@ -21,14 +21,13 @@ Models (--models, default all), at the sizes of docs/workloads.md:
                               [--workers 1,2] [--steps 12] [--repeats 5]
 """
 import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import vflow_runs  # noqa: E402
 WARMUP = 3
 
 MODELS = {
@@ -46,17 +45,10 @@ def run(args, model, workers, deterministic):
     if model == "mlp-wide":  # one vnode of 32 examples per worker
         extra += ["--set", f"semantic.global_batch={32 * workers}",
                   "--set", f"semantic.virtual_nodes={workers}"]
-    with tempfile.TemporaryDirectory() as tmp:
-        metrics = os.path.join(tmp, "m.jsonl")
-        cmd = [os.path.join(args.build, "vflow-train"), *extra, "--workers", str(workers),
-               "--set", f"semantic.deterministic={'true' if deterministic else 'false'}",
-               "--set", "semantic.epochs=null", "--set", f"semantic.steps={WARMUP + args.steps}",
-               "--set", "resources.threads=1", "--set", "output.evaluation.enabled=false",
-               "--set", "output.logging.progress=off", "--set", "output.logging.every_steps=1",
-               "--set", f"output.logging.metrics={metrics}"]
-        subprocess.run(cmd, check=True, capture_output=True)
-        records = [json.loads(line) for line in open(metrics)]
-    steps = [r for r in records if r["event"] == "step" and r["step"] > WARMUP]
+    steps = vflow_runs.timed_steps(
+        args.build, [*extra, "--workers", str(workers),
+                     "--set", f"semantic.deterministic={'true' if deterministic else 'false'}"],
+        args.steps, WARMUP)
     # examples/s over the timed steps: total examples over total step time
     seconds = sum(1.0 / r["examples_per_second"] for r in steps)
     return len(steps) / seconds
