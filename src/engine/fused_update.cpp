@@ -82,12 +82,15 @@ class FlatParameters {
         .set_(g0.storage(), g0.storage_offset(), {flat_.numel()}, {1});
   }
 
-  /// The gradients copied into one flat tensor (zero where a parameter has none).
+  /// The gradients copied into one flat tensor. Every trainable parameter must have one:
+  /// LibTorch's optimizers skip a parameter without, which one pass over all cannot.
+  /// The engine's gradient buffer gives each a view, so it never lacks one.
   torch::Tensor gathered_gradients() const {
-    auto out = torch::zeros_like(flat_);
+    auto out = torch::empty_like(flat_);
     for (size_t i = 0; i < params_.size(); ++i) {
       const auto& g = params_[i].grad();
-      if (g.defined()) out.narrow(0, offsets_[i], params_[i].numel()).copy_(g.reshape({-1}));
+      VFLOW_ASSERT(g.defined(), fmt::format("the fused update has no gradient of parameter {}", i));
+      out.narrow(0, offsets_[i], params_[i].numel()).copy_(g.reshape({-1}));
     }
     return out;
   }

@@ -26,6 +26,8 @@ inline torch::Tensor evaluate_closure(const torch::optim::Optimizer::LossClosure
 }
 
 /// The fused optimizer for `spec` (sgd or adamw) over `params`, nullptr for the others.
+/// Every parameter that requires a gradient must have one at every step (as the engine's
+/// gradient buffer provides); one without is an internal error.
 std::unique_ptr<torch::optim::Optimizer> make_fused_optimizer(
     const OptimizerSpec& spec, const std::vector<torch::Tensor>& params);
 
