@@ -54,17 +54,18 @@ def ddp_worker(rank, world, port, model_name, vnodes, micro, steps, queue):
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    with gzip.open(os.path.join(DATA, "train-images-idx3-ubyte.gz")) as f:
-        images = np.frombuffer(f.read(), np.uint8, offset=16).reshape(-1, 1, 28, 28)
-    with gzip.open(os.path.join(DATA, "train-labels-idx1-ubyte.gz")) as f:
-        labels = np.frombuffer(f.read(), np.uint8, offset=8)
-    x_all = (torch.from_numpy(images.copy()).float() / 255 - 0.2860) / 0.3530
-    y_all = torch.from_numpy(labels.copy()).long()
-
-    import torch_models
     if model_name in SYNTHETIC:
         x_all = torch.randn(8192, 3, 32, 32)
         y_all = torch.randint(0, 10, (8192,))
+    else:
+        with gzip.open(os.path.join(DATA, "train-images-idx3-ubyte.gz")) as f:
+            images = np.frombuffer(f.read(), np.uint8, offset=16).reshape(-1, 1, 28, 28)
+        with gzip.open(os.path.join(DATA, "train-labels-idx1-ubyte.gz")) as f:
+            labels = np.frombuffer(f.read(), np.uint8, offset=8)
+        x_all = (torch.from_numpy(images.copy()).float() / 255 - 0.2860) / 0.3530
+        y_all = torch.from_numpy(labels.copy()).long()
+
+    import torch_models
     torch.manual_seed(1)
     model = torch_models.by_name(model_name)
     ddp = nn.parallel.DistributedDataParallel(model)

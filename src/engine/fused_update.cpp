@@ -9,6 +9,7 @@
 #include "core/torch_compat.h"
 #include "engine/update_kernels.h"
 #include "vflow/core/error.h"
+#include "vflow/vnode/gradient_buffer.h"
 
 namespace vflow::engine {
 
@@ -30,22 +31,14 @@ bool cpu_float(const torch::Tensor& t) {
 
 // ---- flat parameters -----------------------------------------------------------------
 
-/// The trainable parameters as views into one flat buffer, in their order.
+/// The trainable parameters as views into one flat buffer, laid out as the gradient
+/// buffer lays out their gradients (vnode::FlatLayout).
 class FlatParameters {
  public:
-  explicit FlatParameters(const std::vector<torch::Tensor>& all) {
-    int64_t total = 0;
-    for (const auto& p : all) {
-      if (!p.requires_grad()) continue;
-      VFLOW_ASSERT(params_.empty() || (p.scalar_type() == params_.front().scalar_type() &&
-                                       p.device() == params_.front().device()),
-                   "all parameters of a model must share one dtype and device");
-      params_.push_back(p);
-      offsets_.push_back(total);
-      total += p.numel();
-    }
-    VFLOW_ASSERT(!params_.empty(), "the model has no trainable parameters");
-    flat_ = torch::empty({total}, params_.front().options().requires_grad(false));
+  explicit FlatParameters(const std::vector<torch::Tensor>& all)
+      : layout_(all),
+        flat_(torch::empty({layout_.numel},
+                           layout_.parameters.front().options().requires_grad(false))) {
     bind();
   }
 
@@ -53,30 +46,25 @@ class FlatParameters {
   /// that were given storage of their own (a checkpoint's load replaces it).
   void bind() {
     torch::NoGradGuard no_grad;
-    for (size_t i = 0; i < params_.size(); ++i) {
-      auto& p = params_[i];
+    for (size_t i = 0; i < layout_.parameters.size(); ++i) {
+      auto& p = layout_.parameters[i];
       if (is_view(i)) continue;
-      auto slot = slice(i).view(p.sizes());
+      auto slot = part(flat_, i);
       slot.copy_(p.detach());
-      p.set_(flat_.storage(), flat_.storage_offset() + offsets_[i], p.sizes(), slot.strides());
+      p.set_(flat_.storage(), flat_.storage_offset() + layout_.offsets[i], p.sizes(),
+             slot.strides());
     }
   }
 
   /// The gradients as one flat tensor when they are one buffer in the parameters' order
   /// (the step packet's gradient section), else undefined.
   torch::Tensor flat_gradients() const {
-    const auto& g0 = params_.front().grad();
+    const auto& g0 = layout_.parameters.front().grad();
     if (!g0.defined() || g0.scalar_type() != flat_.scalar_type() || g0.device() != flat_.device()) {
       return {};
     }
-    const auto* base = static_cast<const char*>(g0.data_ptr());
-    for (size_t i = 0; i < params_.size(); ++i) {
-      const auto& g = params_[i].grad();
-      if (!g.defined() || !g.is_contiguous() ||
-          static_cast<const char*>(g.data_ptr()) !=
-              base + static_cast<size_t>(offsets_[i]) * flat_.element_size()) {
-        return {};
-      }
+    for (size_t i = 0; i < layout_.parameters.size(); ++i) {
+      if (!contiguous_at(layout_.parameters[i].grad(), g0.data_ptr(), i)) return {};
     }
     return torch::empty({0}, g0.options())
         .set_(g0.storage(), g0.storage_offset(), {flat_.numel()}, {1});
@@ -87,33 +75,30 @@ class FlatParameters {
   /// The engine's gradient buffer gives each a view, so it never lacks one.
   torch::Tensor gathered_gradients() const {
     auto out = torch::empty_like(flat_);
-    for (size_t i = 0; i < params_.size(); ++i) {
-      const auto& g = params_[i].grad();
+    for (size_t i = 0; i < layout_.parameters.size(); ++i) {
+      const auto& g = layout_.parameters[i].grad();
       VFLOW_ASSERT(g.defined(), fmt::format("the fused update has no gradient of parameter {}", i));
-      out.narrow(0, offsets_[i], params_[i].numel()).copy_(g.reshape({-1}));
+      part(out, i).copy_(g);
     }
     return out;
   }
 
-  const std::vector<torch::Tensor>& params() const { return params_; }
+  const std::vector<torch::Tensor>& params() const { return layout_.parameters; }
   torch::Tensor& flat() { return flat_; }
   /// Parameter i's range of a flat tensor laid out like the parameters.
   torch::Tensor part(const torch::Tensor& flat, size_t i) const {
-    return flat.narrow(0, offsets_[i], params_[i].numel()).view(params_[i].sizes());
+    return flat.narrow(0, layout_.offsets[i], layout_.parameters[i].numel())
+        .view(layout_.parameters[i].sizes());
   }
 
  private:
-  bool is_view(size_t i) const {
-    const auto& p = params_[i];
-    return p.is_contiguous() && p.data_ptr() != nullptr &&
-           static_cast<const char*>(p.data_ptr()) ==
-               static_cast<const char*>(flat_.data_ptr()) +
-                   static_cast<size_t>(offsets_[i]) * flat_.element_size();
+  /// `t` is contiguous and starts at parameter i's offset in the buffer at `base`.
+  bool contiguous_at(const torch::Tensor& t, const void* base, size_t i) const {
+    return layout_.at_offset(t, base, i) && t.is_contiguous();
   }
-  torch::Tensor slice(size_t i) const { return flat_.narrow(0, offsets_[i], params_[i].numel()); }
+  bool is_view(size_t i) const { return contiguous_at(layout_.parameters[i], flat_.data_ptr(), i); }
 
-  std::vector<torch::Tensor> params_;
-  std::vector<int64_t> offsets_;
+  vnode::FlatLayout layout_;
   torch::Tensor flat_;
 };
 
@@ -208,9 +193,7 @@ class FusedOptimizer : public torch::optim::Optimizer {
   int64_t steps_ = 0;
 
  private:
-  Reference make_reference() const {
-    return Reference(all_params_, static_cast<const Options&>(param_groups().front().options()));
-  }
+  Reference make_reference() const { return Reference(all_params_, options()); }
 
   std::vector<torch::Tensor> all_params_;
   FlatParameters flat_;

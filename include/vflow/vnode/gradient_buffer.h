@@ -12,6 +12,22 @@
 
 namespace vflow::vnode {
 
+/// How a model's trainable parameters lie in one flat buffer: those that require a
+/// gradient, in registration order, each at its offset. The gradient buffer and the
+/// fused optimizer's parameter buffer share it, so one index addresses both.
+struct FlatLayout {
+  /// Checks that the trainable parameters share one dtype and device, and that there is
+  /// one (InternalError otherwise).
+  explicit FlatLayout(const std::vector<torch::Tensor>& parameters);
+  /// Whether `t` is defined and its data start at parameter i's offset in the buffer
+  /// at `base`.
+  bool at_offset(const torch::Tensor& t, const void* base, size_t i) const;
+
+  std::vector<torch::Tensor> parameters;
+  std::vector<int64_t> offsets;
+  int64_t numel = 0;  ///< the trainable parameters' elements
+};
+
 class GradientBuffer {
  public:
   /// Allocates the buffer (zeroed) and installs the views. All parameters must share
@@ -29,10 +45,10 @@ class GradientBuffer {
   const torch::Tensor& flat() const { return flat_; }
   int64_t numel() const { return flat_.numel(); }
   /// The gradients alone.
-  torch::Tensor gradients() const { return flat_.narrow(0, 0, gradient_numel_); }
+  torch::Tensor gradients() const { return flat_.narrow(0, 0, layout_.numel); }
   /// The extra part after the gradients.
   torch::Tensor extra() const {
-    return flat_.narrow(0, gradient_numel_, flat_.numel() - gradient_numel_);
+    return flat_.narrow(0, layout_.numel, flat_.numel() - layout_.numel);
   }
 
   /// Throws InternalError if some parameter's .grad no longer aliases the buffer
@@ -42,9 +58,7 @@ class GradientBuffer {
   void bind();
 
  private:
-  std::vector<torch::Tensor> parameters_;
-  std::vector<int64_t> offsets_;
-  int64_t gradient_numel_ = 0;
+  FlatLayout layout_;
   torch::Tensor flat_;
 };
 
