@@ -12,7 +12,7 @@ plain) running at once with no communication. One intra-op thread per process.
 
     bench/ddp_compare.py [--build build] [--model convnet|mlp-wide|resnet18] [--workers 2]
                          [--vnodes 4] [--micro-batch 32] [--steps 30] [--repeats 3]
-                         [--deterministic]
+                         [--deterministic] [--bucket-mb MB]
 """
 import argparse
 import gzip
@@ -130,7 +130,9 @@ def run_vflow(args):
         "--set", f"semantic.global_batch={args.workers * args.vnodes * args.micro_batch}",
         "--set", f"semantic.virtual_nodes={args.workers * args.vnodes}",
         "--set", "semantic.optimizer={name: sgd, lr: 0.01, momentum: 0.9, nesterov: false, weight_decay: 0}",
-        "--set", "semantic.schedule={name: constant}"], args.steps, WARMUP)
+        "--set", "semantic.schedule={name: constant}",
+        *(["--set", f"resources.bucket_mb={args.bucket_mb}"] if args.bucket_mb is not None else [])],
+        args.steps, WARMUP)
     batch = args.workers * args.vnodes * args.micro_batch
     step_s = [batch / r["examples_per_second"] for r in steps]
     return {"examples_per_second": batch * len(step_s) / sum(step_s),
@@ -162,6 +164,8 @@ def main():
     parser.add_argument("--model", choices=sorted(VFLOW_MODEL), default="convnet")
     parser.add_argument("--deterministic", action="store_true",
                         help="vflow with semantic.deterministic: true")
+    parser.add_argument("--bucket-mb", type=float, default=None,
+                        help="vflow's resources.bucket_mb (default: the job spec's default)")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--vnodes", type=int, default=4, help="vnodes per worker")
     parser.add_argument("--micro-batch", type=int, default=32)

@@ -47,9 +47,40 @@ std::shared_ptr<::gloo::transport::Device> device_towards(const std::string& hos
   return c10d::ProcessGroupGloo::createDefaultDevice();
 }
 
+std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
+
+/// A sum already done when it was started.
+class DoneWork final : public PendingWork {
+ public:
+  void wait(std::chrono::steady_clock::time_point) override {}
+};
+
+/// A Gloo collective in flight: c10d's work object, waited for up to a deadline.
+template <typename Work>
+class GlooWork final : public PendingWork {
+ public:
+  GlooWork(Work work, std::string what) : work_(std::move(work)), what_(std::move(what)) {}
+
+  void wait(std::chrono::steady_clock::time_point deadline) override {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    try {
+      // c10d reads 0 as "no timeout": wait at least a millisecond.
+      work_->wait(std::max(left, std::chrono::milliseconds(1)));
+    } catch (const std::exception& e) {
+      throw PeerFailure(fmt::format("[comm] {}: {}", what_, first_line(e.what())));
+    }
+  }
+
+ private:
+  Work work_;
+  std::string what_;
+};
+
 class GlooCommunicator final : public Communicator {
  public:
-  explicit GlooCommunicator(const Rendezvous& r) : rank_(r.rank), size_(r.world_size) {
+  explicit GlooCommunicator(const Rendezvous& r)
+      : rank_(r.rank), size_(r.world_size), timeout_(r.timeout) {
     try {
       store_ = open_store(r.store_host, r.store_port, r.timeout, r.host_store);
       auto prefixed = c10::make_intrusive<c10d::PrefixStore>("gen/" + r.generation, store_);
@@ -74,6 +105,21 @@ class GlooCommunicator final : public Communicator {
     run("allreduce", [&] { return group_->allreduce(tensors); });
     if (!tensor.is_cpu()) tensor.copy_(tensors[0]);
   }
+
+  std::unique_ptr<PendingWork> start_allreduce_sum(torch::Tensor& tensor) override {
+    if (!tensor.is_cpu()) return Communicator::start_allreduce_sum(tensor);
+    const auto what = fmt::format("allreduce failed on rank {} of {}", rank_, size_);
+    std::vector<torch::Tensor> tensors{tensor};
+    try {
+      auto work = group_->allreduce(tensors);
+      return std::make_unique<GlooWork<decltype(work)>>(std::move(work), what);
+    } catch (const std::exception& e) {
+      throw PeerFailure(fmt::format("[comm] {}: {}", what, first_line(e.what())));
+    }
+  }
+
+  bool asynchronous() const override { return true; }
+  std::chrono::milliseconds timeout() const override { return timeout_; }
 
   void broadcast(torch::Tensor& tensor, int root) override {
     std::vector<torch::Tensor> tensors{on_host(tensor)};
@@ -108,8 +154,6 @@ class GlooCommunicator final : public Communicator {
   }
 
  private:
-  static std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
-
   static torch::Tensor on_host(const torch::Tensor& tensor) {
     return tensor.is_cpu() ? tensor : tensor.to(torch::kCPU).contiguous();
   }
@@ -127,6 +171,7 @@ class GlooCommunicator final : public Communicator {
 
   int rank_;
   int size_;
+  std::chrono::milliseconds timeout_;
   c10::intrusive_ptr<c10d::Store> store_;
   c10::intrusive_ptr<c10d::ProcessGroupGloo> group_;
 };
@@ -142,6 +187,11 @@ class LocalCommunicator final : public Communicator {
 };
 
 }  // namespace
+
+std::unique_ptr<PendingWork> Communicator::start_allreduce_sum(torch::Tensor& tensor) {
+  allreduce_sum(tensor);
+  return std::make_unique<DoneWork>();
+}
 
 std::unique_ptr<Communicator> make_gloo_communicator(const Rendezvous& rendezvous) {
   return std::make_unique<GlooCommunicator>(rendezvous);

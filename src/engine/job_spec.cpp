@@ -348,6 +348,13 @@ const SpecSchema<ResourcesSpec>& resources_schema() {
              "load the next vnode's batch on a background thread: `true`, `false`, or `auto` = "
              "on when intra-op threads × workers on this host < cores (a loader without a core "
              "of its own slowed 2 workers on 2 cores by about 15%)");
+    s.real("bucket_mb", &R::bucket_mb, 0, 1 << 20,
+           "MiB of gradients per bucket of the reduction that overlaps the backward pass of a "
+           "worker's last vnode (default mode on Gloo: each bucket's allreduce starts as soon "
+           "as its gradients are final); 0 = one allreduce after the backward pass. Buckets hold "
+           "whole parameters. Each element is still summed once over the workers: bitwise the "
+           "same result on 2 workers, on more the order of Gloo's additions may differ (default "
+           "mode's tolerance); deterministic mode is not bucketed");
     s.real("timeout_s", &R::timeout_s, 0.1, 86400.0,
            "rendezvous and collective timeout in seconds: a peer silent for longer is declared "
            "dead");

@@ -17,6 +17,7 @@
 #include "core/output_file.h"
 #include "core/torch_compat.h"
 #include "engine/background_task.h"
+#include "engine/bucketed_reduction.h"
 #include "engine/copy_stream.h"
 #include "vflow/comm/nccl.h"
 #include "vflow/comm/split_sum.h"
@@ -181,6 +182,9 @@ struct Trainer::Impl {
   // Deterministic mode: the exact sum of vnode contributions, and its reduction.
   std::unique_ptr<vnode::FixedPointSum> exact;
   std::unique_ptr<comm::SplitSum> exact_reduction;
+  // Default mode: the reduction in buckets, overlapped with the last backward pass.
+  std::unique_ptr<BucketedReduction> buckets;
+  bool bucketed = false;  // this step reduces through `buckets`
   std::vector<std::shared_ptr<TrainingObserver>> observers;
   int64_t step = 0;
   std::optional<EvalResult> last_eval;
@@ -288,6 +292,7 @@ struct Trainer::Impl {
   /// the parameters or the optimizer, but the stateful kernels hold partial updates.
   void abandon_step() {
     drain_loader();
+    if (buckets && comm) buckets->abandon(*comm);
     kernels->abort_step();
     packet->clear();
     if (exact) exact->clear();
@@ -351,12 +356,19 @@ struct Trainer::Impl {
     packet->clear();
     kernels->begin_step();
     if (exact) exact->clear();
-    const int64_t ran = run_vnodes(s, batch);
+    // Every rank of the group decides alike: the collectives must match.
+    bucketed = buckets && comm->size() > 1 && comm->asynchronous();
+    int64_t ran = 0;
+    try {
+      ran = run_vnodes(s, batch);
+    } catch (...) {
+      if (bucketed) buckets->abandon(*comm);
+      throw;
+    }
     // Kernels run asynchronously on a GPU: the compute time (and the speed measured for
     // re-planning and profiles) includes them only once they have finished.
     if (device.is_cuda()) torch::cuda::synchronize(device.index());
     const auto t_sync = Clock::now();
-    write_control_word();
     reduce_packet();
     const auto t_update = Clock::now();
     StepInfo info;
@@ -396,6 +408,11 @@ struct Trainer::Impl {
   /// order, accumulated into the packet (gradients, stateful-kernel rows, loss). Returns
   /// how many vnodes this worker computed.
   int64_t run_vnodes(int64_t s, const vnode::Slice& batch) {
+    int64_t last = -1;  // the last vnode this worker computes
+    for (int64_t v = held.first; v < held.last; ++v) {
+      if (plan.slice(v, batch.size).size > 0) last = v;
+    }
+    if (last < 0) write_control_word();
     int64_t ordinal = 0;
     int64_t ran = 0;
     for (int64_t v = 0; v < plan.virtual_nodes(); ++v) {
@@ -418,10 +435,16 @@ struct Trainer::Impl {
         loss = models::prediction_loss(model->forward(b.input), b.target, /*sum=*/false,
                                        spec.semantic.loss.label_smoothing);
       }
-      // Weight n_v / B: the accumulated gradient is the global batch's mean-loss gradient.
-      (loss * (static_cast<double>(part.size) / static_cast<double>(batch.size))).backward();
       kernels->end_vnode(v);
       packet->add_loss(loss, part.size);
+      if (v == last) {
+        // The packet past the gradients is final before the last backward pass, so
+        // that it can ride in the first bucket.
+        write_control_word();
+        if (bucketed && device.is_cpu()) buckets->arm(*comm);
+      }
+      // Weight n_v / B: the accumulated gradient is the global batch's mean-loss gradient.
+      (loss * (static_cast<double>(part.size) / static_cast<double>(batch.size))).backward();
     }
     return ran;
   }
@@ -438,6 +461,10 @@ struct Trainer::Impl {
   /// (deterministic mode: as exact fixed-point integers, 32 bits an element).
   void reduce_packet() {
     auto& flat = packet->flat();
+    if (bucketed) {
+      buckets->finish(*comm);
+      return;
+    }
     if (!exact) {
       comm->allreduce_sum(flat);
       return;
@@ -517,6 +544,9 @@ Trainer::Trainer(JobSpec spec, std::shared_ptr<models::Model> model, data::DataS
     impl_->exact = std::make_unique<vnode::FixedPointSum>(impl_->packet->numel(), impl_->device);
     impl_->exact_reduction =
         std::make_unique<comm::SplitSum>(impl_->packet->numel(), impl_->device);
+  } else if (impl_->spec.resources.bucket_mb > 0) {
+    impl_->buckets = std::make_unique<BucketedReduction>(
+        *impl_->packet, static_cast<int64_t>(impl_->spec.resources.bucket_mb * (1 << 20)));
   }
   impl_->optimizer = make_optimizer(impl_->spec.semantic.optimizer, m.parameters());
   if (impl_->spec.semantic.ema.enabled()) {

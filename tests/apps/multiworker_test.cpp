@@ -65,6 +65,17 @@ TEST_CASE("default jobs agree across worker counts within tolerance", "[multipro
   }
 }
 
+TEST_CASE("the reduction in buckets overlapped with the backward pass changes no result",
+          "[multiproc]") {
+  // Two workers: each element's sum has two addends, so Gloo's order does not matter and
+  // the one allreduce and the buckets (about one a parameter) must agree bitwise.
+  const auto whole = train(2, " --set resources.bucket_mb=0");
+  const auto buckets = train(2, " --set resources.bucket_mb=0.001");
+  REQUIRE(whole.fingerprints.size() == 1);
+  CHECK(buckets.fingerprints == whole.fingerprints);
+  CHECK(buckets.losses == whole.losses);
+}
+
 TEST_CASE("a worker that fails makes the launcher fail without hanging", "[multiproc]") {
   // Rank 1 cannot read its data directory... all ranks read the same spec, so make the job
   // itself fail on every rank: a data path that does not exist.

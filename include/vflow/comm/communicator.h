@@ -19,6 +19,15 @@ using vflow::PeerFailure;
 
 struct Rendezvous;
 
+/// A collective in flight (Communicator::start_allreduce_sum).
+class PendingWork {
+ public:
+  virtual ~PendingWork() = default;
+  /// Returns once the collective has completed; throws PeerFailure when it failed or
+  /// is still running at `deadline`.
+  virtual void wait(std::chrono::steady_clock::time_point deadline) = 0;
+};
+
 /// The store key under which Communicator::leave counts a rank out: a coordinator that
 /// only hosts the store for externally started workers serves until all have left.
 extern const char* const kLeftKey;
@@ -30,6 +39,16 @@ class Communicator {
   virtual int size() const = 0;
   /// Element-wise sum over all ranks, in place.
   virtual void allreduce_sum(torch::Tensor& tensor) = 0;
+  /// Starts an element-wise sum over all ranks of `tensor` in place, which must stay
+  /// untouched until the returned work has completed. Every rank starts the same
+  /// collectives in the same order. The default runs the sum at once.
+  virtual std::unique_ptr<PendingWork> start_allreduce_sum(torch::Tensor& tensor);
+  /// Whether start_allreduce_sum returns before the sum of a host tensor is done, so
+  /// that the caller can compute meanwhile: a property of the backend, the same on every
+  /// rank (Gloo: yes; a device tensor's sum runs at once even there).
+  virtual bool asynchronous() const { return false; }
+  /// How long a collective may wait for a silent peer.
+  virtual std::chrono::milliseconds timeout() const { return std::chrono::milliseconds(30000); }
   /// Copies `root`'s tensor into every rank's `tensor` (same shape everywhere).
   virtual void broadcast(torch::Tensor& tensor, int root) = 0;
   /// Every rank's tensor (same shape everywhere), in rank order.

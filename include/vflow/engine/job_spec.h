@@ -101,6 +101,9 @@ struct ResourcesSpec {
   /// Load the next vnode's batch on a background thread: on, off, or auto (on when this
   /// host has a core to spare: intra-op threads x local workers < cores).
   std::string prefetch = "auto";
+  /// Gradient bytes (MiB) per bucket of the reduction overlapped with the backward pass
+  /// (default mode, Gloo); 0 = one collective after the backward pass.
+  double bucket_mb = 1;
   double timeout_s = 30;    ///< rendezvous and collective timeout (a silent peer is dead after it)
   int64_t min_workers = 1;  ///< an elastic job never runs on fewer; below it, it stops
   int64_t max_workers = 0;  ///< resize requests above it are refused; 0 = virtual_nodes

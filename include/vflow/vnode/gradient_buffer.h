@@ -44,6 +44,8 @@ class GradientBuffer {
   torch::Tensor& flat() { return flat_; }
   const torch::Tensor& flat() const { return flat_; }
   int64_t numel() const { return flat_.numel(); }
+  /// Where each trainable parameter's gradient lies in flat().
+  const FlatLayout& layout() const { return layout_; }
   /// The gradients alone.
   torch::Tensor gradients() const { return flat_.narrow(0, 0, layout_.numel); }
   /// The extra part after the gradients.

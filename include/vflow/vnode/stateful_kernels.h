@@ -32,7 +32,8 @@ class StatefulKernel {
   /// Prepares the module so that the next forward records only this vnode's effect.
   /// `ordinal` counts the non-empty vnodes before this one in the step.
   virtual void begin_vnode(int64_t ordinal) = 0;
-  /// Writes this vnode's contribution (a 1-D slice of contribution_size()).
+  /// Writes this vnode's contribution (a 1-D slice of contribution_size()), after its
+  /// forward pass (the trainer calls it before the backward pass).
   virtual void end_vnode(torch::Tensor out) = 0;
   /// Restores the saved state and applies the contributions (rows, in vnode order).
   virtual void apply(const std::vector<torch::Tensor>& rows) = 0;

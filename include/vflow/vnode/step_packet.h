@@ -14,7 +14,9 @@
 // - regroup: the generation to regroup into (set by one worker, rank 0), 0 for none.
 //
 // The sections are contiguous and in this order, so a reduction may cut the buffer into
-// buckets along sections() (e.g. reduce the gradients while the rest is still written).
+// buckets along sections(): the trainer's buckets (engine/bucketed_reduction.h) start with
+// the last parameters' gradients and everything after them, written before the last
+// vnode's backward pass.
 #pragma once
 
 #include <torch/types.h>
