@@ -111,7 +111,7 @@ TEST_CASE("SIGTERM stops vflow-train at a step boundary with a checkpoint", "[in
   CHECK(vflow::engine::list_checkpoints(dir.path()).size() == 1);
 }
 
-TEST_CASE("a vnode too big for resources.memory_limit_mb fails with exit code 6; more vnodes fit",
+TEST_CASE("a vnode too big for resources.memory_limit_mb fails with exit code 6, more vnodes fit",
           "[integration]") {
   // 512 examples of 64x64 through a 64-channel convolution: about 1 GiB per activation
   // tensor as one vnode, 32 MiB as 32 vnodes of 16.

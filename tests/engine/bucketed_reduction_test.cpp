@@ -79,7 +79,7 @@ TEST_CASE("buckets cover the packet in reverse parameter order, the table in the
 }
 
 TEST_CASE(
-    "bucketed sums over Gloo ranks equal the whole packet's sum; buckets start in the "
+    "bucketed sums over Gloo ranks equal the whole packet's sum, buckets start in the "
     "backward pass, one without gradients after it",
     "[integration]") {
   constexpr int kRanks = 2;  // two addends: Gloo's sum is exact, so compare bitwise

@@ -62,7 +62,7 @@ TEST_CASE("a planned layout may put workers on several device types", "[unit][he
   }
 }
 
-TEST_CASE("an empty job file is refused; {} means every default", "[unit]") {
+TEST_CASE("an empty job file is refused, and {} means every default", "[unit]") {
   CHECK(error_of("") == "job.yaml: the job spec is empty (no YAML document)");
   CHECK(error_of("# only a comment\n") != "");
   CHECK(error_of("{}\n") == "");

@@ -62,7 +62,7 @@ TEST_CASE("learning-rate schedules", "[unit]") {
   CHECK(inv.at(250) == Approx(0.4));
 }
 
-TEST_CASE("the weight average is part of the result; use_ema evaluates it", "[integration]") {
+TEST_CASE("the weight average is part of the result, and use_ema evaluates it", "[integration]") {
   const std::vector<std::string> ema{"semantic.ema={decay: 0.9, every_steps: 2}",
                                      "semantic.deterministic=true"};
   auto with_average = ema;

@@ -142,7 +142,7 @@ TEST_CASE("a mixed inventory beats its fastest type alone when the slow type hel
   CHECK(on_slow > 0);
 }
 
-TEST_CASE("memory caps exclude device types; nothing fitting is an error", "[unit][hetero]") {
+TEST_CASE("memory caps exclude device types, and nothing fitting is an error", "[unit][hetero]") {
   auto profiles = std::vector<DeviceProfile>{profile("big", 0, 0.001, 0, 0, 1000),
                                              profile("small", 0, 0.0001, 0, 0, 1000)};
   // vnodes of 8 examples need 8000 bytes: "small" (cap 4000) cannot run them.
