@@ -15,6 +15,21 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ddp_compare  # noqa: E402
 
 
+def print_table(runs, sizes, limit=None):
+    """One row per bucket size: examples/s median (min-max), the ratio to the first size,
+    to `limit` (examples/s) when given, and the median wait after the backward pass."""
+    base = statistics.median(x["examples_per_second"] for x in runs[sizes[0]])
+    print(f"| bucket_mb | examples/s | vs bucket_mb {sizes[0]:g} |"
+          + (" vs compute-only limit |" if limit else "") + " sync after backward (ms) |")
+    print("|---" * (5 if limit else 4) + "|")
+    for size in sizes:
+        eps = [x["examples_per_second"] for x in runs[size]]
+        med = statistics.median(eps)
+        print(f"| {size:g} | {med:.0f} ({min(eps):.0f}-{max(eps):.0f}) | {med / base:.3f} |"
+              + (f" {med / limit:.2f} |" if limit else "")
+              + f" {statistics.median(x['sync_ms'] for x in runs[size]):.1f} |")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--build", default=os.path.join(ddp_compare.ROOT, "build"))
@@ -36,17 +51,10 @@ def main():
             runs[size].append(result)
             print(f"repeat {r + 1}: bucket_mb {size:g}: {result['examples_per_second']:.0f} "
                   f"examples/s, sync {result['sync_ms']:.1f} ms", flush=True)
-    base = statistics.median(x["examples_per_second"] for x in runs[sizes[0]])
     print()
     print(f"{args.model}: K={args.workers} workers x {args.vnodes} vnodes x b={args.micro_batch}, "
           f"{args.steps} timed steps, median (min-max) of {args.repeats}")
-    print(f"| bucket_mb | examples/s | vs bucket_mb {sizes[0]:g} | sync after backward (ms) |")
-    print("|---|---|---|---|")
-    for size in sizes:
-        eps = [x["examples_per_second"] for x in runs[size]]
-        med = statistics.median(eps)
-        print(f"| {size:g} | {med:.0f} ({min(eps):.0f}-{max(eps):.0f}) | {med / base:.3f} | "
-              f"{statistics.median(x['sync_ms'] for x in runs[size]):.1f} |")
+    print_table(runs, sizes)
     return 0
 
 

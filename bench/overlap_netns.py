@@ -21,6 +21,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bucket_sweep  # noqa: E402
 import ddp_compare  # noqa: E402
 
 NET = "10.231.78"
@@ -138,18 +139,10 @@ def main():
     finally:
         hosts.close()
     limit = statistics.median(limits)
-    base = statistics.median(x["examples_per_second"] for x in runs[sizes[0]])
     print()
     print(f"{args.model}: 2 worker hosts on {args.rate} links x {args.vnodes} vnodes x "
           f"b={args.micro_batch}, {args.steps} timed steps, median (min-max) of {args.repeats}")
-    print(f"| bucket_mb | examples/s | vs bucket_mb {sizes[0]:g} | vs compute-only limit | "
-          f"sync after backward (ms) |")
-    print("|---|---|---|---|---|")
-    for size in sizes:
-        eps = [x["examples_per_second"] for x in runs[size]]
-        med = statistics.median(eps)
-        print(f"| {size:g} | {med:.0f} ({min(eps):.0f}-{max(eps):.0f}) | {med / base:.3f} | "
-              f"{med / limit:.2f} | {statistics.median(x['sync_ms'] for x in runs[size]):.1f} |")
+    bucket_sweep.print_table(runs, sizes, limit)
     print(f"| compute-only limit | {limit:.0f} ({min(limits):.0f}-{max(limits):.0f}) | | 1.00 | |")
     return 0
 
