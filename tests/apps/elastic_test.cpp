@@ -150,6 +150,26 @@ TEST_CASE("a SIGKILLed worker is survived: the step is redone, nothing is lost",
   }
 }
 
+TEST_CASE(
+    "in default mode, whose reduction runs in buckets during the backward pass, a "
+    "SIGKILLed worker is survived too",
+    "[multiproc][elastic]") {
+  // About one bucket a parameter: a worker dies with several buckets in flight.
+  const std::string buckets = " --set semantic.deterministic=false --set resources.bucket_mb=0.001";
+  TempDir dir;
+  const auto r =
+      elastic_job(dir, 3, buckets + " --set output.logging.examples=" + dir.file("examples.log"),
+                  kill_rank(1, "KILL") + "; await_workers 2");
+  INFO(r.output);
+  CHECK_THAT(r.output, Catch::Matchers::Contains("exit=0"));
+  CHECK_THAT(r.output, Catch::Matchers::Contains("died (status 137)"));
+  CHECK_THAT(r.output, Catch::Matchers::Contains("in the next generation"));
+  CHECK(fingerprints_in(r.output).size() == 1);  // the survivors hold the same state
+  CHECK(nothing_left(dir));
+  // Every (step, vnode) ran exactly once (the log refuses a duplicate).
+  CHECK(read_example_log(dir.file("examples.log")).size() == 1500 * 12);
+}
+
 TEST_CASE("a failed worker is replaced when resources.replace_failed is set",
           "[multiproc][elastic]") {
   TempDir dir;
