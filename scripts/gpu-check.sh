@@ -123,7 +123,7 @@ setup() {
   for deb in "${debs[@]}"; do dpkg-deb -x "$deb" "$PREFIX"; done
   # zlib1g-dev's libz.so points at Debian's absolute path: point it at this system's zlib.
   local libz
-  libz="$(ldconfig -p | awk '/libz\.so\.1 /{print $NF; exit}')"
+  libz="$(ldconfig -p | awk '/libz\.so\.1 / && !seen {print $NF; seen = 1}')"  # no early exit: SIGPIPE
   local carried_libz="$PREFIX/usr/lib/x86_64-linux-gnu/libz.so"
   if [[ -n "$libz" && -L "$carried_libz" ]]; then ln -sf "$libz" "$carried_libz"; fi
 

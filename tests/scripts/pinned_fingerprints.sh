@@ -22,7 +22,9 @@ pins=$here/tests/pinned-fingerprints.tsv
 train=$build/vflow-train
 
 cpu=$(grep -m1 '^model name' /proc/cpuinfo | sed 's/^[^:]*: *//; s/  */ /g')
-blas=$(ldd "$build/libvflow.so" 2>/dev/null | awk '/libblas|libopenblas|libmkl/ {print $3; exit}')
+# awk reads to the end: an early exit would stop ldd with SIGPIPE, which pipefail turns
+# into a failure of this script now and then.
+blas=$(ldd "$build/libvflow.so" 2>/dev/null | awk '/libblas|libopenblas|libmkl/ && !seen {print $3; seen = 1}')
 blas=$(readlink -f "${blas:-none}" 2>/dev/null || echo none)
 isa=$(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -xE 'avx2|avx512f|avx512_bf16|avx512_vnni|amx_tile' |
       sort | paste -sd, -)

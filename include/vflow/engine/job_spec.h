@@ -102,8 +102,9 @@ struct ResourcesSpec {
   /// host has a core to spare: intra-op threads x local workers < cores).
   std::string prefetch = "auto";
   /// Gradient bytes (MiB) per bucket of the reduction overlapped with the backward pass
-  /// (default mode, Gloo); 0 = one collective after the backward pass.
-  double bucket_mb = 1;
+  /// (default mode, Gloo); 0 = one collective after the backward pass, the default: on
+  /// one machine the reduction uses the cores that train (docs/benchmarks.md).
+  double bucket_mb = 0;
   double timeout_s = 30;    ///< rendezvous and collective timeout (a silent peer is dead after it)
   int64_t min_workers = 1;  ///< an elastic job never runs on fewer; below it, it stops
   int64_t max_workers = 0;  ///< resize requests above it are refused; 0 = virtual_nodes
