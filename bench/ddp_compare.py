@@ -121,9 +121,10 @@ def run_ddp(args):
 
 # ---- vflow -----------------------------------------------------------------------
 
-def run_vflow(args):
-    steps = vflow_runs.timed_steps(args.build, [
-        "--workers", str(args.workers),
+def job_args(args):
+    """vflow-train settings of the compared job: `args.workers` x `args.vnodes` vnodes of
+    `args.micro_batch`, the model, SGD with momentum, and `args.bucket_mb` when set."""
+    return [
         "--set", f"semantic.model={VFLOW_MODEL[args.model]}",
         *(["--set", f"semantic.data={SYNTHETIC[args.model]}"] if args.model in SYNTHETIC else []),
         "--set", f"semantic.deterministic={'true' if args.deterministic else 'false'}",
@@ -131,14 +132,13 @@ def run_vflow(args):
         "--set", f"semantic.virtual_nodes={args.workers * args.vnodes}",
         "--set", "semantic.optimizer={name: sgd, lr: 0.01, momentum: 0.9, nesterov: false, weight_decay: 0}",
         "--set", "semantic.schedule={name: constant}",
-        *(["--set", f"resources.bucket_mb={args.bucket_mb}"] if args.bucket_mb is not None else [])],
-        args.steps, WARMUP)
-    batch = args.workers * args.vnodes * args.micro_batch
-    step_s = [batch / r["examples_per_second"] for r in steps]
-    return {"examples_per_second": batch * len(step_s) / sum(step_s),
-            "compute_ms": statistics.mean(r["compute_ms"] for r in steps),
-            "sync_ms": statistics.mean(r["sync_ms"] for r in steps),
-            "update_ms": statistics.mean(r["update_ms"] for r in steps)}
+        *(["--set", f"resources.bucket_mb={args.bucket_mb}"] if args.bucket_mb is not None else [])]
+
+
+def run_vflow(args):
+    steps = vflow_runs.timed_steps(args.build, ["--workers", str(args.workers), *job_args(args)],
+                                   args.steps, WARMUP)
+    return vflow_runs.summary(steps)
 
 
 # ---- compute-only limit ------------------------------------------------------------

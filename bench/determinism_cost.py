@@ -49,9 +49,7 @@ def run(args, model, workers, deterministic):
         args.build, [*extra, "--workers", str(workers),
                      "--set", f"semantic.deterministic={'true' if deterministic else 'false'}"],
         args.steps, WARMUP)
-    # examples/s over the timed steps: total examples over total step time
-    seconds = sum(1.0 / r["examples_per_second"] for r in steps)
-    return len(steps) / seconds
+    return vflow_runs.summary(steps)["examples_per_second"]
 
 
 def main():

@@ -11,7 +11,6 @@ Needs root and iproute2; traffic stays inside the namespaces.
                            [--vnodes 1] [--rate 1gbit] [--sizes 0,1] [--repeats 5]
 """
 import argparse
-import json
 import os
 import random
 import statistics
@@ -23,6 +22,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bucket_sweep  # noqa: E402
 import ddp_compare  # noqa: E402
+import vflow_runs  # noqa: E402
 
 NET = "10.231.78"
 WARMUP = 3
@@ -62,30 +62,13 @@ class Hosts:
             subprocess.run(["ip", "netns", "del", n], stderr=subprocess.DEVNULL)
 
 
-def job_args(args, bucket_mb, metrics):
-    batch = 2 * args.vnodes * args.micro_batch
-    out = ["--set", f"semantic.model={ddp_compare.VFLOW_MODEL[args.model]}",
-           "--set", f"semantic.global_batch={batch}",
-           "--set", f"semantic.virtual_nodes={2 * args.vnodes}",
-           "--set", "semantic.optimizer={name: sgd, lr: 0.01, momentum: 0.9, nesterov: false, "
-                    "weight_decay: 0}",
-           "--set", "semantic.schedule={name: constant}",
-           "--set", "semantic.epochs=null", "--set", f"semantic.steps={WARMUP + args.steps}",
-           "--set", "resources.threads=1", "--set", "output.evaluation.enabled=false",
-           "--set", "output.logging.progress=off", "--set", "output.logging.every_steps=1",
-           "--set", f"output.logging.metrics={metrics}",
-           "--set", f"resources.bucket_mb={bucket_mb}"]
-    if args.model in ddp_compare.SYNTHETIC:
-        out += ["--set", f"semantic.data={ddp_compare.SYNTHETIC[args.model]}"]
-    return out
-
-
 def run_vflow(args, hosts, bucket_mb):
     train = os.path.join(args.build, "vflow-train")
     port = 29000 + random.randrange(900)
+    args.bucket_mb = bucket_mb
     with tempfile.TemporaryDirectory() as tmp:
         metrics = os.path.join(tmp, "m.jsonl")
-        spec = job_args(args, bucket_mb, metrics)
+        spec = ddp_compare.job_args(args) + vflow_runs.timing_args(args.steps, WARMUP, metrics)
         coordinator = subprocess.Popen(
             ["ip", "netns", "exec", hosts.names[0], train, *spec, "--workers", "2",
              "--coordinator", f"{NET}.1:{port}"], stdout=subprocess.DEVNULL,
@@ -103,12 +86,8 @@ def run_vflow(args, hosts, bucket_mb):
         coordinator.wait()
         if any(w.returncode != 0 for w in workers):
             raise RuntimeError("a worker failed:\n" + "\n".join(o[-2000:] for o in outputs))
-        records = [json.loads(line) for line in open(metrics)]
-    steps = [r for r in records if r["event"] == "step" and r["step"] > WARMUP]
-    batch = 2 * args.vnodes * args.micro_batch
-    seconds = sum(batch / r["examples_per_second"] for r in steps)
-    return {"examples_per_second": batch * len(steps) / seconds,
-            "sync_ms": statistics.mean(r["sync_ms"] for r in steps)}
+        steps = vflow_runs.step_records(metrics, WARMUP)
+    return vflow_runs.summary(steps)
 
 
 def main():
@@ -123,6 +102,7 @@ def main():
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
     args.workers = 2
+    args.deterministic = False
     sizes = [float(x) for x in args.sizes.split(",")]
     hosts = Hosts(args.rate)
     runs = {size: [] for size in sizes}

@@ -95,15 +95,14 @@ comm::Rendezvous rendezvous_at(const job::Coordinator& coordinator, int rank, in
 
 std::vector<std::string> run_gloo_ranks(const job::Coordinator& coordinator, int ranks,
                                         const std::string& generation,
-                                        const std::function<void(int, comm::Communicator&)>& body,
-                                        int timeout_ms) {
+                                        const std::function<void(int, comm::Communicator&)>& body) {
   std::vector<std::string> errors(static_cast<size_t>(ranks));
   std::vector<std::thread> threads;
   for (int rank = 0; rank < ranks; ++rank) {
     threads.emplace_back([&, rank] {
       try {
-        auto comm = comm::make_gloo_communicator(
-            rendezvous_at(coordinator, rank, ranks, generation, timeout_ms));
+        auto comm =
+            comm::make_gloo_communicator(rendezvous_at(coordinator, rank, ranks, generation));
         body(rank, *comm);
       } catch (const std::exception& e) {
         errors[rank] = e.what();

@@ -51,13 +51,11 @@ comm::Rendezvous rendezvous_at(const job::Coordinator& coordinator, int rank, in
                                const std::string& generation, int timeout_ms = 10000);
 
 /// Runs `body(rank, communicator)` for ranks 0 .. ranks-1 of a Gloo group, each in a
-/// thread of its own, over `coordinator`'s store, with collectives timing out after
-/// `timeout_ms`. Returns each rank's error message, empty
+/// thread of its own, over `coordinator`'s store. Returns each rank's error message, empty
 /// where the rank finished without one.
 std::vector<std::string> run_gloo_ranks(const job::Coordinator& coordinator, int ranks,
                                         const std::string& generation,
-                                        const std::function<void(int, comm::Communicator&)>& body,
-                                        int timeout_ms = 10000);
+                                        const std::function<void(int, comm::Communicator&)>& body);
 
 /// A TCP port on 127.0.0.1 that was free a moment ago.
 int free_port();

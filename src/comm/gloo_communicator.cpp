@@ -49,6 +49,11 @@ std::shared_ptr<::gloo::transport::Device> device_towards(const std::string& hos
 
 std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
 
+/// `what` failed ("[comm] allreduce failed on rank r of n") because of `e`.
+PeerFailure peer_failure(const std::string& what, const std::exception& e) {
+  return PeerFailure(fmt::format("{}: {}", what, first_line(e.what())));
+}
+
 /// A sum already done when it was started.
 class DoneWork final : public PendingWork {
  public:
@@ -68,7 +73,7 @@ class GlooWork final : public PendingWork {
       // c10d reads 0 as "no timeout": wait at least a millisecond.
       work_->wait(std::max(left, std::chrono::milliseconds(1)));
     } catch (const std::exception& e) {
-      throw PeerFailure(fmt::format("[comm] {}: {}", what_, first_line(e.what())));
+      throw peer_failure(what_, e);
     }
   }
 
@@ -108,13 +113,12 @@ class GlooCommunicator final : public Communicator {
 
   std::unique_ptr<PendingWork> start_allreduce_sum(torch::Tensor& tensor) override {
     if (!tensor.is_cpu()) return Communicator::start_allreduce_sum(tensor);
-    const auto what = fmt::format("allreduce failed on rank {} of {}", rank_, size_);
     std::vector<torch::Tensor> tensors{tensor};
     try {
       auto work = group_->allreduce(tensors);
-      return std::make_unique<GlooWork<decltype(work)>>(std::move(work), what);
+      return std::make_unique<GlooWork<decltype(work)>>(std::move(work), failed("allreduce"));
     } catch (const std::exception& e) {
-      throw PeerFailure(fmt::format("[comm] {}: {}", what, first_line(e.what())));
+      throw peer_failure(failed("allreduce"), e);
     }
   }
 
@@ -164,9 +168,12 @@ class GlooCommunicator final : public Communicator {
       auto work = start();
       work->wait();
     } catch (const std::exception& e) {
-      throw PeerFailure(fmt::format("[comm] {} failed on rank {} of {}: {}", what, rank_, size_,
-                                    first_line(e.what())));
+      throw peer_failure(failed(what), e);
     }
+  }
+
+  std::string failed(const char* what) const {
+    return fmt::format("[comm] {} failed on rank {} of {}", what, rank_, size_);
   }
 
   int rank_;

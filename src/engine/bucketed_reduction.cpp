@@ -1,6 +1,5 @@
 #include "engine/bucketed_reduction.h"
 
-#include <fmt/format.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>

@@ -354,7 +354,8 @@ const SpecSchema<ResourcesSpec>& resources_schema() {
            "as its gradients are final); 0 = one allreduce after the backward pass. Buckets hold "
            "whole parameters. For workers on separate hosts 1 is a good size (1.1-1.2x on "
            "1 Gbit/s links); on one machine the reduction competes with training for the same "
-           "cores, and buckets measured up to 11% slower there (docs/benchmarks.md). Each element is still summed once over the workers: bitwise the "
+           "cores, and buckets measured up to 11% slower there (docs/benchmarks.md). Each element "
+           "is still summed once over the workers: bitwise the "
            "same result on 2 workers, on more the order of Gloo's additions may differ (default "
            "mode's tolerance); deterministic mode is not bucketed");
     s.real("timeout_s", &R::timeout_s, 0.1, 86400.0,

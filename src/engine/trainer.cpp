@@ -292,7 +292,6 @@ struct Trainer::Impl {
   /// the parameters or the optimizer, but the stateful kernels hold partial updates.
   void abandon_step() {
     drain_loader();
-    if (buckets && comm) buckets->abandon(*comm);
     kernels->abort_step();
     packet->clear();
     if (exact) exact->clear();
