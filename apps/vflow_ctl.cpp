@@ -1,5 +1,7 @@
 // vflow-ctl: control a running elastic job through its coordinator (HOST:PORT, as
 // `vflow-train --workers K` prints it): status, resize, stop.
+#include <fmt/format.h>
+
 #include <CLI/CLI.hpp>
 #include <iostream>
 
@@ -33,27 +35,45 @@ int main(int argc, char** argv) {
       "exit codes: 0 done, 2 usage error, 5 coordinator unreachable, 7 request refused"};
   app.require_subcommand(1);
   std::string address;
+  std::string control_url;
   int64_t workers = 0;
   double timeout_s = 10;
   app.add_option("--timeout", timeout_s, "seconds to wait for the coordinator")
       ->check(vflow::apps::positive_number());
+  app.add_option("--control", control_url,
+                 "the cluster control store the job runs on, etcd://HOST:PORT,... (etcds:// for "
+                 "TLS; credentials: VFLOW_ETCD_*); the address is then the job's name");
   auto* status = app.add_subcommand("status", "print the job's generation, step and workers");
-  status->add_option("address", address, "the job's coordinator, HOST:PORT")->required();
+  status
+      ->add_option("address", address,
+                   "the job's coordinator, HOST:PORT (with --control: the job's name)")
+      ->required();
   auto* resize = app.add_subcommand(
       "resize", "ask for K workers; takes effect at the next step boundary, no restart");
-  resize->add_option("address", address, "the job's coordinator, HOST:PORT")->required();
+  resize
+      ->add_option("address", address,
+                   "the job's coordinator, HOST:PORT (with --control: the job's name)")
+      ->required();
   resize->add_option("workers", workers, "the new worker count")
       ->required()
       ->check(vflow::apps::at_least(1));
   auto* stop = app.add_subcommand(
       "stop", "stop every worker after the same step (rank 0 writes a checkpoint)");
-  stop->add_option("address", address, "the job's coordinator, HOST:PORT")->required();
+  stop->add_option("address", address,
+                   "the job's coordinator, HOST:PORT (with --control: the job's name)")
+      ->required();
   if (const int code = vflow::apps::parse_command_line(app, argc, argv); code >= 0) return code;
 
   return vflow::apps::run_reporting_errors([&]() -> int {
-    const auto where = vflow::parse_host_port(address, "the job's address");
-    vflow::job::ControlPlane control(
-        where.host, where.port, std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
+    const std::chrono::milliseconds timeout(static_cast<int64_t>(timeout_s * 1000));
+    auto store = control_url.empty()
+                     ? vflow::job::connect_control_store(address, "", timeout)
+                     : vflow::job::connect_control_store(control_url, address, timeout);
+    if (!control_url.empty() && store->list("job/").empty()) {
+      throw vflow::RequestRefused(
+          fmt::format("no job named '{}' runs on {}", address, control_url));
+    }
+    vflow::job::ControlPlane control(std::move(store));
     if (*status) {
       print_status(control.status());
     } else if (*resize) {

@@ -10,6 +10,7 @@
 #include "exit_code.h"
 #include "vflow/comm/nccl.h"
 #include "vflow/engine/job_spec.h"
+#include "vflow/job/control_store.h"
 #include "vflow/job/roles.h"
 
 namespace {
@@ -50,6 +51,8 @@ int main(int argc, char** argv) {
   int workers = 0;
   int port = 0;
   std::string coordinate;
+  std::string control;
+  std::string job_name;
   app.add_option("job", spec_path, "job spec (YAML); the built-in default job when omitted");
   app.add_option("--set", overrides, "override a key, e.g. --set semantic.seed=7 (repeatable)");
   app.add_option("--resume", resume,
@@ -67,6 +70,16 @@ int main(int argc, char** argv) {
                  "with --workers: the coordinator's port on 127.0.0.1, the address vflow-ctl "
                  "talks to (default: any free port, printed at start)")
       ->check(vflow::apps::tcp_port());
+  auto* control_option = app.add_option(
+      "--control", control,
+      "a cluster's control store, etcd://HOST:PORT,... (etcds:// for TLS): the job's "
+      "generations, requests and rendezvous go through it instead of a store this process "
+      "hosts (credentials: VFLOW_ETCD_*, docs/distributed.md)");
+  auto* job_option = app.add_option(
+      "--job", job_name, "with --control: the job's name there (vflow-ctl --control URL ... NAME)");
+  control_option->needs(job_option);
+  job_option->needs(control_option);
+  control_option->excludes("--coordinator");
   if (const int code = vflow::apps::parse_command_line(app, argc, argv); code >= 0) return code;
 
   if (spec_keys) {
@@ -92,7 +105,12 @@ int main(int argc, char** argv) {
     }
     vflow::job::RoleOptions roles;
     roles.command = vflow::job::command_line_of_this_program(argc, argv);
-    roles.launch = workers > 0;
+    roles.launch = workers > 0 || !control.empty();
+    if (!control.empty()) {
+      vflow::job::etcd_options(control, job_name, std::chrono::milliseconds(1));  // checks both
+      roles.control = control;
+      roles.job = job_name;
+    }
     roles.port = port;
     roles.coordinate = coordinate;
     roles.stop_flag = &g_stop;

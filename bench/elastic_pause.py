@@ -14,9 +14,14 @@ and the interrupted step redone), and the restart baseline a user has without vf
 elasticity (stop all workers with a checkpoint, start new processes that load it, continue;
 what torchrun-style restarts do) for 2 -> 3 workers.
 
-Usage: bench/elastic_pause.py [--build build] [--repeats 3]
+With --stores embedded,etcd every event runs on both control stores, alternating: the
+store the launcher hosts (the default) and a local etcd (scripts/etcd-local.sh; the job's
+generations, requests and Gloo rendezvous then go through etcd).
+
+Usage: bench/elastic_pause.py [--build build] [--repeats 3] [--stores embedded,etcd]
 """
 import argparse
+import itertools
 import json
 import os
 import signal
@@ -65,10 +70,30 @@ def wait_for(predicate, timeout=600, what="condition"):
     raise RuntimeError(f"timed out waiting for {what}")
 
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+JOB_NAMES = itertools.count(1)
+
+
+class Etcd:
+    """A local etcd for the runs on the cluster control store."""
+
+    def __init__(self):
+        self.dir = tempfile.mkdtemp(prefix="vflow-etcd-")
+        self.url = subprocess.run([os.path.join(ROOT, "scripts", "etcd-local.sh"), "start",
+                                   self.dir], check=True, capture_output=True,
+                                  text=True).stdout.strip()
+
+    def close(self):
+        subprocess.run([os.path.join(ROOT, "scripts", "etcd-local.sh"), "stop", self.dir])
+        subprocess.run(["rm", "-rf", self.dir])
+
+
 class Job:
-    def __init__(self, build, workdir, workers, extra=()):
+    def __init__(self, build, workdir, workers, extra=(), control=None):
         self.build = build
         self.port = free_port()
+        self.control = control  # an etcd URL, or None: the launcher hosts the store
+        self.name = f"pause-{next(JOB_NAMES)}"
         self.metrics = os.path.join(workdir, "m.jsonl")
         self.ckpt = os.path.join(workdir, "ck")
         self.args = [os.path.join(build, "vflow-train"), *COMMON,
@@ -79,12 +104,19 @@ class Job:
 
     def start(self, workers, extra=()):
         self.proc = subprocess.Popen(
-            [*self.args, *extra, "--workers", str(workers), "--port", str(self.port)],
+            [*self.args, *extra, "--workers", str(workers), *self.where()],
             stdout=self.log, stderr=subprocess.STDOUT)
 
+    def where(self):
+        if self.control:
+            return ["--control", self.control, "--job", self.name]
+        return ["--port", str(self.port)]
+
     def ctl(self, command, *args):
-        return subprocess.run([os.path.join(self.build, "vflow-ctl"), command,
-                               f"127.0.0.1:{self.port}", *args],
+        control = ["--control", self.control] if self.control else []
+        address = self.name if self.control else f"127.0.0.1:{self.port}"
+        return subprocess.run([os.path.join(self.build, "vflow-ctl"), *control, command,
+                               address, *args],
                               capture_output=True, text=True).stdout
 
     def steps(self):
@@ -104,9 +136,9 @@ def pause_around(recs, event_time):
     return gap - statistics.median(later), gap, statistics.median(later)
 
 
-def run_resize(build, frm, to, kill=False):
+def run_resize(build, frm, to, kill=False, control=None):
     with tempfile.TemporaryDirectory() as d:
-        job = Job(build, d, frm)
+        job = Job(build, d, frm, control=control)
         wait_for(lambda: job.steps() >= 10, what="10 steps")
         if kill:
             status = job.ctl("status")
@@ -132,9 +164,9 @@ def run_resize(build, frm, to, kill=False):
         return pause_around(recs, times[i - 1] + 1e-9)
 
 
-def run_restart(build, frm, to):
+def run_restart(build, frm, to, control=None):
     with tempfile.TemporaryDirectory() as d:
-        job = Job(build, d, frm)
+        job = Job(build, d, frm, control=control)
         wait_for(lambda: job.steps() >= 10, what="10 steps")
         event = time.time()
         job.stop()  # all workers stop after the same step; rank 0 writes a checkpoint
@@ -150,28 +182,46 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--build", default="build")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--stores", default="embedded",
+                    help="comma-separated control stores to compare: embedded, etcd")
     a = ap.parse_args()
+    stores = a.stores.split(",")
+    if any(st not in ("embedded", "etcd") for st in stores):
+        ap.error("--stores takes embedded and etcd")
+    etcd = Etcd() if "etcd" in stores else None
+    control = {"embedded": None, "etcd": etcd.url if etcd else None}
     scenarios = [
-        ("scale-out 2 -> 3", lambda: run_resize(a.build, 2, 3)),
-        ("scale-in 3 -> 2", lambda: run_resize(a.build, 3, 2)),
-        ("failure: SIGKILL 1 of 3", lambda: run_resize(a.build, 3, 2, kill=True)),
-        ("restart baseline 2 -> 3", lambda: run_restart(a.build, 2, 3)),
+        ("scale-out 2 -> 3", lambda c: run_resize(a.build, 2, 3, control=c)),
+        ("scale-in 3 -> 2", lambda c: run_resize(a.build, 3, 2, control=c)),
+        ("failure: SIGKILL 1 of 3", lambda c: run_resize(a.build, 3, 2, kill=True, control=c)),
+        ("restart baseline 2 -> 3", lambda c: run_restart(a.build, 2, 3, control=c)),
     ]
     results = {}
-    for name, fn in scenarios:
-        pauses = []
-        for k in range(a.repeats):
-            pause, gap, step = fn()
-            print(f"{name} #{k + 1}: pause {pause:.3f} s (step around the event {gap:.3f} s, "
-                  f"median step after it {step:.3f} s)", file=sys.stderr, flush=True)
-            pauses.append(pause)
-        results[name] = statistics.median(pauses)
+    try:
+        for name, fn in scenarios:
+            pauses = {st: [] for st in stores}
+            for k in range(a.repeats):
+                for st in stores:  # alternating, so that drift hits every store alike
+                    pause, gap, step = fn(control[st])
+                    print(f"{name} ({st}) #{k + 1}: pause {pause:.3f} s (step around the event "
+                          f"{gap:.3f} s, median step after it {step:.3f} s)", file=sys.stderr,
+                          flush=True)
+                    pauses[st].append(pause)
+            results[name] = {st: (statistics.median(p), min(p), max(p)) for st, p in pauses.items()}
+    finally:
+        if etcd:
+            etcd.close()
     base = results["restart baseline 2 -> 3"]
-    print("| event | median pause (s) | restart baseline / pause |")
-    print("|---|---|---|")
-    for name, p in results.items():
-        ratio = "" if name.startswith("restart") else f"{base / p:.0f}x" if p > 0 else "inf"
-        print(f"| {name} | {p:.3f} | {ratio} |")
+    print("| event | " + " | ".join(f"{st}: median pause (s) (min-max) | restart / pause"
+                                     for st in stores) + " |")
+    print("|---|" + "---|---|" * len(stores))
+    for name, by_store in results.items():
+        cells = []
+        for st in stores:
+            p, lo, hi = by_store[st]
+            ratio = "" if name.startswith("restart") else f"{base[st][0] / p:.0f}x" if p > 0 else "inf"
+            cells += [f"{p:.3f} ({lo:.3f}-{hi:.3f})", ratio]
+        print(f"| {name} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":

@@ -18,6 +18,9 @@ PACKAGES=(
   libopenblas0-openmp
   openmpi-bin python3-matplotlib python3-torch
   dataset-fashion-mnist
+  # the cluster control store: etcd's client library side (libcurl, JSON) and, for the
+  # tests, a real etcd with its certificates made by openssl
+  libcurl4-openssl-dev nlohmann-json3-dev etcd-server etcd-client openssl
   # text corpora: English (language model) and German, Spanish, Italian, Brazilian
   # Portuguese (language identification)
   fortunes fortunes-de fortunes-es fortunes-it fortunes-br

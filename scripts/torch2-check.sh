@@ -24,7 +24,10 @@ PACKAGES=(build-essential cmake ninja-build pkg-config
           libtorch-dev libyaml-cpp-dev libfmt-dev libspdlog-dev libcli11-dev zlib1g-dev
           libgloo-dev libopenblas0-openmp
           openmpi-bin python3-matplotlib python3-torch iproute2 dataset-fashion-mnist
-          fortunes fortunes-de fortunes-es fortunes-it fortunes-br)
+          fortunes fortunes-de fortunes-es fortunes-it fortunes-br
+          libcurl4-openssl-dev nlohmann-json3-dev openssl)
+# A real etcd for the [etcd] tests, where this Debian release has one (they fail without).
+OPTIONAL_PACKAGES=(etcd-server etcd-client)
 
 say() { printf '\033[1m[torch2]\033[0m %s (%ss)\n' "$*" "$SECONDS" >&2; }
 
@@ -72,6 +75,9 @@ say "installing ${#PACKAGES[@]} packages in the chroot"
 chroot "$CHROOT" bash -c "apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
   apt-get install -y -qq --no-install-recommends ${PACKAGES[*]}" > "$DIR/packages.log"
 chroot "$CHROOT" dpkg-query -W libtorch-dev >&2
+chroot "$CHROOT" bash -c "DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+  --no-install-recommends ${OPTIONAL_PACKAGES[*]}" >> "$DIR/packages.log" 2>&1 ||
+  say "no ${OPTIONAL_PACKAGES[*]} in this release: the [etcd] tests will fail"
 
 if [[ ! -f "$CHROOT/opt/catch2/usr/include/catch2/catch.hpp" ]]; then
   say "unpacking Debian 12's Catch2 2.x into /opt/catch2"

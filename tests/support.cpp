@@ -151,4 +151,24 @@ CommandResult run_command(const std::string& command) {
   return result;
 }
 
+EtcdCluster::EtcdCluster(int members, const std::string& options) {
+  const auto r = run_command(fmt::format("{}/scripts/etcd-local.sh start {}/etcd --members {} {}",
+                                         VFLOW_SOURCE_DIR, dir_.path(), members, options));
+  if (r.exit_code != 0) throw std::runtime_error("etcd did not start: " + r.output);
+  url_ = read_file(dir_.path() + "/etcd/endpoints");
+  while (!url_.empty() && (url_.back() == '\n' || url_.back() == ' ')) url_.pop_back();
+}
+
+EtcdCluster::~EtcdCluster() {
+  run_command(fmt::format("{}/scripts/etcd-local.sh stop {}/etcd", VFLOW_SOURCE_DIR, dir_.path()));
+}
+
+void EtcdCluster::script(const std::string& command, const std::string& args) {
+  const auto r = run_command(fmt::format("{}/scripts/etcd-local.sh {} {}/etcd {}", VFLOW_SOURCE_DIR,
+                                         command, dir_.path(), args));
+  if (r.exit_code != 0) {
+    throw std::runtime_error(fmt::format("etcd-local.sh {} failed: {}", command, r.output));
+  }
+}
+
 }  // namespace vflow::testing

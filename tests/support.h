@@ -63,4 +63,25 @@ int free_port();
 /// Runs a shell command and captures its output.
 CommandResult run_command(const std::string& command);
 
+/// A real etcd cluster on loopback (Debian's etcd-server, through scripts/etcd-local.sh)
+/// in a temporary directory, stopped when the object dies. Throws, failing the test
+/// visibly, when it cannot start (etcd not installed, say).
+class EtcdCluster {
+ public:
+  /// `members` members; `options` as etcd-local.sh start takes them ("--tls --auth PW").
+  explicit EtcdCluster(int members = 1, const std::string& options = "");
+  ~EtcdCluster();
+  EtcdCluster(const EtcdCluster&) = delete;
+  EtcdCluster& operator=(const EtcdCluster&) = delete;
+  /// etcd://H:P,... (etcds:// with TLS), as --control takes it.
+  const std::string& url() const { return url_; }
+  const std::string& dir() const { return dir_.path(); }
+  /// Runs `etcd-local.sh COMMAND DIR ARGS`; throws when it fails.
+  void script(const std::string& command, const std::string& args = "");
+
+ private:
+  TempDir dir_;
+  std::string url_;
+};
+
 }  // namespace vflow::testing

@@ -87,7 +87,7 @@ class GlooCommunicator final : public Communicator {
   explicit GlooCommunicator(const Rendezvous& r)
       : rank_(r.rank), size_(r.world_size), timeout_(r.timeout) {
     try {
-      store_ = open_store(r.store_host, r.store_port, r.timeout, r.host_store);
+      store_ = rendezvous_store(r);
       auto prefixed = c10::make_intrusive<c10d::PrefixStore>("gen/" + r.generation, store_);
       auto gloo = c10d::ProcessGroupGloo::Options::create(r.timeout);
       gloo->devices.push_back(device_towards(r.store_host, r.store_port));

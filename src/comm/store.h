@@ -3,10 +3,12 @@
 #pragma once
 
 #include <chrono>
+#include <memory>
 #include <string>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "core/torch_compat.h"
+#include "vflow/comm/key_value_store.h"
 
 namespace vflow::comm {
 
@@ -27,6 +29,20 @@ inline c10::intrusive_ptr<c10d::TCPStore> open_store(const std::string& host, in
     const std::string what = e.what();
     throw std::runtime_error(what.substr(0, what.find('\n')));
   }
+}
+
+/// `store` as a c10d Store, for a process group's rendezvous: get and wait block up to
+/// `timeout` (c10d's "no timeout" too, so that no wait is unbounded), and a copy (clone)
+/// shares the store and the lock that serialises its calls.
+c10::intrusive_ptr<c10d::Store> c10d_store_over(std::shared_ptr<KeyValueStore> store,
+                                                std::chrono::milliseconds timeout);
+
+/// The rendezvous store of `r`: r.store as a c10d Store, else the TCPStore at
+/// r.store_host:r.store_port (hosted when r.host_store).
+template <typename Rendezvous>
+c10::intrusive_ptr<c10d::Store> rendezvous_store(const Rendezvous& r) {
+  if (r.store) return c10d_store_over(r.store, r.timeout);
+  return open_store(r.store_host, r.store_port, r.timeout, r.host_store);
 }
 
 }  // namespace vflow::comm

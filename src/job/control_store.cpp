@@ -117,6 +117,12 @@ class EmbeddedControlStore final : public ControlStore {
     return guarded([&] { return store_->deleteKey(key); });
   }
 
+  int64_t remove_all(const std::string& prefix) override {
+    int64_t removed = 0;
+    for (const auto& key : list(prefix)) removed += remove(key) ? 1 : 0;
+    return removed;
+  }
+
   std::vector<std::string> list(const std::string& prefix) override {
     return guarded([&] {
       std::vector<std::string> keys;

@@ -117,7 +117,15 @@ void transfer_state(engine::Trainer& trainer, comm::Communicator& communicator, 
 
 ElasticOutcome run_elastic_worker(const engine::JobSpec& spec,
                                   const ElasticWorkerOptions& options) {
-  ControlPlane control(options.store_host, options.store_port, options.timeout);
+  const bool cluster = !options.control.empty();
+  ControlPlane control(
+      cluster ? connect_control_store(options.control, options.job, options.timeout)
+              : connect_embedded_store(options.store_host, options.store_port, options.timeout));
+  // The rendezvous's own client of the cluster store: the step's control calls and a
+  // regroup's rendezvous never share a connection.
+  std::shared_ptr<comm::KeyValueStore> rendezvous_store;
+  if (cluster)
+    rendezvous_store = connect_control_store(options.control, options.job, options.timeout);
   const auto trainer = engine::make_trainer(spec, nullptr, /*elastic=*/true);
   trainer->set_stop_flag(options.stop_flag);
   if (options.prepare) options.prepare(*trainer);
@@ -198,8 +206,9 @@ ElasticOutcome run_elastic_worker(const engine::JobSpec& spec,
     comm::BackendCapabilities caps;
     std::string made;  // how a communicator that can be derived was made: init, shrink or grow
     try {
-      r.store_host = options.store_host;
+      r.store_host = cluster ? control_store_host(options.control) : options.store_host;
       r.store_port = options.store_port;
+      r.store = rendezvous_store;
       r.rank = g->rank_of(me);
       r.world_size = static_cast<int>(g->members.size());
       r.generation = std::to_string(g->id);

@@ -38,11 +38,21 @@ std::pair<std::string, int> store_address(const std::string& store) {
 std::optional<ElasticWorkerEnvironment> elastic_worker_from_environment() {
   const auto member = env("VFLOW_MEMBER");
   if (!member) return std::nullopt;
-  const auto store = env("VFLOW_STORE");
-  if (!store)
-    throw Error("VFLOW_MEMBER is set but VFLOW_STORE (the coordinator's host:port) is not");
   ElasticWorkerEnvironment out;
   out.member = *member;
+  if (const auto control = env("VFLOW_CONTROL")) {
+    const auto job = env("VFLOW_JOB");
+    if (!job) throw Error("VFLOW_CONTROL is set but VFLOW_JOB (the job's name) is not");
+    out.control = *control;
+    out.job = *job;
+    return out;
+  }
+  const auto store = env("VFLOW_STORE");
+  if (!store) {
+    throw Error(
+        "VFLOW_MEMBER is set but neither VFLOW_STORE (the coordinator's host:port) nor "
+        "VFLOW_CONTROL (a cluster's control store) is");
+  }
   std::tie(out.store_host, out.store_port) = store_address(*store);
   return out;
 }

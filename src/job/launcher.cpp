@@ -197,16 +197,57 @@ class ProcessGroup {
   std::vector<Child> children_;
 };
 
+/// The launcher's liveness record on a cluster store (a lease there).
+const char* const kLauncher = "launcher";
+
+/// Takes the job's name on a cluster store: refused while a launcher of a job of that
+/// name is alive; the keys of one that finished or died are removed first.
+void claim_job_name(ControlPlane& control, const LaunchOptions& options) {
+  auto& store = control.store();
+  if (!store.list("").empty()) {
+    if (control.done().empty() && store.alive(kLauncher)) {
+      throw Error(
+          fmt::format("a job named '{}' is running on {}: choose another --job, or stop it first "
+                      "(vflow-ctl --control {} stop {})",
+                      options.job, options.control, options.control, options.job));
+    }
+    const int64_t removed = store.remove_all("");
+    spdlog::info("[launch] removed {} keys of an earlier job named '{}'", removed, options.job);
+  }
+  store.heartbeat(kLauncher, options.timeout);
+  const std::string me = fmt::format("{}", getpid());
+  if (store.set_if_absent("job/owner", me) != me) {
+    throw Error(fmt::format("another launcher took the job name '{}' on {} at the same moment",
+                            options.job, options.control));
+  }
+}
+
 }  // namespace
 
 int launch_local(const LaunchOptions& options) {
-  Coordinator coordinator("127.0.0.1", options.port, options.timeout);
-  spdlog::info("[launch] coordinator on {}:{}, starting {} workers", coordinator.host(),
-               coordinator.port(), options.workers);
-  ControlPlane control(coordinator.host(), coordinator.port(), options.timeout);
-  ProcessGroup workers(options.command,
-                       {fmt::format("VFLOW_STORE={}:{}", coordinator.host(), coordinator.port()),
-                        fmt::format("VFLOW_LOCAL_WORLD_SIZE={}", options.workers)});
+  const bool cluster = !options.control.empty();
+  std::optional<Coordinator> coordinator;
+  std::vector<std::string> env{fmt::format("VFLOW_LOCAL_WORLD_SIZE={}", options.workers)};
+  std::unique_ptr<ControlStore> store;
+  if (cluster) {
+    store = connect_control_store(options.control, options.job, options.timeout);
+    env.push_back("VFLOW_CONTROL=" + options.control);
+    env.push_back("VFLOW_JOB=" + options.job);
+  } else {
+    coordinator.emplace("127.0.0.1", options.port, options.timeout);
+    spdlog::info("[launch] coordinator on {}:{}, starting {} workers", coordinator->host(),
+                 coordinator->port(), options.workers);
+    store = connect_embedded_store(coordinator->host(), coordinator->port(), options.timeout);
+    env.push_back(fmt::format("VFLOW_STORE={}:{}", coordinator->host(), coordinator->port()));
+  }
+  ControlPlane control(std::move(store));
+  if (cluster) {
+    claim_job_name(control, options);
+    spdlog::info("[launch] job '{}' on the control store {}, starting {} workers", options.job,
+                 options.control, options.workers);
+  }
+  auto last_beat = std::chrono::steady_clock::now();
+  ProcessGroup workers(options.command, env);
   int next_member = 0;
   auto start_worker = [&] {
     const std::string name = std::to_string(next_member++);
@@ -234,6 +275,14 @@ int launch_local(const LaunchOptions& options) {
     if (!kill_at) kill_at = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
   };
   while (workers.pump(20)) {
+    if (cluster && std::chrono::steady_clock::now() - last_beat > options.timeout / 4) {
+      try {
+        control.store().heartbeat(kLauncher, options.timeout);
+      } catch (const PeerFailure& e) {
+        spdlog::error("{}", e.what());  // the workers find out too, through their own calls
+      }
+      last_beat = std::chrono::steady_clock::now();
+    }
     for (const auto& [name, code] : workers.reap()) {
       const bool starting = manager.current().id == 0;
       if (code != 0 && code < 128 && worker_error == 0) worker_error = code;
@@ -265,9 +314,18 @@ int launch_local(const LaunchOptions& options) {
   }
   if (failure != 0) return failure;
   const std::string done = control.done();
+  const bool stopped = stop_sent || control.stop_requested();
+  if (cluster) {
+    // A finished job's keys go, so that a long-lived etcd does not collect them.
+    try {
+      control.store().remove_all("");
+    } catch (const Error& e) {
+      spdlog::warn("[launch] the keys of job '{}' could not be removed: {}", options.job, e.what());
+    }
+  }
   if (done == "completed") return kExitOk;
   // Stopped on request: a signal to this launcher, or `vflow-ctl stop` (the control plane).
-  if (stop_sent || control.stop_requested()) return kExitStopped;
+  if (stopped) return kExitStopped;
   spdlog::error("[launch] the job ended {}", done.empty() ? "without finishing" : done);
   // A worker's own error (a checkpoint that could not be written at the end, exit 4, say)
   // says more than "a peer failed".

@@ -37,6 +37,9 @@ JobLimits limits_of(const engine::JobSpec& spec) {
 constexpr const char* kLayoutEntryVar = "VFLOW_LAYOUT_ENTRY";
 
 std::string quota_group(const ElasticWorkerEnvironment& env) {
+  // One job's workers on a host are told apart from another's by the store's port, or
+  // by the job's name on a cluster store.
+  if (!env.control.empty()) return fmt::format("vflow-{}-{}", env.job, env.member);
   return fmt::format("vflow-{}-{}", env.store_port, env.member);
 }
 
@@ -66,6 +69,8 @@ RoleOutcome run_elastic_worker_role(const engine::JobSpec& job, const RoleOption
   ElasticWorkerOptions worker;
   worker.store_host = env.store_host;
   worker.store_port = env.store_port;
+  worker.control = env.control;
+  worker.job = env.job;
   worker.member = env.member;
   worker.timeout = timeout_of(spec);
   worker.stop_flag = options.stop_flag;
@@ -88,6 +93,8 @@ RoleOutcome run_launcher_role(const engine::JobSpec& spec, const RoleOptions& op
   launch.workers = static_cast<int>(spec.resources.workers);
   launch.command = options.command;
   launch.port = options.port;
+  launch.control = options.control;
+  launch.job = options.job;
   launch.timeout = timeout_of(spec);
   launch.elastic.limits = limits_of(spec);
   launch.elastic.replace_failed = spec.resources.replace_failed;

@@ -13,6 +13,7 @@
 #include "apps/multiworker_support.h"
 #include "support.h"
 #include "vflow/job/control_plane.h"
+#include "vflow/job/control_store.h"
 
 using namespace vflow::testing;
 
@@ -85,6 +86,38 @@ TEST_CASE("a job resized 2 -> 3 -> 1 -> 4 ends with the undisturbed fingerprint"
   CHECK(count_matches(r.output, "fingerprint ") == 4);  // the last generation's workers
   CHECK(count_matches(r.output, "left the job") == 2);  // the scale-in to 1
   CHECK(nothing_left(dir));
+}
+
+TEST_CASE(
+    "a job on an etcd control store is resized, survives a SIGKILLed worker and "
+    "leaves no keys",
+    "[multiproc][elastic][etcd]") {
+  const auto reference = reference_fingerprint();
+  EtcdCluster etcd;
+  TempDir dir;
+  const auto r = run_elastic_job(
+      dir, 2, kLongJob + " --set output.logging.examples=" + dir.file("examples.log"),
+      "$CTL resize $A 3; await_workers 3; " + kill_rank(1, "KILL") +
+          "; await_workers 2; $CTL resize $A 1; await_workers 1",
+      etcd.url(), "fmnist-1");
+  INFO(r.output);
+  CHECK_THAT(r.output, Catch::Matchers::Contains("exit=0"));
+  CHECK_THAT(r.output, !Catch::Matchers::Contains("TIMEOUT") && !Catch::Matchers::Contains("GONE"));
+  CHECK_THAT(r.output, Catch::Matchers::Contains("job 'fmnist-1' on the control store etcd://"));
+  CHECK_THAT(r.output, Catch::Matchers::Contains("died (status 137)"));
+  CHECK(fingerprints_in(r.output) == std::set<std::string>{reference});
+  CHECK(read_example_log(dir.file("examples.log")).size() == 1500 * 12);  // each (step, vnode) once
+  CHECK(nothing_left(dir));
+  // No store was hosted: the job's generations and rendezvous went through etcd, and a
+  // finished job's keys are gone.
+  CHECK_THAT(r.output, !Catch::Matchers::Contains("coordinator on"));
+  const auto store =
+      vflow::job::connect_control_store(etcd.url(), "fmnist-1", std::chrono::seconds(5));
+  CHECK(store->list("").empty());
+  // vflow-ctl names a job that is not there.
+  const auto missing = run_command(kCtl + " --control " + etcd.url() + " status fmnist-1");
+  CHECK(missing.exit_code == 7);
+  CHECK_THAT(missing.output, Catch::Matchers::Contains("no job named 'fmnist-1'"));
 }
 
 TEST_CASE("the training recipes' keys keep the undisturbed fingerprint through resizes",

@@ -58,13 +58,22 @@ inline long count_matches(const std::string& text, const std::string& pattern) {
 
 /// Starts vflow-train with the settings `job` and `workers` workers on a known port, waits
 /// for its 20th step, runs the shell `actions` (with $CTL, $A = the job's address, and the
-/// helper `await_workers K`), waits for the launcher and prints "exit=<code>".
+/// helper `await_workers K`), waits for the launcher and prints "exit=<code>". With
+/// `control` (etcd://...) the job runs on that cluster control store as `job_name`.
 inline CommandResult run_elastic_job(const TempDir& dir, int workers, const std::string& job,
-                                     const std::string& actions) {
+                                     const std::string& actions, const std::string& control = "",
+                                     const std::string& job_name = "") {
   const int port = free_port();
+  // With a cluster control store, vflow-ctl reaches the job by name there; otherwise at
+  // the coordinator's port.
+  const std::string ctl =
+      control.empty() ? kCtl + " --timeout 2" : kCtl + " --timeout 2 --control " + control;
+  const std::string address = control.empty() ? "127.0.0.1:" + std::to_string(port) : job_name;
+  const std::string where = control.empty() ? " --port " + std::to_string(port)
+                                            : " --control " + control + " --job " + job_name;
   // The helpers give up as soon as the coordinator is gone (the job ended).
   const std::string script =
-      "CTL=\"" + kCtl + " --timeout 2\"; A=127.0.0.1:" + std::to_string(port) +
+      "CTL=\"" + ctl + "\"; A=" + address +
       "\nstatus() { $CTL status $A 2>/dev/null; }"
       "\nawait_workers() { for i in $(seq 300); do out=$(status) || { echo \"GONE waiting for $1 "
       "workers\"; return 1; }; echo \"$out\" | grep -qx \"workers $1\" && return 0; sleep 0.05; "
@@ -73,8 +82,8 @@ inline CommandResult run_elastic_job(const TempDir& dir, int workers, const std:
       "for step $1\"; return 1; }; s=$(status | sed -n 's/^step //p'); [ -n \"$s\" ] "
       "&& [ \"$s\" -ge $1 ] && return 0; sleep 0.05; done; }\n" +
       kTrain + job + " --set output.logging.metrics=" + dir.file("m.jsonl") + " --workers " +
-      std::to_string(workers) + " --port " + std::to_string(port) + " & pid=$!\nawait_step 20\n" +
-      actions + "\nwait $pid; echo \"exit=$?\"\n";
+      std::to_string(workers) + where + " & pid=$!\nawait_step 20\n" + actions +
+      "\nwait $pid; echo \"exit=$?\"\n";
   write_file(dir.file("job.sh"), script);
   return run_command("bash " + dir.file("job.sh"));
 }

@@ -1,97 +1,139 @@
-// The control plane's storage (job::ControlStore) over the embedded store a real
-// coordinator hosts: two clients, as a coordinator and a worker would be.
+// The control plane's storage (job::ControlStore): the same contract checked on the
+// embedded store a real coordinator hosts and on a real etcd (Debian's etcd-server,
+// started by scripts/etcd-local.sh), two clients each, as a coordinator and a worker
+// would be; then what only etcd has: several members, leases, TLS and per-job access.
 #include "vflow/job/control_store.h"
+
+#include <fmt/format.h>
 
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <cstdlib>
 #include <thread>
 
+#include "support.h"
 #include "vflow/core/error.h"
 #include "vflow/job/launcher.h"
 
 using namespace std::chrono_literals;
+using vflow::job::ControlStore;
 
 namespace {
-struct Stores {
+
+struct Joined {
+  std::thread thread;
+  ~Joined() { thread.join(); }
+};
+
+struct EmbeddedStores {
   vflow::job::Coordinator coordinator{"127.0.0.1", 0, std::chrono::seconds(5)};
-  std::unique_ptr<vflow::job::ControlStore> a =
+  std::unique_ptr<ControlStore> a =
       vflow::job::connect_embedded_store("127.0.0.1", coordinator.port(), 5s);
-  std::unique_ptr<vflow::job::ControlStore> b =
+  std::unique_ptr<ControlStore> b =
       vflow::job::connect_embedded_store("127.0.0.1", coordinator.port(), 5s);
 };
+
+std::unique_ptr<ControlStore> etcd_client(const std::string& url, const std::string& job,
+                                          std::chrono::milliseconds timeout = 5s) {
+  return vflow::job::connect_etcd_store(vflow::job::etcd_options(url, job, timeout));
+}
+
+struct EtcdStores {
+  vflow::testing::EtcdCluster etcd;
+  std::unique_ptr<ControlStore> a = etcd_client(etcd.url(), "job-a");
+  std::unique_ptr<ControlStore> b = etcd_client(etcd.url(), "job-a");
+};
+
+void gets_sets_settles_and_counts(ControlStore& a, ControlStore& b) {
+  CHECK_FALSE(a.get("job/x"));
+  a.set("job/x", "1");
+  CHECK(b.get("job/x") == std::optional<std::string>("1"));
+  // Settled once: the first value stays, whoever asks later.
+  CHECK(a.set_if_absent("answer", "shrink") == "shrink");
+  CHECK(b.set_if_absent("answer", "fresh") == "shrink");
+  CHECK(a.add("count", 2) == 2);
+  CHECK(b.add("count", 3) == 5);
+  CHECK(a.add("count", 0) == 5);
+}
+
+void compares_and_sets(ControlStore& a, ControlStore& b) {
+  CHECK(a.compare_and_set("leader", std::nullopt, "a"));  // nothing there: taken
+  CHECK_FALSE(b.compare_and_set("leader", std::nullopt, "b"));
+  CHECK(b.get("leader") == std::optional<std::string>("a"));
+  CHECK_FALSE(b.compare_and_set("leader", std::string("x"), "b"));  // not what it holds
+  CHECK(b.compare_and_set("leader", std::string("a"), "b"));
+  CHECK(a.get("leader") == std::optional<std::string>("b"));
+  CHECK(a.compare_and_set("leader", std::string("a"), "b"));         // the same change came first
+  CHECK_FALSE(a.compare_and_set("missing", std::string("a"), "b"));  // holds nothing
+  CHECK_FALSE(a.get("missing"));
+}
+
+void waits_with_a_bound_and_removes(ControlStore& a, ControlStore& b) {
+  const auto t0 = std::chrono::steady_clock::now();
+  CHECK_FALSE(a.wait({"late"}, 100ms));
+  CHECK(std::chrono::steady_clock::now() - t0 >= 100ms);
+  Joined writer{std::thread([&] {
+    std::this_thread::sleep_for(50ms);
+    b.set("late", "here");
+  })};
+  CHECK(a.wait({"late"}, 5s));
+  CHECK(a.remove("late"));
+  CHECK_FALSE(a.remove("late"));
+  CHECK_FALSE(b.get("late"));
+}
+
+void lists_by_prefix(ControlStore& a, ControlStore& b) {
+  a.set("elastic/1/ready/0", "1");
+  b.set("elastic/1/ready/1", "1");
+  b.set_if_absent("elastic/1/answer", "fresh");
+  a.add("elastic/2/joined", 1);
+  a.set("elastic/1/ready/0", "2");  // set twice: listed once
+  a.set("job/step", "3");
+  CHECK(b.list("elastic/1/") ==
+        std::vector<std::string>{"elastic/1/answer", "elastic/1/ready/0", "elastic/1/ready/1"});
+  CHECK(a.list("elastic/1/ready/") ==
+        std::vector<std::string>{"elastic/1/ready/0", "elastic/1/ready/1"});
+  CHECK(a.list("elastic/2/") == std::vector<std::string>{"elastic/2/joined"});
+  b.remove("elastic/1/ready/1");
+  CHECK(a.list("elastic/1/ready/") == std::vector<std::string>{"elastic/1/ready/0"});
+  b.set("elastic/1/ready/1", "again");  // created anew after its removal
+  CHECK(a.list("elastic/1/ready/").size() == 2);
+  CHECK(a.list("nothing/").empty());
+  a.publish("job/step", "4");  // unconfirmed, but ordered before the next call
+  CHECK(a.get("job/step") == std::optional<std::string>("4"));
+  CHECK(b.remove_all("elastic/") == 4);
+  CHECK(a.list("elastic/").empty());
+  CHECK(a.get("job/step") == std::optional<std::string>("4"));
+}
+
 }  // namespace
 
 TEST_CASE("the embedded control store gets, sets, settles once and counts", "[unit]") {
-  Stores s;
-  CHECK_FALSE(s.a->get("job/x"));
-  s.a->set("job/x", "1");
-  CHECK(s.b->get("job/x") == std::optional<std::string>("1"));
-  // Settled once: the first value stays, whoever asks later.
-  CHECK(s.a->set_if_absent("answer", "shrink") == "shrink");
-  CHECK(s.b->set_if_absent("answer", "fresh") == "shrink");
-  CHECK(s.a->add("count", 2) == 2);
-  CHECK(s.b->add("count", 3) == 5);
-  CHECK(s.a->add("count", 0) == 5);
+  EmbeddedStores s;
+  gets_sets_settles_and_counts(*s.a, *s.b);
   CHECK(s.a->address() == "127.0.0.1:" + std::to_string(s.coordinator.port()));
 }
 
 TEST_CASE("the embedded control store's compare-and-set changes only the expected value",
           "[unit]") {
-  Stores s;
-  CHECK(s.a->compare_and_set("leader", std::nullopt, "a"));  // nothing there: taken
-  CHECK_FALSE(s.b->compare_and_set("leader", std::nullopt, "b"));
-  CHECK(s.b->get("leader") == std::optional<std::string>("a"));
-  CHECK_FALSE(s.b->compare_and_set("leader", std::string("x"), "b"));  // not what it holds
-  CHECK(s.b->compare_and_set("leader", std::string("a"), "b"));
-  CHECK(s.a->get("leader") == std::optional<std::string>("b"));
-  CHECK_FALSE(s.a->compare_and_set("missing", std::string("a"), "b"));  // holds nothing
-  CHECK_FALSE(s.a->get("missing"));
+  EmbeddedStores s;
+  compares_and_sets(*s.a, *s.b);
 }
 
 TEST_CASE("the embedded control store waits with a bound and removes keys", "[unit]") {
-  Stores s;
-  const auto t0 = std::chrono::steady_clock::now();
-  CHECK_FALSE(s.a->wait({"late"}, 100ms));
-  CHECK(std::chrono::steady_clock::now() - t0 >= 100ms);
-  struct Joined {
-    std::thread thread;
-    ~Joined() { thread.join(); }
-  } writer{std::thread([&] {
-    std::this_thread::sleep_for(50ms);
-    s.b->set("late", "here");
-  })};
-  CHECK(s.a->wait({"late"}, 5s));
-  CHECK(s.a->remove("late"));
-  CHECK_FALSE(s.a->remove("late"));
-  CHECK_FALSE(s.b->get("late"));
+  EmbeddedStores s;
+  waits_with_a_bound_and_removes(*s.a, *s.b);
 }
 
 TEST_CASE("the embedded control store lists keys by prefix across clients", "[unit]") {
-  Stores s;
-  s.a->set("elastic/1/ready/0", "1");
-  s.b->set("elastic/1/ready/1", "1");
-  s.b->set_if_absent("elastic/1/answer", "fresh");
-  s.a->add("elastic/2/joined", 1);
-  s.a->set("elastic/1/ready/0", "2");  // set twice: listed once
-  s.a->set("job/step", "3");
-  CHECK(s.b->list("elastic/1/") ==
-        std::vector<std::string>{"elastic/1/answer", "elastic/1/ready/0", "elastic/1/ready/1"});
-  CHECK(s.a->list("elastic/1/ready/") ==
-        std::vector<std::string>{"elastic/1/ready/0", "elastic/1/ready/1"});
-  CHECK(s.a->list("elastic/2/") == std::vector<std::string>{"elastic/2/joined"});
-  s.b->remove("elastic/1/ready/1");
-  CHECK(s.a->list("elastic/1/ready/") == std::vector<std::string>{"elastic/1/ready/0"});
-  s.b->set("elastic/1/ready/1", "again");  // created anew after its removal
-  CHECK(s.a->list("elastic/1/ready/").size() == 2);
-  CHECK(s.a->list("nothing/").empty());
-  s.b->add("ctl/requests", 0);  // reading a counter creates it, and it is listed
+  EmbeddedStores s;
+  lists_by_prefix(*s.a, *s.b);
+  s.b->add("ctl/requests", 0);  // TCPStore creates a counter that is read, and it is listed
   CHECK(s.a->list("ctl/") == std::vector<std::string>{"ctl/requests"});
-  s.a->publish("job/step", "4");  // unconfirmed, but ordered before the next call
-  CHECK(s.a->get("job/step") == std::optional<std::string>("4"));
 }
 
 TEST_CASE("the embedded control store's heartbeats expire after their time to live", "[unit]") {
-  Stores s;
+  EmbeddedStores s;
   CHECK_FALSE(s.a->alive("worker-0"));
   s.b->heartbeat("worker-0", 2s);  // long enough for a loaded machine's round trips
   CHECK(s.a->alive("worker-0"));
@@ -104,7 +146,7 @@ TEST_CASE("the embedded control store's heartbeats expire after their time to li
 }
 
 TEST_CASE("an unreachable or lost embedded store is a peer failure naming its address", "[unit]") {
-  std::unique_ptr<vflow::job::ControlStore> lost;
+  std::unique_ptr<ControlStore> lost;
   int port = 0;
   {
     vflow::job::Coordinator coordinator("127.0.0.1", 0, 5s);
@@ -116,4 +158,170 @@ TEST_CASE("an unreachable or lost embedded store is a peer failure naming its ad
   CHECK_THROWS_WITH(
       vflow::job::connect_embedded_store("127.0.0.1", port, 300ms),
       Catch::Contains("cannot reach the job's coordinator at 127.0.0.1:" + std::to_string(port)));
+}
+
+// ---- etcd ----
+
+TEST_CASE("the etcd control store keeps the control store's contract", "[integration][etcd]") {
+  EtcdStores s;
+  SECTION("get, set, settle once, count") { gets_sets_settles_and_counts(*s.a, *s.b); }
+  SECTION("compare-and-set") { compares_and_sets(*s.a, *s.b); }
+  SECTION("a bounded wait, by a watch") { waits_with_a_bound_and_removes(*s.a, *s.b); }
+  SECTION("listing and removal by prefix") { lists_by_prefix(*s.a, *s.b); }
+  // Binary values (c10d's rendezvous keeps addresses in the store) pass unchanged.
+  const std::string bytes("\0\x01\xff\x80 z", 6);
+  s.a->set("bytes", bytes);
+  CHECK(s.b->get("bytes") == std::optional<std::string>(bytes));
+  // Another job's keys are apart: the same key names another record there.
+  const auto other = etcd_client(s.etcd.url(), "job-b");
+  other->set("job/x", "of b");
+  CHECK(s.a->get("job/x") != std::optional<std::string>("of b"));
+  CHECK(s.a->remove_all("") >= 1);
+  CHECK(other->get("job/x") == std::optional<std::string>("of b"));
+}
+
+TEST_CASE("etcd counts every add of concurrent clients once", "[integration][etcd]") {
+  vflow::testing::EtcdCluster etcd;
+  constexpr int kClients = 4, kAdds = 25;
+  std::vector<std::thread> threads;
+  std::vector<std::string> errors(kClients);
+  for (int c = 0; c < kClients; ++c) {
+    threads.emplace_back([&, c] {
+      try {
+        const auto store = etcd_client(etcd.url(), "job");
+        for (int k = 0; k < kAdds; ++k) store->add("counter", 1);
+        // Each settles its own key once and sees everyone's the same.
+        store->set_if_absent("winner", std::to_string(c));
+      } catch (const std::exception& e) {
+        errors[static_cast<size_t>(c)] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (const auto& e : errors) CHECK(e.empty());
+  const auto store = etcd_client(etcd.url(), "job");
+  CHECK(store->add("counter", 0) == kClients * kAdds);
+  const auto winner = store->get("winner");
+  REQUIRE(winner);
+  CHECK(std::stoi(*winner) >= 0);
+  CHECK(std::stoi(*winner) < kClients);
+}
+
+TEST_CASE("etcd heartbeats are leases: they expire, and end with their client", "[integration][etcd]") {
+  EtcdStores s;
+  CHECK_FALSE(s.a->alive("worker-0"));
+  s.b->heartbeat("worker-0", 1s);  // etcd may raise a lease to its minimum (2 s by default)
+  CHECK(s.a->alive("worker-0"));
+  s.b->heartbeat("worker-0", 1s);  // kept alive
+  CHECK(s.a->alive("worker-0"));
+  std::this_thread::sleep_for(3500ms);
+  CHECK_FALSE(s.a->alive("worker-0"));
+  s.b->heartbeat("worker-0", 1s);  // the lease expired meanwhile: a new one
+  CHECK(s.a->alive("worker-0"));
+  s.b->heartbeat("worker-1", 30s);
+  CHECK(s.a->alive("worker-1"));
+  s.b.reset();  // a client that stops revokes its leases: gone at once, not in 30 s
+  CHECK_FALSE(s.a->alive("worker-1"));
+  CHECK_FALSE(s.a->alive("worker-0"));
+}
+
+TEST_CASE("an etcd client goes on when the member it used stops", "[integration][etcd]") {
+  vflow::testing::EtcdCluster etcd(3);
+  const auto a = etcd_client(etcd.url(), "job");
+  const auto b = etcd_client(etcd.url(), "job");
+  a->set("k", "1");
+  CHECK(b->add("n", 1) == 1);
+  etcd.script("stop", "0");  // both clients were talking to the first member
+  CHECK(a->get("k") == std::optional<std::string>("1"));
+  CHECK(b->add("n", 1) == 2);
+  Joined writer{std::thread([&] {
+    std::this_thread::sleep_for(100ms);
+    b->set("late", "here");
+  })};
+  CHECK(a->wait({"late"}, 5s));
+  etcd.script("restart", "0");
+}
+
+TEST_CASE("an unreachable etcd is a peer failure naming every endpoint, within the timeout",
+          "[integration][etcd]") {
+  const int p1 = vflow::testing::free_port(), p2 = vflow::testing::free_port();
+  const auto url = fmt::format("etcd://127.0.0.1:{},127.0.0.1:{}", p1, p2);
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    etcd_client(url, "job", 1s);
+    FAIL("connected to nothing");
+  } catch (const vflow::PeerFailure& e) {
+    CHECK_THAT(e.what(), Catch::Contains(fmt::format("127.0.0.1:{}", p1)) &&
+                             Catch::Contains(fmt::format("127.0.0.1:{}", p2)));
+  }
+  CHECK(std::chrono::steady_clock::now() - t0 < 3s);
+}
+
+TEST_CASE("control URLs (--control) and job names are checked before anything connects", "[unit]") {
+  using vflow::job::etcd_options;
+  const auto o = etcd_options("etcds://10.0.0.1:2379,h2:2380", "j.1_x-y", 2s);
+  CHECK(o.tls);
+  CHECK(o.endpoints == std::vector<std::string>{"10.0.0.1:2379", "h2:2380"});
+  CHECK(o.job == "j.1_x-y");
+  CHECK(o.timeout == 2s);
+  CHECK_FALSE(etcd_options("etcd://h:1", "j", 1s).tls);
+  CHECK_THROWS_AS(etcd_options("http://h:1", "j", 1s), vflow::SpecError);
+  CHECK_THROWS_WITH(etcd_options("etcd://h:1,h", "j", 1s), Catch::Contains("'h' in"));
+  CHECK_THROWS_AS(etcd_options("etcd://", "j", 1s), vflow::SpecError);
+  CHECK_THROWS_WITH(etcd_options("etcd://h:1", "a/b", 1s), Catch::Contains("--job"));
+  CHECK_THROWS_AS(etcd_options("etcd://h:1", "", 1s), vflow::SpecError);
+  CHECK_THROWS_AS(etcd_options("etcd://h:1", "..", 1s), vflow::SpecError);
+}
+
+TEST_CASE(
+    "etcd over TLS with users: no credentials, a wrong password and another job's keys "
+    "are refused",
+    "[integration][etcd]") {
+  vflow::testing::EtcdCluster etcd(1, "--tls --auth root-secret");
+  etcd.script("job-user", "A alice alice-secret");
+  etcd.script("job-user", "B bob bob-secret");
+  const auto pki = etcd.dir() + "/etcd/pki/";
+  auto options = [&](const std::string& job, const std::string& user, const std::string& pw) {
+    auto o = vflow::job::etcd_options(etcd.url(), job, 5s);
+    o.ca_file = pki + "ca.pem";
+    o.cert_file = pki + "client.pem";
+    o.key_file = pki + "client-key.pem";
+    o.user = user;
+    o.password = pw;
+    return o;
+  };
+  using vflow::job::connect_etcd_store;
+  const auto alice = connect_etcd_store(options("A", "alice", "alice-secret"));
+  alice->set("job/step", "7");
+  CHECK(alice->add("ctl/requests", 1) == 1);
+  alice->heartbeat("worker-0", 5s);
+  CHECK(alice->alive("worker-0"));
+  const auto bob = connect_etcd_store(options("B", "bob", "bob-secret"));
+  bob->set("job/step", "1");
+
+  // Alice's credentials cannot touch job B's keys, neither read nor write.
+  const auto alice_on_b = [&] { return connect_etcd_store(options("B", "alice", "alice-secret")); };
+  CHECK_THROWS_WITH(alice_on_b(), Catch::Contains("permission denied"));
+  CHECK(bob->get("job/step") == std::optional<std::string>("1"));
+
+  CHECK_THROWS_WITH(connect_etcd_store(options("A", "", "")),
+                    Catch::Contains("requires authentication"));
+  CHECK_THROWS_AS(connect_etcd_store(options("A", "alice", "wrong")), vflow::Error);
+  // Without the cluster's CA the server's certificate is not trusted.
+  auto untrusted = options("A", "alice", "alice-secret");
+  untrusted.ca_file.clear();
+  CHECK_THROWS_AS(connect_etcd_store(untrusted), vflow::PeerFailure);
+  // Credentials from the environment, the password from a file.
+  vflow::testing::write_file(etcd.dir() + "/pw", "alice-secret\n");
+  setenv("VFLOW_ETCD_CA", (pki + "ca.pem").c_str(), 1);
+  setenv("VFLOW_ETCD_CERT", (pki + "client.pem").c_str(), 1);
+  setenv("VFLOW_ETCD_KEY", (pki + "client-key.pem").c_str(), 1);
+  setenv("VFLOW_ETCD_USER", "alice", 1);
+  setenv("VFLOW_ETCD_PASSWORD_FILE", (etcd.dir() + "/pw").c_str(), 1);
+  const auto from_env = etcd_client(etcd.url(), "A");
+  for (const char* v : {"VFLOW_ETCD_CA", "VFLOW_ETCD_CERT", "VFLOW_ETCD_KEY", "VFLOW_ETCD_USER",
+                        "VFLOW_ETCD_PASSWORD_FILE"}) {
+    unsetenv(v);
+  }
+  CHECK(from_env->get("job/step") == std::optional<std::string>("7"));
 }

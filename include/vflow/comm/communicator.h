@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "vflow/comm/key_value_store.h"
 #include "vflow/core/error.h"
 
 namespace vflow::comm {
@@ -82,6 +83,10 @@ class Communicator {
 struct Rendezvous {
   std::string store_host = "127.0.0.1";  ///< the coordinator's store
   int store_port = 0;
+  /// Set: the ranks meet through this store (a cluster's control store, e.g. etcd)
+  /// instead of a TCPStore at store_host:store_port, which then only names the host
+  /// whose direction picks Gloo's network interface (one of the store's endpoints).
+  std::shared_ptr<KeyValueStore> store;
   int rank = 0;
   int world_size = 1;
   std::string generation = "0";  ///< store prefix: each generation gets a fresh one

@@ -1,5 +1,8 @@
 // The storage of a job's control plane (DESIGN.md §1 "control store", §6b).
 //
+// The get/set/compare-and-set part is comm::KeyValueStore's, so that the same store
+// also serves the communicators' rendezvous (comm::Rendezvous::store).
+//
 // Every record of the elastic protocol (requests, generations, readiness, survivors,
 // regroup offers) lives in a key-value store the coordinator reaches and every worker
 // reaches. ControlPlane speaks the protocol over this interface, so the store can be
@@ -18,36 +21,19 @@
 #include <string>
 #include <vector>
 
+#include "vflow/comm/key_value_store.h"
+
 namespace vflow::job {
 
-class ControlStore {
+class ControlStore : public comm::KeyValueStore {
  public:
-  virtual ~ControlStore() = default;
-
-  /// The value of `key`, or nullopt when it holds none.
-  virtual std::optional<std::string> get(const std::string& key) = 0;
-  /// Stores `value`; every client sees it once this returns.
-  virtual void set(const std::string& key, const std::string& value) = 0;
   /// Stores `value` without waiting for the store to confirm it (other clients see it a
   /// moment later): for figures published often from inside a training step, which
   /// must not wait on a slow store.
   virtual void publish(const std::string& key, const std::string& value) = 0;
-  /// Stores `value` unless `key` holds a value already; returns what it holds afterwards.
-  virtual std::string set_if_absent(const std::string& key, const std::string& value) = 0;
-  /// Stores `desired` when `key` holds exactly `expected` (nullopt: holds nothing). Returns
-  /// whether `key` holds `desired` afterwards through this call, or because an equal change
-  /// came first (two callers making the same change both succeed). `expected` and
-  /// `desired` differ.
-  virtual bool compare_and_set(const std::string& key, const std::optional<std::string>& expected,
-                               const std::string& desired) = 0;
-  /// Adds `delta` to the counter `key` (absent: 0) and returns the new value; delta 0 reads.
-  virtual int64_t add(const std::string& key, int64_t delta) = 0;
-  /// Waits until every key holds a value; false when `timeout` passed first.
-  virtual bool wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) = 0;
-  /// Removes `key`; false when it held nothing.
-  virtual bool remove(const std::string& key) = 0;
-  /// The keys that hold a value and start with `prefix`, sorted.
-  virtual std::vector<std::string> list(const std::string& prefix) = 0;
+  /// Removes every key that starts with `prefix` ("" : all of the job's keys, when it has
+  /// finished); returns how many there were.
+  virtual int64_t remove_all(const std::string& prefix) = 0;
 
   // ---- liveness ----
   /// Says that `name` is alive for the next `ttl`; a name not renewed within it is gone.
@@ -70,5 +56,49 @@ class ControlStore {
 /// that failed once may be out of step with the store).
 std::unique_ptr<ControlStore> connect_embedded_store(const std::string& host, int port,
                                                      std::chrono::milliseconds timeout);
+
+/// How to reach a cluster's etcd (v3, through its gRPC JSON gateway) for one job.
+struct EtcdOptions {
+  std::vector<std::string> endpoints;  ///< HOST:PORT of each member, tried in turn
+  bool tls = false;                    ///< https; the server's certificate is verified
+  std::string ca_file;                 ///< TLS: the CA to trust (empty: the system's)
+  /// TLS: a client certificate and its key, for clusters that require one. etcd's gateway
+  /// refuses a certificate with a common name, so it must have none: the identity is the
+  /// user below.
+  std::string cert_file, key_file;
+  std::string user, password;  ///< etcd authentication; empty user: none
+  /// The job whose keys this client reads and writes, under /vflow/jobs/<job>/ (letters,
+  /// digits, '-', '_' and '.'); a role granted that prefix confines it to the job.
+  std::string job;
+  std::chrono::milliseconds timeout{30000};  ///< per request, and per wait at most
+};
+
+/// The options of `--control URL`: "etcd://H:P,H:P,..." (http) or "etcds://..." (https),
+/// with the credentials from the environment: VFLOW_ETCD_CA, VFLOW_ETCD_CERT,
+/// VFLOW_ETCD_KEY, VFLOW_ETCD_USER and VFLOW_ETCD_PASSWORD_FILE (a file holding the
+/// password, so that it is not in the process list or the environment of every child).
+/// Throws SpecError for a malformed URL or job name, or an unreadable password file.
+EtcdOptions etcd_options(const std::string& url, const std::string& job,
+                         std::chrono::milliseconds timeout);
+
+/// Whether `address` names a cluster's control store (etcd://, etcds://) rather than an
+/// embedded store's HOST:PORT.
+bool is_cluster_store(const std::string& address);
+
+/// The control store at `address`: a cluster's ("etcd://...", for `job`) or the embedded
+/// store at HOST:PORT (`job` unused).
+std::unique_ptr<ControlStore> connect_control_store(const std::string& address,
+                                                    const std::string& job,
+                                                    std::chrono::milliseconds timeout);
+
+/// The host of the first endpoint of a cluster store's address, or the embedded store's:
+/// where a communicator's peers are reached from (Gloo picks its interface towards it).
+std::string control_store_host(const std::string& address);
+
+/// A client of etcd for one job: every read-modify-write is a transaction comparing
+/// revisions, wait() watches the keys it waits for, and heartbeat() keeps a lease alive
+/// whose key expires with it. Throws PeerFailure naming every endpoint when none can be
+/// reached, and Error when etcd refuses the credentials or the key (another job's).
+std::unique_ptr<ControlStore> connect_etcd_store(const EtcdOptions& options);
 
 }  // namespace vflow::job

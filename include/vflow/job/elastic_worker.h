@@ -16,6 +16,11 @@ namespace vflow::job {
 struct ElasticWorkerOptions {
   std::string store_host = "127.0.0.1";  ///< the coordinator's store
   int store_port = 0;
+  /// Set ("etcd://H:P,..."): the job's control store is this cluster store, under the job
+  /// name `job`, and the communicators meet through it too; store_host and store_port
+  /// are then unused.
+  std::string control;
+  std::string job;
   std::string member;                        ///< this worker's name in the job
   std::chrono::milliseconds timeout{30000};  ///< collectives, rendezvous, waiting for generations
   const std::atomic<bool>* stop_flag = nullptr;   ///< set: stop the whole job (checkpoint)

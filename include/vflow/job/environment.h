@@ -21,11 +21,14 @@ namespace vflow::job {
 std::optional<comm::Rendezvous> rendezvous_from_environment(std::chrono::milliseconds timeout);
 
 /// A worker of an elastic job, as vflow's launcher starts it (VFLOW_MEMBER and
-/// VFLOW_STORE=host:port), or nullopt.
+/// VFLOW_STORE=host:port, or VFLOW_CONTROL=etcd://... and VFLOW_JOB for a job whose
+/// control store is a cluster's), or nullopt.
 struct ElasticWorkerEnvironment {
   std::string member;
   std::string store_host;
   int store_port = 0;
+  std::string control;  ///< VFLOW_CONTROL, or empty
+  std::string job;      ///< VFLOW_JOB
 };
 std::optional<ElasticWorkerEnvironment> elastic_worker_from_environment();
 

@@ -41,6 +41,12 @@ struct LaunchOptions {
   int workers = 1;                   ///< workers of the first generation
   std::vector<std::string> command;  ///< program and arguments each worker runs
   int port = 0;                      ///< the coordinator's port on 127.0.0.1; 0 = any free port
+  /// Set ("etcd://H:P,..." or "etcds://..."): the job's control store is this cluster's,
+  /// under the name `job`, and no embedded store is hosted: the generations, requests
+  /// and the workers' rendezvous all go through it, and `vflow-ctl --control URL`
+  /// reaches the job by name. The job's keys are removed when it ends.
+  std::string control;
+  std::string job;
   std::chrono::milliseconds timeout{30000};
   ElasticOptions elastic;  ///< limits and failure handling (its timeout is `timeout`)
   /// Set by the caller (e.g. a signal handler): stop the job at the next step boundary.

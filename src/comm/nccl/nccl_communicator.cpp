@@ -372,7 +372,7 @@ class NcclCommunicator final : public Communicator {
   template <typename Body>
   void exchange(const Rendezvous& r, Body body) {
     try {
-      if (!store_) store_ = open_store(r.store_host, r.store_port, r.timeout, r.host_store);
+      if (!store_) store_ = rendezvous_store(r);
       auto prefixed = c10::make_intrusive<c10d::PrefixStore>("gen/" + r.generation, store_);
       if (r.world_size > 1 && shares_a_device(*prefixed, r.rank, r.world_size, device_)) {
         allow_shared_device();

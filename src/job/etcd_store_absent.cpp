@@ -1,0 +1,14 @@
+// A build without libcurl or nlohmann-json has no etcd control store (CMake's
+// VFLOW_WITH_ETCD): --control etcd://... is refused with this message.
+#include "vflow/core/error.h"
+#include "vflow/job/control_store.h"
+
+namespace vflow::job {
+
+std::unique_ptr<ControlStore> connect_etcd_store(const EtcdOptions& options) {
+  throw Error(
+      "this vflow was built without the etcd control store (libcurl and nlohmann-json "
+      "were not found at build time; Debian: libcurl4-openssl-dev nlohmann-json3-dev)");
+}
+
+}  // namespace vflow::job
