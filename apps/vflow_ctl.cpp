@@ -1,5 +1,6 @@
 // vflow-ctl: control a running elastic job through its coordinator (HOST:PORT, as
-// `vflow-train --workers K` prints it): status, resize, stop.
+// `vflow-train --workers K` prints it), or by name on a cluster's etcd (--control):
+// status, resize, stop; list shows every job on etcd.
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
@@ -8,6 +9,7 @@
 #include "exit_code.h"
 #include "vflow/core/address.h"
 #include "vflow/job/control_plane.h"
+#include "vflow/job/control_store.h"
 
 namespace {
 
@@ -62,10 +64,23 @@ int main(int argc, char** argv) {
   stop->add_option("address", address,
                    "the job's coordinator, HOST:PORT (with --control: the job's name)")
       ->required();
+  auto* list = app.add_subcommand(
+      "list", "with --control: every job on the etcd cluster, with its state, step and workers");
   if (const int code = vflow::apps::parse_command_line(app, argc, argv); code >= 0) return code;
 
   return vflow::apps::run_reporting_errors([&]() -> int {
     const std::chrono::milliseconds timeout(static_cast<int64_t>(timeout_s * 1000));
+    if (*list) {
+      if (control_url.empty()) throw vflow::SpecError("list needs --control etcd://...");
+      for (const auto& name :
+           vflow::job::etcd_jobs(vflow::job::etcd_options(control_url, "job", timeout))) {
+        vflow::job::ControlPlane job(vflow::job::connect_control_store(control_url, name, timeout));
+        const auto s = job.status();
+        std::cout << fmt::format("{} state {} step {} generation {} workers {}\n", name, s.state,
+                                 s.step, s.generation.id, s.generation.members.size());
+      }
+      return vflow::kExitOk;
+    }
     auto store = control_url.empty()
                      ? vflow::job::connect_control_store(address, "", timeout)
                      : vflow::job::connect_control_store(control_url, address, timeout);

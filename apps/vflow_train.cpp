@@ -40,6 +40,11 @@ int report(const vflow::engine::TrainResult& result) {
 
 int main(int argc, char** argv) {
   vflow::comm::prepare_nccl_environment();  // before any thread exists
+  // A stop that comes while the job is still being set up (a scheduler preempting a job
+  // it just started) is honoured at the first step boundary, not fatal: the handlers are
+  // in place from the start, and an elastic worker's SIGTERM becomes a leave below.
+  std::signal(SIGINT, on_signal);
+  std::signal(SIGTERM, on_signal);
   CLI::App app{
       "vflow-train: train a model with virtual nodes; the result depends on the job spec only"};
   std::string spec_path;
@@ -53,7 +58,9 @@ int main(int argc, char** argv) {
   std::string coordinate;
   std::string control;
   std::string job_name;
-  app.add_option("job", spec_path, "job spec (YAML); the built-in default job when omitted");
+  // Named "spec", not "job": CLI11 2.x keeps positionals and long options in one namespace,
+  // and --job is the job's name on a cluster store.
+  app.add_option("spec", spec_path, "job spec (YAML); the built-in default job when omitted");
   app.add_option("--set", overrides, "override a key, e.g. --set semantic.seed=7 (repeatable)");
   app.add_option("--resume", resume,
                  "resume from a checkpoint file, or 'latest' in output.checkpoint.dir");
@@ -76,7 +83,9 @@ int main(int argc, char** argv) {
       "generations, requests and rendezvous go through it instead of a store this process "
       "hosts (credentials: VFLOW_ETCD_*, docs/distributed.md)");
   auto* job_option = app.add_option(
-      "--job", job_name, "with --control: the job's name there (vflow-ctl --control URL ... NAME)");
+      "--job", job_name,
+      "with --control: the job's name there (vflow-ctl --control URL ... NAME); with --workers "
+      "this process submits the job, without it joins the running job as one more worker");
   control_option->needs(job_option);
   job_option->needs(control_option);
   control_option->excludes("--coordinator");
@@ -105,7 +114,7 @@ int main(int argc, char** argv) {
     }
     vflow::job::RoleOptions roles;
     roles.command = vflow::job::command_line_of_this_program(argc, argv);
-    roles.launch = workers > 0 || !control.empty();
+    roles.launch = workers > 0;
     if (!control.empty()) {
       vflow::job::etcd_options(control, job_name, std::chrono::milliseconds(1));  // checks both
       roles.control = control;

@@ -168,6 +168,21 @@ void ControlPlane::mark_ready(const std::string& member, int64_t pid) {
   set("member/" + member + "/pid", std::to_string(pid));
   add(kRequests, 1);
 }
+void ControlPlane::volunteer(const std::string& member) {
+  set("elastic/volunteers/" + member, "1");
+  add(kRequests, 1);
+}
+std::vector<std::string> ControlPlane::volunteers() {
+  const std::string prefix = "elastic/volunteers/";
+  std::vector<std::string> out;
+  for (const auto& key : impl_->store->list(prefix)) out.push_back(key.substr(prefix.size()));
+  return out;
+}
+std::string ControlPlane::liveness_name(const std::string& member) { return "worker/" + member; }
+std::optional<std::string> ControlPlane::spec() { return get("job/spec"); }
+void ControlPlane::publish_spec(const std::string& semantic_yaml) {
+  set("job/spec", semantic_yaml);
+}
 bool ControlPlane::ready(const std::string& member) {
   return get("member/" + member + "/pid").has_value();
 }

@@ -7,7 +7,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <mutex>
 #include <optional>
 #include <thread>
 
@@ -19,6 +21,46 @@ namespace vflow::job {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+/// Keeps `name` alive in a store of its own (a lease on etcd) from a thread, so that long
+/// steps, a state transfer or a loaded machine do not let it lapse; renewed four times a
+/// time to live. Ends (and so revokes the lease) with the object.
+class LivenessLease {
+ public:
+  LivenessLease(std::unique_ptr<ControlStore> store, std::string name,
+                std::chrono::milliseconds ttl)
+      : store_(std::move(store)), name_(std::move(name)), ttl_(ttl) {
+    store_->heartbeat(name_, ttl_);
+    thread_ = std::thread([this] { run(); });
+  }
+  ~LivenessLease() {
+    {
+      std::lock_guard<std::mutex> hold(mutex_);
+      stop_ = true;
+    }
+    wake_.notify_all();
+    thread_.join();
+  }
+
+ private:
+  void run() {
+    std::unique_lock<std::mutex> hold(mutex_);
+    while (!wake_.wait_for(hold, ttl_ / 4, [this] { return stop_; })) {
+      try {
+        store_->heartbeat(name_, ttl_);
+      } catch (const std::exception& e) {
+        spdlog::warn("[elastic] could not renew {}'s liveness: {}", name_, e.what());
+      }
+    }
+  }
+  std::unique_ptr<ControlStore> store_;
+  std::string name_;
+  std::chrono::milliseconds ttl_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  bool stop_ = false;
+  std::thread thread_;
+};
 
 double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
@@ -126,6 +168,23 @@ ElasticOutcome run_elastic_worker(const engine::JobSpec& spec,
   std::shared_ptr<comm::KeyValueStore> rendezvous_store;
   if (cluster)
     rendezvous_store = connect_control_store(options.control, options.job, options.timeout);
+  std::unique_ptr<LivenessLease> lease;
+  if (options.volunteer) {
+    try {
+      control.limits();
+    } catch (const RequestRefused&) {
+      throw RequestRefused(
+          fmt::format("no job named '{}' runs on {}", options.job, options.control));
+    }
+  }
+  // Every worker trains the job the launcher was given, or none: a worker started by hand
+  // or on another host with another spec is refused before it trains.
+  if (const auto published = control.spec(); published && *published != spec.semantic_yaml()) {
+    throw SpecError(fmt::format(
+        "this worker's job spec differs from the job's in its semantic part (vflow-train "
+        "--print-spec shows it); the job's:\n{}",
+        *published));
+  }
   const auto trainer = engine::make_trainer(spec, nullptr, /*elastic=*/true);
   trainer->set_stop_flag(options.stop_flag);
   if (options.prepare) options.prepare(*trainer);
@@ -176,6 +235,18 @@ ElasticOutcome run_elastic_worker(const engine::JobSpec& spec,
     return c;
   });
   control.mark_ready(me, static_cast<int64_t>(getpid()));
+  if (options.volunteer) {
+    // No launcher watches this process: its lease says it lives. A third of the timeout
+    // (at least 3 s, etcd counting whole seconds) detects its death well before the
+    // survivors give up waiting for its report.
+    const auto ttl =
+        std::max<std::chrono::milliseconds>(std::chrono::seconds(3), options.timeout / 3);
+    lease = std::make_unique<LivenessLease>(
+        connect_control_store(options.control, options.job, options.timeout),
+        ControlPlane::liveness_name(me), ttl);
+    control.volunteer(me);
+    spdlog::info("[elastic] worker {} offers to join job '{}'", me, options.job);
+  }
   spdlog::info("[elastic] worker {} ready", me);
 
   // Survivors wait for the coordinator to collect every report (up to its timeout).

@@ -18,6 +18,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -131,15 +132,16 @@ size_t stream_body(char* data, size_t size, size_t count, void* out) {
 
 class EtcdControlStore final : public ControlStore {
  public:
-  explicit EtcdControlStore(EtcdOptions options)
-      : options_(std::move(options)), prefix_(kJobsRoot + options_.job + "/") {
+  /// The keys of job `options.job`, or with `prefix` given every key under it.
+  explicit EtcdControlStore(EtcdOptions options, std::optional<std::string> prefix = std::nullopt)
+      : options_(std::move(options)), prefix_(prefix ? *prefix : kJobsRoot + options_.job + "/") {
     VFLOW_ASSERT(!options_.endpoints.empty(), "an etcd store with no endpoints");
     init_curl();
     for (const auto& e : options_.endpoints) {
       address_ += (address_.empty() ? "" : ",") + e;
     }
-    curl_ = curl_easy_init();
-    if (curl_ == nullptr) throw Error("libcurl could not make a handle");
+    curl_.reset(curl_easy_init());
+    if (!curl_) throw Error("libcurl could not make a handle");
     if (!options_.user.empty()) authenticate();
     // One round trip, so that an unreachable cluster or refused credentials show at once.
     call("/v3/kv/range", {{"key", base64(prefix_ + "store/probe")}}, "its first read");
@@ -155,7 +157,6 @@ class EtcdControlStore final : public ControlStore {
       } catch (const std::exception&) {
       }
     }
-    if (curl_ != nullptr) curl_easy_cleanup(curl_);
   }
 
   std::optional<std::string> get(const std::string& key) override {
@@ -414,10 +415,10 @@ class EtcdControlStore final : public ControlStore {
       if (left <= milliseconds(0)) break;
       Headers headers(with_token ? token_ : std::string());
       std::string answer;
-      configure(curl_, url(e, path), body, headers.list, left);
-      curl_easy_setopt(curl_, CURLOPT_WRITEFUNCTION, append_body);
-      curl_easy_setopt(curl_, CURLOPT_WRITEDATA, &answer);
-      const CURLcode rc = curl_easy_perform(curl_);
+      configure(curl_.get(), url(e, path), body, headers.list, left);
+      curl_easy_setopt(curl_.get(), CURLOPT_WRITEFUNCTION, append_body);
+      curl_easy_setopt(curl_.get(), CURLOPT_WRITEDATA, &answer);
+      const CURLcode rc = curl_easy_perform(curl_.get());
       if (rc != CURLE_OK) {
         failures.push_back(fmt::format("{}: {}", options_.endpoints[e], curl_easy_strerror(rc)));
         ++tried;
@@ -473,8 +474,8 @@ class EtcdControlStore final : public ControlStore {
                                     {"start_revision", std::to_string(revision)},
                                     {"filters", Json::array({"NODELETE"})}}}}
                                  .dump();
-    if (watch_ == nullptr) watch_ = curl_easy_init();
-    if (watch_ == nullptr) throw Error("libcurl could not make a handle");
+    if (!watch_) watch_.reset(curl_easy_init());
+    if (!watch_) throw Error("libcurl could not make a handle");
     const size_t n = options_.endpoints.size();
     std::string last_failure;
     for (size_t tried = 0; tried < n; ++tried) {
@@ -502,10 +503,10 @@ class EtcdControlStore final : public ControlStore {
         return !put;
       };
       Headers headers(token_);
-      configure(watch_, url(e, "/v3/watch"), body, headers.list, left);
-      curl_easy_setopt(watch_, CURLOPT_WRITEFUNCTION, stream_body);
-      curl_easy_setopt(watch_, CURLOPT_WRITEDATA, &stream);
-      const CURLcode rc = curl_easy_perform(watch_);
+      configure(watch_.get(), url(e, "/v3/watch"), body, headers.list, left);
+      curl_easy_setopt(watch_.get(), CURLOPT_WRITEFUNCTION, stream_body);
+      curl_easy_setopt(watch_.get(), CURLOPT_WRITEDATA, &stream);
+      const CURLcode rc = curl_easy_perform(watch_.get());
       if (put) return true;
       if (!refused.empty()) {
         if (refused.find("permission denied") != std::string::npos) {
@@ -530,14 +531,30 @@ class EtcdControlStore final : public ControlStore {
   EtcdOptions options_;
   std::string prefix_;
   std::string address_;
-  CURL* curl_ = nullptr;
-  CURL* watch_ = nullptr;
-  size_t current_ = 0;  // the member that answered last
+  struct Cleanup {
+    void operator()(CURL* handle) const { curl_easy_cleanup(handle); }
+  };
+  std::unique_ptr<CURL, Cleanup> curl_;   // requests
+  std::unique_ptr<CURL, Cleanup> watch_;  // a watch's stream, made when first needed
+  size_t current_ = 0;                    // the member that answered last
   std::string token_;
   std::map<std::string, Lease> leases_;
 };
 
 }  // namespace
+
+std::vector<std::string> etcd_jobs(const EtcdOptions& options) {
+  EtcdControlStore all(options, std::string(kJobsRoot));
+  std::vector<std::string> jobs;
+  const std::string owner = "/job/owner";  // set by the launcher that took the name
+  for (const auto& key : all.list("")) {
+    if (key.size() > owner.size() &&
+        key.compare(key.size() - owner.size(), owner.size(), owner) == 0) {
+      jobs.push_back(key.substr(0, key.size() - owner.size()));
+    }
+  }
+  return jobs;  // sorted, as list() is
+}
 
 std::unique_ptr<ControlStore> connect_etcd_store(const EtcdOptions& options) {
   return std::make_unique<EtcdControlStore>(options);

@@ -5,10 +5,16 @@
 
 namespace vflow::job {
 
+namespace {
+const char* const kWithout =
+    "this vflow was built without the etcd control store (libcurl and nlohmann-json were not "
+    "found at build time; Debian: libcurl4-openssl-dev nlohmann-json3-dev)";
+}  // namespace
+
+std::vector<std::string> etcd_jobs(const EtcdOptions& options) { throw Error(kWithout); }
+
 std::unique_ptr<ControlStore> connect_etcd_store(const EtcdOptions& options) {
-  throw Error(
-      "this vflow was built without the etcd control store (libcurl and nlohmann-json "
-      "were not found at build time; Debian: libcurl4-openssl-dev nlohmann-json3-dev)");
+  throw Error(kWithout);
 }
 
 }  // namespace vflow::job

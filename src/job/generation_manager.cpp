@@ -99,6 +99,7 @@ void GenerationManager::tick() {
     }
     return;
   }
+  check_volunteers();
   // One round trip when nothing happened; waits with a deadline poll every time.
   const int64_t requests = control_.requests();
   const bool waiting = failure_since_ || short_since_ || !joiners_.empty();
@@ -111,7 +112,39 @@ void GenerationManager::tick() {
   if (failed) {
     handle_failure();
   } else if (established()) {
+    adopt_volunteers();
     handle_requests();
+  }
+}
+
+void GenerationManager::adopt_volunteers() {
+  for (const auto& v : control_.volunteers()) {
+    if (!volunteers_.insert(v).second) continue;
+    target_ = std::min(target_ + 1, options_.limits.max_workers);
+    control_.set_target(target_);
+    joiners_.push_back(v);
+    spdlog::info("[elastic] worker {} (started outside the launcher) offers to join; target {}", v,
+                 target_);
+  }
+}
+
+void GenerationManager::check_volunteers() {
+  if (volunteers_.empty() || Clock::now() - last_liveness_ < std::chrono::milliseconds(250)) {
+    return;
+  }
+  last_liveness_ = Clock::now();
+  for (const auto& v : volunteers_) {
+    const bool member = current_.rank_of(v) >= 0;
+    const bool joining = std::find(joiners_.begin(), joiners_.end(), v) != joiners_.end();
+    if ((member && dead_.count(v) == 0) || joining) {
+      if (!control_.store().alive(ControlPlane::liveness_name(v))) {
+        spdlog::warn("[elastic] worker {}'s liveness lease expired", v);
+        if (joining && !member && target_ > static_cast<int64_t>(current_.members.size())) {
+          --target_;
+        }
+        on_exit(v, kExitPeerFailure);
+      }
+    }
   }
 }
 

@@ -241,8 +241,9 @@ int launch_local(const LaunchOptions& options) {
     env.push_back(fmt::format("VFLOW_STORE={}:{}", coordinator->host(), coordinator->port()));
   }
   ControlPlane control(std::move(store));
+  if (cluster) claim_job_name(control, options);
+  if (!options.semantic.empty()) control.publish_spec(options.semantic);
   if (cluster) {
-    claim_job_name(control, options);
     spdlog::info("[launch] job '{}' on the control store {}, starting {} workers", options.job,
                  options.control, options.workers);
   }

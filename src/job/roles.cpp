@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
+#include <unistd.h>
 
 #include <cstdlib>
 
@@ -58,8 +59,21 @@ engine::JobSpec apply_worker_layout(engine::JobSpec spec, const ElasticWorkerEnv
   return spec;
 }
 
+/// A worker that joins a job on a cluster store by itself (vflow-train --control URL --job
+/// NAME without --workers): named after its host and process, never reused.
+ElasticWorkerEnvironment volunteer_environment(const RoleOptions& options) {
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  ElasticWorkerEnvironment env;
+  env.member = fmt::format("{}-{}", host, getpid());
+  env.control = options.control;
+  env.job = options.job;
+  return env;
+}
+
 RoleOutcome run_elastic_worker_role(const engine::JobSpec& job, const RoleOptions& options) {
-  const auto env = *elastic_worker_from_environment();
+  const auto launched = elastic_worker_from_environment();
+  const auto env = launched ? *launched : volunteer_environment(options);
   engine::JobSpec spec = apply_worker_layout(job, env);
   spec.resources = place_on_this_host(spec.resources);
   struct Release {  // the worker's CPU-quota group, if any, goes with it
@@ -71,6 +85,7 @@ RoleOutcome run_elastic_worker_role(const engine::JobSpec& job, const RoleOption
   worker.store_port = env.store_port;
   worker.control = env.control;
   worker.job = env.job;
+  worker.volunteer = !launched;
   worker.member = env.member;
   worker.timeout = timeout_of(spec);
   worker.stop_flag = options.stop_flag;
@@ -95,6 +110,7 @@ RoleOutcome run_launcher_role(const engine::JobSpec& spec, const RoleOptions& op
   launch.port = options.port;
   launch.control = options.control;
   launch.job = options.job;
+  launch.semantic = spec.semantic_yaml();
   launch.timeout = timeout_of(spec);
   launch.elastic.limits = limits_of(spec);
   launch.elastic.replace_failed = spec.resources.replace_failed;
@@ -165,6 +181,9 @@ std::vector<std::string> command_line_of_this_program(int argc, char** argv) {
 Role role_of(const engine::JobSpec& spec, const RoleOptions& options) {
   if (!options.coordinate.empty()) return Role::kCoordinator;
   if (elastic_worker_from_environment()) return Role::kElasticWorker;
+  // On a cluster store a process submits the job (--workers given) or joins it, even
+  // when an external launcher's variables (srun's, torchrun's) are set.
+  if (!options.control.empty()) return options.launch ? Role::kLauncher : Role::kElasticWorker;
   if (rendezvous_from_environment(timeout_of(spec))) return Role::kWorker;
   // A planned layout, even of one worker, runs through the launcher, which gives each
   // worker its entry's device, threads and CPU quota.

@@ -97,7 +97,7 @@ TEST_CASE(
   TempDir dir;
   const auto r = run_elastic_job(
       dir, 2, kLongJob + " --set output.logging.examples=" + dir.file("examples.log"),
-      "$CTL resize $A 3; await_workers 3; " + kill_rank(1, "KILL") +
+      "$CTL list; $CTL resize $A 3; await_workers 3; " + kill_rank(1, "KILL") +
           "; await_workers 2; $CTL resize $A 1; await_workers 1",
       etcd.url(), "fmnist-1");
   INFO(r.output);
@@ -105,6 +105,7 @@ TEST_CASE(
   CHECK_THAT(r.output, !Catch::Matchers::Contains("TIMEOUT") && !Catch::Matchers::Contains("GONE"));
   CHECK_THAT(r.output, Catch::Matchers::Contains("job 'fmnist-1' on the control store etcd://"));
   CHECK_THAT(r.output, Catch::Matchers::Contains("died (status 137)"));
+  CHECK_THAT(r.output, Catch::Matchers::Contains("fmnist-1 state running step"));  // ctl list
   CHECK(fingerprints_in(r.output) == std::set<std::string>{reference});
   CHECK(read_example_log(dir.file("examples.log")).size() == 1500 * 12);  // each (step, vnode) once
   CHECK(nothing_left(dir));
@@ -118,6 +119,41 @@ TEST_CASE(
   const auto missing = run_command(kCtl + " --control " + etcd.url() + " status fmnist-1");
   CHECK(missing.exit_code == 7);
   CHECK_THAT(missing.output, Catch::Matchers::Contains("no job named 'fmnist-1'"));
+}
+
+TEST_CASE("a worker started outside the launcher joins a job on etcd, and its death is survived",
+          "[multiproc][elastic][etcd]") {
+  const auto reference = reference_fingerprint();
+  EtcdCluster etcd;
+  TempDir dir;
+  const std::string settings =
+      kLongJob + " --set output.logging.examples=" + dir.file("examples.log");
+  // As srun or a user would start it: the job's spec, --control and --job, no --workers.
+  const std::string volunteer = kTrain + settings + " --control " + etcd.url() +
+                                " --job joined > " + dir.file("volunteer.log") + " 2>&1 & v=$!; ";
+  const auto r = run_elastic_job(dir, 2, settings,
+                                 volunteer + "await_workers 3; " + kTrain + settings +
+                                     " --set semantic.seed=99 --control " + etcd.url() +
+                                     " --job joined 2>&1 | grep -o 'spec differs' ; "
+                                     "kill -KILL $v; await_workers 2",
+                                 etcd.url(), "joined");
+  INFO(r.output);
+  INFO(read_file(dir.file("volunteer.log")));
+  CHECK_THAT(r.output, Catch::Matchers::Contains("exit=0"));
+  CHECK_THAT(r.output, !Catch::Matchers::Contains("TIMEOUT") && !Catch::Matchers::Contains("GONE"));
+  CHECK_THAT(r.output, Catch::Matchers::Contains("(started outside the launcher) offers to join"));
+  CHECK_THAT(r.output, Catch::Matchers::Contains("published generation 2: 3 worker(s)"));
+  CHECK_THAT(r.output, Catch::Matchers::Contains("liveness lease expired"));
+  CHECK_THAT(r.output, Catch::Matchers::Contains("spec differs"));  // the seed-99 worker
+  CHECK(fingerprints_in(r.output) == std::set<std::string>{reference});
+  CHECK(read_example_log(dir.file("examples.log")).size() == 1500 * 12);  // each (step, vnode) once
+  CHECK(nothing_left(dir));
+  // A worker with another spec is refused before it trains; one for a job that is not
+  // there is told so.
+  const auto none =
+      run_command(kTrain + settings + " --control " + etcd.url() + " --job nothing-here");
+  CHECK(none.exit_code == 7);
+  CHECK_THAT(none.output, Catch::Matchers::Contains("no job named 'nothing-here'"));
 }
 
 TEST_CASE("the training recipes' keys keep the undisturbed fingerprint through resizes",

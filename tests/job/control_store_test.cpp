@@ -207,7 +207,8 @@ TEST_CASE("etcd counts every add of concurrent clients once", "[integration][etc
   CHECK(std::stoi(*winner) < kClients);
 }
 
-TEST_CASE("etcd heartbeats are leases: they expire, and end with their client", "[integration][etcd]") {
+TEST_CASE("etcd heartbeats are leases: they expire, and end with their client",
+          "[integration][etcd]") {
   EtcdStores s;
   CHECK_FALSE(s.a->alive("worker-0"));
   s.b->heartbeat("worker-0", 1s);  // etcd may raise a lease to its minimum (2 s by default)
@@ -303,6 +304,12 @@ TEST_CASE(
   const auto alice_on_b = [&] { return connect_etcd_store(options("B", "alice", "alice-secret")); };
   CHECK_THROWS_WITH(alice_on_b(), Catch::Contains("permission denied"));
   CHECK(bob->get("job/step") == std::optional<std::string>("1"));
+  // Listing every job needs access to all of them: root may, alice may not.
+  alice->set("job/owner", "1");  // what a launcher that took the name writes
+  CHECK(vflow::job::etcd_jobs(options("any", "root", "root-secret")) ==
+        std::vector<std::string>{"A"});
+  CHECK_THROWS_WITH(vflow::job::etcd_jobs(options("any", "alice", "alice-secret")),
+                    Catch::Contains("permission denied"));
 
   CHECK_THROWS_WITH(connect_etcd_store(options("A", "", "")),
                     Catch::Contains("requires authentication"));

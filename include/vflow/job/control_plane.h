@@ -119,6 +119,18 @@ class ControlPlane {
   int64_t latest_generation();
   Generation generation(int64_t id);
   void mark_ready(const std::string& member, int64_t pid);
+  /// A worker started outside the launcher (by an external launcher, or by hand) offers
+  /// to join: the coordinator takes it in at a step boundary, one more worker up to
+  /// max_workers.
+  void volunteer(const std::string& member);
+  /// The members that volunteered, sorted.
+  std::vector<std::string> volunteers();
+  /// The name under which `member`'s liveness is kept (ControlStore::heartbeat).
+  static std::string liveness_name(const std::string& member);
+  /// The job's semantic spec as the launcher published it (publish_spec); nullopt when
+  /// none was.
+  std::optional<std::string> spec();
+  void publish_spec(const std::string& semantic_yaml);
   bool ready(const std::string& member);
   void mark_joined(int64_t generation, const std::string& member);
   bool joined(int64_t generation, const std::string& member);

@@ -95,6 +95,11 @@ std::unique_ptr<ControlStore> connect_control_store(const std::string& address,
 /// where a communicator's peers are reached from (Gloo picks its interface towards it).
 std::string control_store_host(const std::string& address);
 
+/// The names of the jobs running on the etcd cluster (each job whose launcher took its
+/// name), sorted; `options.job` is unused. Needs read access to all of /vflow/jobs/ (a
+/// user confined to one job gets an Error saying permission denied).
+std::vector<std::string> etcd_jobs(const EtcdOptions& options);
+
 /// A client of etcd for one job: every read-modify-write is a transaction comparing
 /// revisions, wait() watches the keys it waits for, and heartbeat() keeps a lease alive
 /// whose key expires with it. Throws PeerFailure naming every endpoint when none can be

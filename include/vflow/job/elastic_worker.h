@@ -21,7 +21,10 @@ struct ElasticWorkerOptions {
   /// are then unused.
   std::string control;
   std::string job;
-  std::string member;                        ///< this worker's name in the job
+  std::string member;  ///< this worker's name in the job
+  /// Started outside the launcher (with `control` set): it offers itself to the running
+  /// job (ControlPlane::volunteer) and keeps a liveness lease the coordinator watches.
+  bool volunteer = false;
   std::chrono::milliseconds timeout{30000};  ///< collectives, rendezvous, waiting for generations
   const std::atomic<bool>* stop_flag = nullptr;   ///< set: stop the whole job (checkpoint)
   const std::atomic<bool>* leave_flag = nullptr;  ///< set: leave at the next step boundary

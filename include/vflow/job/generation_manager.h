@@ -44,6 +44,10 @@ class GenerationManager {
  private:
   using Clock = std::chrono::steady_clock;
   void handle_failure();
+  /// Volunteers (workers started elsewhere) become joiners, each raising the target.
+  void adopt_volunteers();
+  /// Volunteers whose liveness lease expired count as exited (no launcher watches them).
+  void check_volunteers();
   void handle_requests();
   std::vector<std::string> ready_joiners();
   void spawn_joiners(int64_t wanted);
@@ -63,8 +67,10 @@ class GenerationManager {
   std::optional<Clock::time_point> failure_since_;
   std::optional<Clock::time_point> short_since_;  // waiting for joiners to reach min_workers
   std::vector<int64_t> first_vnodes_;
-  int64_t seen_requests_ = -1;  // the request counter at the last tick
-  bool dirty_ = false;          // a member died since the last tick
+  int64_t seen_requests_ = -1;         // the request counter at the last tick
+  bool dirty_ = false;                 // a member died since the last tick
+  std::set<std::string> volunteers_;   // every volunteer seen (they are never reused)
+  Clock::time_point last_liveness_{};  // when volunteers' liveness was last checked
 };
 
 }  // namespace vflow::job

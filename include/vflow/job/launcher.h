@@ -47,6 +47,9 @@ struct LaunchOptions {
   /// reaches the job by name. The job's keys are removed when it ends.
   std::string control;
   std::string job;
+  /// The job's semantic spec (JobSpec::semantic_yaml), published for every worker to
+  /// check its own against; empty: not published.
+  std::string semantic;
   std::chrono::milliseconds timeout{30000};
   ElasticOptions elastic;  ///< limits and failure handling (its timeout is `timeout`)
   /// Set by the caller (e.g. a signal handler): stop the job at the next step boundary.

@@ -33,8 +33,9 @@ struct RoleOptions {
   bool launch = false;     ///< start workers on this host even for one (--workers given)
   int port = 0;            ///< launcher: the coordinator's port on 127.0.0.1; 0 = any free one
   std::string coordinate;  ///< HOST:PORT: only host the job's store there (kCoordinator)
-  /// launcher: the job's control store is this cluster store ("etcd://H:P,..."), under
-  /// the name `job`, instead of the embedded one (LaunchOptions::control).
+  /// The job's control store is this cluster store ("etcd://H:P,..."), under the name
+  /// `job`, instead of the embedded one: with `launch` this process submits the job
+  /// (LaunchOptions::control); without, it joins the running job as one more worker.
   std::string control;
   std::string job;
   /// Set (e.g. by a signal handler): stop the job at the next step boundary, with a
