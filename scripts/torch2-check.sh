@@ -90,12 +90,30 @@ if [[ ! -f "$CHROOT/opt/catch2/usr/include/catch2/catch.hpp" ]]; then
     { echo "torch2-check: this host's catch2 package is not Catch2 2.x" >&2; exit 2; }
 fi
 
-say "copying the working tree"
+# Only the files that differ are copied, and they get the time of the copy: a file copied
+# with its own (older) time could look older than the objects an earlier run built, and
+# the build would keep those stale objects.
+say "copying the working tree (changed files only)"
 SRC=/src/vflow
 mkdir -p "$CHROOT$SRC"
-find "$CHROOT$SRC" -mindepth 1 -maxdepth 1 ! -name build -exec rm -rf {} +
-(cd "$ROOT" && git ls-files -z --cached --others --exclude-standard |
-  tar --null --ignore-failed-read -T - -cf - 2> /dev/null) | tar -xf - -C "$CHROOT$SRC"
+LIST="$(mktemp)"
+(cd "$ROOT" && git ls-files -z --cached --others --exclude-standard) > "$LIST"
+copied=0
+while IFS= read -r -d '' f; do
+  [[ -f "$ROOT/$f" ]] || continue
+  if ! cmp -s "$ROOT/$f" "$CHROOT$SRC/$f"; then
+    mkdir -p "$(dirname "$CHROOT$SRC/$f")"
+    cp --preserve=mode "$ROOT/$f" "$CHROOT$SRC/$f"
+    copied=$((copied + 1))
+  fi
+done < "$LIST"
+# Files the tree no longer has go from the copy too (the build directory stays).
+(cd "$CHROOT$SRC" && find . -path ./build -prune -o -type f -print0) |
+  while IFS= read -r -d '' f; do
+    grep -qzxF -- "${f#./}" "$LIST" || rm -f "$CHROOT$SRC/$f"
+  done
+rm -f "$LIST"
+say "copied $copied changed files"
 
 say "building against LibTorch 2.x"
 chroot "$CHROOT" bash -c "cd $SRC && mkdir -p build && cmake -S . -B build -G Ninja \
