@@ -133,6 +133,8 @@ void GenerationManager::check_volunteers() {
     return;
   }
   last_liveness_ = Clock::now();
+  // A finished job's workers end and revoke their leases: no failure.
+  if (current_.stop || !control_.done().empty()) return;
   for (const auto& v : volunteers_) {
     const bool member = current_.rank_of(v) >= 0;
     const bool joining = std::find(joiners_.begin(), joiners_.end(), v) != joiners_.end();
