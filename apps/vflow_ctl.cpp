@@ -81,14 +81,10 @@ int main(int argc, char** argv) {
       }
       return vflow::kExitOk;
     }
-    auto store = control_url.empty()
-                     ? vflow::job::connect_control_store(address, "", timeout)
-                     : vflow::job::connect_control_store(control_url, address, timeout);
-    if (!control_url.empty() && store->list("job/").empty()) {
-      throw vflow::RequestRefused(
-          fmt::format("no job named '{}' runs on {}", address, control_url));
-    }
-    vflow::job::ControlPlane control(std::move(store));
+    vflow::job::ControlPlane control(
+        control_url.empty() ? vflow::job::connect_control_store(address, "", timeout)
+                            : vflow::job::connect_control_store(control_url, address, timeout));
+    if (!control_url.empty()) control.require_job(address, control_url);
     if (*status) {
       print_status(control.status());
     } else if (*resize) {

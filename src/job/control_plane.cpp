@@ -139,6 +139,10 @@ JobLimits ControlPlane::limits() {
   return records::decode_limits(*text, kLimits);
 }
 
+void ControlPlane::require_job(const std::string& name, const std::string& where) {
+  if (!get(kLimits)) throw RequestRefused(fmt::format("no job named '{}' runs on {}", name, where));
+}
+
 std::pair<int64_t, int64_t> ControlPlane::resize_request() {
   const int64_t seq = add(kResizeSeq, 0);
   if (seq == 0) return {0, 0};

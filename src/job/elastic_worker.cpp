@@ -168,15 +168,11 @@ ElasticOutcome run_elastic_worker(const engine::JobSpec& spec,
   std::shared_ptr<comm::KeyValueStore> rendezvous_store;
   if (cluster)
     rendezvous_store = connect_control_store(options.control, options.job, options.timeout);
+  // Where the peers are reached from (Gloo's interface faces it), the same every regroup.
+  const std::string rendezvous_host =
+      cluster ? control_store_host(options.control) : options.store_host;
   std::unique_ptr<LivenessLease> lease;
-  if (options.volunteer) {
-    try {
-      control.limits();
-    } catch (const RequestRefused&) {
-      throw RequestRefused(
-          fmt::format("no job named '{}' runs on {}", options.job, options.control));
-    }
-  }
+  if (options.volunteer) control.require_job(options.job, options.control);
   // Every worker trains the job the launcher was given, or none: a worker started by hand
   // or on another host with another spec is refused before it trains.
   if (const auto published = control.spec(); published && *published != spec.semantic_yaml()) {
@@ -277,7 +273,7 @@ ElasticOutcome run_elastic_worker(const engine::JobSpec& spec,
     comm::BackendCapabilities caps;
     std::string made;  // how a communicator that can be derived was made: init, shrink or grow
     try {
-      r.store_host = cluster ? control_store_host(options.control) : options.store_host;
+      r.store_host = rendezvous_host;
       r.store_port = options.store_port;
       r.store = rendezvous_store;
       r.rank = g->rank_of(me);

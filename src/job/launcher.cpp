@@ -241,12 +241,12 @@ int launch_local(const LaunchOptions& options) {
     env.push_back(fmt::format("VFLOW_STORE={}:{}", coordinator->host(), coordinator->port()));
   }
   ControlPlane control(std::move(store));
-  if (cluster) claim_job_name(control, options);
-  if (!options.semantic.empty()) control.publish_spec(options.semantic);
   if (cluster) {
+    claim_job_name(control, options);
     spdlog::info("[launch] job '{}' on the control store {}, starting {} workers", options.job,
                  options.control, options.workers);
   }
+  if (!options.semantic.empty()) control.publish_spec(options.semantic);
   auto last_beat = std::chrono::steady_clock::now();
   ProcessGroup workers(options.command, env);
   int next_member = 0;

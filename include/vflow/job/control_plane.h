@@ -109,6 +109,9 @@ class ControlPlane {
   // ---- the coordinator's side ----
   void publish_limits(const JobLimits& limits);
   JobLimits limits();
+  /// Throws RequestRefused "no job named '<name>' runs on <where>" unless an elastic job's
+  /// limits are published in this store (a job on a cluster store, found by name).
+  void require_job(const std::string& name, const std::string& where);
   /// The latest resize request as (sequence number, workers); sequence 0 when none.
   std::pair<int64_t, int64_t> resize_request();
   void publish(const Generation& generation);
