@@ -182,11 +182,7 @@ class EtcdControlStore final : public ControlStore {
   bool compare_and_set(const std::string& key, const std::optional<std::string>& expected,
                        const std::string& desired) override {
     VFLOW_ASSERT(!expected || *expected != desired, "compare_and_set needs a change");
-    const Json compare = expected ? Json{{"key", base64(full(key))},
-                                         {"target", "VALUE"},
-                                         {"result", "EQUAL"},
-                                         {"value", base64(*expected)}}
-                                  : absent(key);
+    const Json compare = expected ? equal(key, "VALUE", "value", base64(*expected)) : absent(key);
     const auto reply = transaction(compare, put_op(key, desired), key);
     if (reply.value("succeeded", false)) return true;
     const auto kv = first_kv(reply);
@@ -201,11 +197,9 @@ class EtcdControlStore final : public ControlStore {
     while (true) {
       const int64_t now = kv ? counter_of(*kv, key) : 0;
       if (delta == 0) return now;
-      const Json compare = kv ? Json{{"key", base64(full(key))},
-                                     {"target", "MOD"},
-                                     {"result", "EQUAL"},
-                                     {"mod_revision", std::to_string(number(*kv, "mod_revision"))}}
-                              : absent(key);
+      const Json compare =
+          kv ? equal(key, "MOD", "mod_revision", std::to_string(number(*kv, "mod_revision")))
+             : absent(key);
       const auto reply = transaction(compare, put_op(key, std::to_string(now + delta)), key);
       if (reply.value("succeeded", false)) return now + delta;
       kv = first_kv(reply);  // someone else's add came first: add to theirs
@@ -222,8 +216,8 @@ class EtcdControlStore final : public ControlStore {
         const int64_t seen = number(reply.at("header"), "revision");
         const auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
         if (left <= milliseconds(0)) return false;
-        // false: the watch's own clock ran out, which may be a moment early; the loop
-        // looks once more and returns only once the deadline has passed.
+        // The watch ends at a put, or when its own clock ran out (which may be a moment
+        // early): the loop looks once more and returns only once the deadline has passed.
         watch_for_put(key, seen + 1, left);
       }
     }
@@ -294,12 +288,13 @@ class EtcdControlStore final : public ControlStore {
 
   std::string full(const std::string& key) const { return prefix_ + key; }
 
-  Json absent(const std::string& key) const {
-    return {{"key", base64(full(key))},
-            {"target", "CREATE"},
-            {"result", "EQUAL"},
-            {"create_revision", "0"}};
+  /// A transaction's comparison: `key`'s `target` (CREATE, MOD, VALUE) equals `value`,
+  /// given in the request field `field`.
+  Json equal(const std::string& key, const char* target, const char* field,
+             const std::string& value) const {
+    return {{"key", base64(full(key))}, {"target", target}, {"result", "EQUAL"}, {field, value}};
   }
+  Json absent(const std::string& key) const { return equal(key, "CREATE", "create_revision", "0"); }
   Json put_op(const std::string& key, const std::string& value) const {
     return {{"request_put", {{"key", base64(full(key))}, {"value", base64(value)}}}};
   }
@@ -466,8 +461,9 @@ class EtcdControlStore final : public ControlStore {
                                   why.empty() ? "timed out" : why));
   }
 
-  /// Watches `key` from `revision` until it is put (true) or `timeout` passes (false).
-  bool watch_for_put(const std::string& key, int64_t revision, milliseconds timeout) {
+  /// Watches `key` from `revision` until it is put, the watch is cancelled (a compacted
+  /// revision, an expired token) or `timeout` passes; the caller reads the key again.
+  void watch_for_put(const std::string& key, int64_t revision, milliseconds timeout) {
     const auto deadline = Clock::now() + timeout;
     const std::string body = Json{{"create_request",
                                    {{"key", base64(full(key))},
@@ -481,7 +477,7 @@ class EtcdControlStore final : public ControlStore {
     for (size_t tried = 0; tried < n; ++tried) {
       const size_t e = (current_ + tried) % n;
       const auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
-      if (left <= milliseconds(0)) return false;
+      if (left <= milliseconds(0)) return;
       bool put = false;
       bool created = false;  // the member answered: a timeout from now on is the bound's
       std::string refused;
@@ -507,7 +503,7 @@ class EtcdControlStore final : public ControlStore {
       curl_easy_setopt(watch_.get(), CURLOPT_WRITEFUNCTION, stream_body);
       curl_easy_setopt(watch_.get(), CURLOPT_WRITEDATA, &stream);
       const CURLcode rc = curl_easy_perform(watch_.get());
-      if (put) return true;
+      if (put) return;
       if (!refused.empty()) {
         if (refused.find("permission denied") != std::string::npos) {
           throw Error(fmt::format("etcd at {} refused a watch of {} to user '{}': {}",
@@ -516,11 +512,11 @@ class EtcdControlStore final : public ControlStore {
         // A compacted start revision, or a token that expired: look again from now.
         if (!options_.user.empty()) authenticate();
         std::this_thread::sleep_for(milliseconds(20));
-        return Clock::now() < deadline;
+        return;
       }
       if (rc == CURLE_OPERATION_TIMEDOUT &&
           (created || Clock::now() + milliseconds(50) >= deadline)) {
-        return false;
+        return;
       }
       last_failure = fmt::format("{}: {}", options_.endpoints[e], curl_easy_strerror(rc));
     }
