@@ -214,8 +214,10 @@ class EtcdControlStore final : public ControlStore {
                                 "a read of " + key);
         if (number(reply, "count") > 0) break;
         const int64_t seen = number(reply.at("header"), "revision");
-        const auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
-        if (left <= milliseconds(0)) return false;
+        // Against the clock itself: milliseconds rounded down would end the wait up to
+        // one early.
+        if (Clock::now() >= deadline) return false;
+        const auto left = std::chrono::ceil<milliseconds>(deadline - Clock::now());
         // The watch ends at a put, or when its own clock ran out (which may be a moment
         // early): the loop looks once more and returns only once the deadline has passed.
         watch_for_put(key, seen + 1, left);
