@@ -8,6 +8,7 @@
 
 #include "exit_code.h"
 #include "vflow/core/address.h"
+#include "vflow/job/agent.h"
 #include "vflow/job/control_plane.h"
 #include "vflow/job/control_store.h"
 
@@ -66,10 +67,27 @@ int main(int argc, char** argv) {
       ->required();
   auto* list = app.add_subcommand(
       "list", "with --control: every job on the etcd cluster, with its state, step and workers");
+  auto* agents = app.add_subcommand(
+      "agents", "with --control: every node agent, its host, its slots and what runs on them");
   if (const int code = vflow::apps::parse_command_line(app, argc, argv); code >= 0) return code;
 
   return vflow::apps::run_reporting_errors([&]() -> int {
     const std::chrono::milliseconds timeout(static_cast<int64_t>(timeout_s * 1000));
+    if (*agents) {
+      if (control_url.empty()) throw vflow::SpecError("agents needs --control etcd://...");
+      const auto root =
+          vflow::job::connect_etcd_root(vflow::job::etcd_options(control_url, "job", timeout));
+      for (const auto& a : vflow::job::read_agents(*root)) {
+        std::cout << fmt::format("{} host {} pid {} slots {}{}\n", a.name, a.host, a.pid,
+                                 a.slots.size(), a.draining ? " stopping" : "");
+        for (size_t slot = 0; slot < a.slots.size(); ++slot) {
+          const auto taken = a.taken.find(static_cast<int64_t>(slot));
+          std::cout << fmt::format("  slot {} {} {}\n", slot, a.slots[slot],
+                                   taken == a.taken.end() ? "free" : "job " + taken->second);
+        }
+      }
+      return vflow::kExitOk;
+    }
     if (*list) {
       if (control_url.empty()) throw vflow::SpecError("list needs --control etcd://...");
       for (const auto& name :
@@ -87,6 +105,11 @@ int main(int argc, char** argv) {
     if (!control_url.empty()) control.require_job(address, control_url);
     if (*status) {
       print_status(control.status());
+      if (!control_url.empty()) {
+        const auto holder =
+            vflow::job::connect_cluster_store(control_url, address, timeout)->holder("coordinator");
+        std::cout << "coordinator " << holder.value_or("none") << "\n";
+      }
     } else if (*resize) {
       control.request_resize(workers);
       std::cout << "resize to " << workers << " workers requested\n";

@@ -87,12 +87,8 @@ double allreduce_seconds(int64_t numel, const torch::Device& device, int repeats
   vflow::job::Coordinator coordinator("127.0.0.1", 0, std::chrono::seconds(30));
   std::vector<double> times(2);
   auto worker = [&](int rank) {
-    vflow::comm::Rendezvous r;
-    r.store_port = coordinator.port();
-    r.rank = rank;
-    r.world_size = 2;
-    r.generation = "profile";
-    const auto comm = vflow::comm::make_gloo_communicator(r);
+    const auto comm = vflow::comm::make_gloo_communicator(
+        coordinator.rendezvous(rank, 2, "profile", std::chrono::seconds(30)));
     auto buffer = torch::ones({numel}, torch::TensorOptions().device(device));
     std::vector<double> t;
     for (int i = 0; i < repeats + 2; ++i) {

@@ -80,9 +80,16 @@ int main(int argc, char** argv) {
   auto* live = app.add_subcommand("live", "run real elastic jobs on a pool of worker slots");
   sched::LiveOptions live_options;
   std::string jobs_path;
-  live->add_option("--slots", live_options.slots, "worker slots")
-      ->required()
-      ->check(vflow::apps::at_least(1));
+  auto* slots = live->add_option("--slots", live_options.slots, "worker slots")
+                    ->check(vflow::apps::at_least(1));
+  auto* control = live->add_option(
+      "--control", live_options.control,
+      "run the jobs on the node agents of this cluster store, etcd://HOST:PORT,... (credentials: "
+      "VFLOW_ETCD_*); the pool is their cpu slots unless --slots says otherwise");
+  live->callback([&] {
+    if (!*slots && !*control) throw CLI::RequiredError("--slots (or --control)");
+    if (!*slots) live_options.slots = 0;
+  });
   live->add_option("--jobs", jobs_path, "jobs file (YAML)")->required();
   live->add_option("--policy", live_options.policy, "policy name");
   live->add_option("--out", live_options.out_dir, "results, job logs and checkpoints")->required();

@@ -86,6 +86,12 @@ int main(int argc, char** argv) {
       "--job", job_name,
       "with --control: the job's name there (vflow-ctl --control URL ... NAME); with --workers "
       "this process submits the job, without it joins the running job as one more worker");
+  bool local = false;
+  auto* local_option = app.add_flag(
+      "--local", local,
+      "with --control and --workers: start the workers on this machine instead of on the slots "
+      "of node agents (vflow-agent)");
+  local_option->needs(control_option);
   control_option->needs(job_option);
   job_option->needs(control_option);
   control_option->excludes("--coordinator");
@@ -115,10 +121,14 @@ int main(int argc, char** argv) {
     vflow::job::RoleOptions roles;
     roles.command = vflow::job::command_line_of_this_program(argc, argv);
     roles.launch = workers > 0;
+    if (local && workers == 0) {
+      throw vflow::SpecError("--local starts the workers of a job it submits: it needs --workers");
+    }
     if (!control.empty()) {
       vflow::job::etcd_options(control, job_name, std::chrono::milliseconds(1));  // checks both
       roles.control = control;
       roles.job = job_name;
+      roles.local = local;
     }
     roles.port = port;
     roles.coordinate = coordinate;
@@ -126,8 +136,11 @@ int main(int argc, char** argv) {
     roles.leave_flag = &g_leave;
     const auto role = vflow::job::role_of(spec, roles);
     const bool elastic_worker = role == vflow::job::Role::kElasticWorker;
+    // On a cluster store SIGTERM (a batch system reclaiming this process) is a leave for the
+    // submitter too: the job goes on with its other coordinator candidates. SIGINT stops it.
+    const bool leaves = elastic_worker || (role == vflow::job::Role::kLauncher && !control.empty());
     std::signal(SIGINT, on_signal);
-    std::signal(SIGTERM, elastic_worker ? on_leave_signal : on_signal);
+    std::signal(SIGTERM, leaves ? on_leave_signal : on_signal);
     // A worker outlives a dead launcher long enough to stop cleanly: writing to its
     // closed output pipe must fail, not kill it.
     if (elastic_worker) std::signal(SIGPIPE, SIG_IGN);

@@ -33,15 +33,13 @@ double time_ms(F f) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
 }
 
-int worker(int rank, int port, const std::vector<int64_t>& sizes_mb, int repeats) {
-  vflow::comm::Rendezvous r;
-  r.store_port = port;
-  r.rank = rank;
-  r.world_size = 2;
-  r.generation = "bench";
-  auto comm = vflow::comm::make_gloo_communicator(r);
+int worker(int rank, const vflow::job::Coordinator& coordinator, int raw_port,
+           const std::vector<int64_t>& sizes_mb, int repeats) {
+  auto comm = vflow::comm::make_gloo_communicator(
+      coordinator.rendezvous(rank, 2, "bench", std::chrono::seconds(30)));
 
-  auto store = vflow::comm::open_store("127.0.0.1", port, std::chrono::seconds(30),
+  // The raw group meets through a c10d TCPStore of its own, as a plain c10d program does.
+  auto store = vflow::comm::open_store("127.0.0.1", raw_port, std::chrono::seconds(30),
                                        /*server=*/false);
   auto gloo = c10d::ProcessGroupGloo::Options::create(std::chrono::seconds(30));
   gloo->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
@@ -89,9 +87,12 @@ int main(int argc, char** argv) {
   std::cout << "2 processes on loopback, float32 sum-allreduce, median of " << repeats
             << " calls per size (GB/s = buffer bytes / time)\n\n";
   std::cout.flush();
+  const auto raw_store = vflow::comm::open_store("127.0.0.1", 0, std::chrono::seconds(30),
+                                                 /*server=*/true);
+  const int raw_port = raw_store->getPort();
   const pid_t child = fork();
-  if (child == 0) _exit(worker(1, coordinator.port(), sizes_mb, repeats));
-  const int rc = worker(0, coordinator.port(), sizes_mb, repeats);
+  if (child == 0) _exit(worker(1, coordinator, raw_port, sizes_mb, repeats));
+  const int rc = worker(0, coordinator, raw_port, sizes_mb, repeats);
   int status = 0;
   waitpid(child, &status, 0);
   return rc == 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : 1;

@@ -21,6 +21,9 @@ PACKAGES=(
   # the cluster control store: etcd's client library side (libcurl, JSON) and, for the
   # tests, a real etcd with its certificates made by openssl
   libcurl4-openssl-dev nlohmann-json3-dev etcd-server etcd-client openssl
+  # a single-machine Slurm for the Slurm example's test (scripts/slurm-local.sh), and
+  # PyYAML for the Kubernetes manifests' offline check
+  munge slurm-wlm python3-yaml
   # text corpora: English (language model) and German, Spanish, Italian, Brazilian
   # Portuguese (language identification)
   fortunes fortunes-de fortunes-es fortunes-it fortunes-br

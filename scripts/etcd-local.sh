@@ -2,15 +2,21 @@
 # A local etcd cluster for trying vflow's cluster control plane and for its tests:
 # Debian's etcd-server on loopback (or on the addresses given), in a directory of its own.
 #
-#   scripts/etcd-local.sh start DIR [--members N] [--hosts IP,IP,...] [--tls] [--auth PASSWORD]
+#   scripts/etcd-local.sh start DIR [--members N] [--hosts IP,IP,...] [--netns NS,NS,...]
+#                                   [--tls] [--auth PASSWORD]
 #       starts N members (default 1) and prints their client endpoints on one line,
 #       comma-separated (etcd://H:P,... or, with --tls, etcds://H:P,...). --hosts gives each
-#       member's address (default 127.0.0.1 for all); --tls makes a CA, server and client
+#       member's address (default 127.0.0.1 for all); --netns runs each member in that
+#       network namespace (a test's hosts, where its address is); --tls makes a CA, server and client
 #       certificates in DIR/pki (openssl) and serves https only; --auth enables etcd's
 #       authentication with a root user of that password.
 #   scripts/etcd-local.sh job-user DIR JOB USER PASSWORD
 #       (with --auth) a user that may read and write only the keys of vflow job JOB
-#       (the prefix /vflow/jobs/JOB/), and nothing of any other job.
+#       (the prefix /vflow/jobs/JOB/), and nothing of any other job; it may read the node
+#       agents' records (/vflow/agents/), to place the job's workers on their slots.
+#   scripts/etcd-local.sh agent-user DIR USER PASSWORD
+#       (with --auth) a user for node agents: they follow and coordinate every job, so it
+#       may read and write all of /vflow/.
 #   scripts/etcd-local.sh stop DIR [MEMBER]
 #       stops every member (or member MEMBER, 0-based) with SIGTERM, then SIGKILL.
 #   scripts/etcd-local.sh restart DIR MEMBER
@@ -21,7 +27,7 @@
 set -euo pipefail
 
 die() { echo "etcd-local: $*" >&2; exit 2; }
-[[ $# -ge 2 ]] || die "usage: $0 start|job-user|stop|restart DIR ..."
+[[ $# -ge 2 ]] || die "usage: $0 start|job-user|agent-user|stop|restart DIR ..."
 cmd=$1
 dir=$2
 shift 2
@@ -30,14 +36,23 @@ free_port() {
   /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
 }
 
+# The namespace member M runs in, if any.
+netns_of() { [[ -f "$dir/netns" ]] && cut -d, -f"$(($1 + 1))" "$dir/netns" || true; }
+
+in_netns() {  # NS COMMAND...: runs COMMAND in network namespace NS ("" : here)
+  local ns=$1
+  shift
+  if [[ -n $ns ]]; then ip netns exec "$ns" "$@"; else "$@"; fi
+}
+
 ctl() {
-  # etcdctl against the first member, as root when auth is on.
+  # etcdctl against the members (from the first member's namespace), as root when auth is on.
   local args=(--endpoints "$(cat "$dir/endpoints.https")")
   if [[ -f "$dir/pki/ca.pem" ]]; then
     args+=(--cacert "$dir/pki/ca.pem" --cert "$dir/pki/client.pem" --key "$dir/pki/client-key.pem")
   fi
   if [[ -f "$dir/root-password" ]]; then args+=(--user "root:$(cat "$dir/root-password")"); fi
-  ETCDCTL_API=3 etcdctl "${args[@]}" "$@"
+  ETCDCTL_API=3 in_netns "$(netns_of 0)" etcdctl "${args[@]}" "$@"
 }
 
 make_pki() {
@@ -70,7 +85,7 @@ start_member() {
          --peer-cert-file "$dir/pki/server.pem" --peer-key-file "$dir/pki/server-key.pem"
          --peer-trusted-ca-file "$dir/pki/ca.pem" --peer-client-cert-auth)
   fi
-  etcd --name "m$m" --data-dir "$dir/m$m" \
+  in_netns "$(netns_of "$m")" etcd --name "m$m" --data-dir "$dir/m$m" \
     --listen-client-urls "$scheme://$HOST:$CLIENT" --advertise-client-urls "$scheme://$HOST:$CLIENT" \
     --listen-peer-urls "$scheme://$HOST:$PEER" --initial-advertise-peer-urls "$scheme://$HOST:$PEER" \
     --initial-cluster "$(cat "$dir/initial-cluster")" --initial-cluster-state new \
@@ -92,11 +107,12 @@ wait_healthy() {
 
 case $cmd in
   start)
-    members=1 hosts="" tls=0 auth=""
+    members=1 hosts="" tls=0 auth="" netns=""
     while [[ $# -gt 0 ]]; do
       case $1 in
         --members) members=$2; shift 2 ;;
         --hosts) hosts=$2; shift 2 ;;
+        --netns) netns=$2; shift 2 ;;
         --tls) tls=1; shift ;;
         --auth) auth=$2; shift 2 ;;
         *) die "unknown option $1" ;;
@@ -108,6 +124,7 @@ case $cmd in
     [[ ${#host_list[@]} -eq 1 || ${#host_list[@]} -eq $members ]] ||
       die "--hosts names ${#host_list[@]} addresses for $members members"
     [[ $tls == 1 ]] && make_pki "${hosts:-127.0.0.1}"
+    if [[ -n $netns ]]; then echo "$netns" > "$dir/netns"; else rm -f "$dir/netns"; fi
     scheme=http vflow_scheme=etcd
     [[ $tls == 1 ]] && scheme=https vflow_scheme=etcds
     initial="" urls="" endpoints=""
@@ -140,8 +157,18 @@ case $cmd in
     ctl role add "$role" >/dev/null
     # The job's keys: [/vflow/jobs/JOB/, /vflow/jobs/JOB0) (the prefix's end).
     ctl role grant-permission "$role" --prefix=true readwrite "/vflow/jobs/$job/" >/dev/null
+    ctl role grant-permission "$role" --prefix=true read "/vflow/agents/" >/dev/null
+    ctl role grant-permission "$role" --prefix=true read "/vflow/store/alive/agent/" >/dev/null
     ctl user add "$user:$password" >/dev/null
     ctl user grant-role "$user" "$role" >/dev/null
+    ;;
+  agent-user)
+    [[ $# -eq 2 ]] || die "usage: $0 agent-user DIR USER PASSWORD"
+    user=$1 password=$2
+    ctl role add vflow-agents >/dev/null 2>&1 || true
+    ctl role grant-permission vflow-agents --prefix=true readwrite "/vflow/" >/dev/null
+    ctl user add "$user:$password" >/dev/null
+    ctl user grant-role "$user" vflow-agents >/dev/null
     ;;
   stop)
     for pidfile in "$dir"/m*.pid; do

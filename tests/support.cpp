@@ -19,6 +19,7 @@
 
 #include "vflow/core/process.h"
 #include "vflow/core/spec_node.h"
+#include "vflow/job/control_store.h"
 
 namespace vflow::testing {
 
@@ -83,14 +84,7 @@ output:
 
 comm::Rendezvous rendezvous_at(const job::Coordinator& coordinator, int rank, int size,
                                const std::string& generation, int timeout_ms) {
-  comm::Rendezvous r;
-  r.store_host = coordinator.host();
-  r.store_port = coordinator.port();
-  r.rank = rank;
-  r.world_size = size;
-  r.generation = generation;
-  r.timeout = std::chrono::milliseconds(timeout_ms);
-  return r;
+  return coordinator.rendezvous(rank, size, generation, std::chrono::milliseconds(timeout_ms));
 }
 
 std::vector<std::string> run_gloo_ranks(const job::Coordinator& coordinator, int ranks,
@@ -169,6 +163,19 @@ void EtcdCluster::script(const std::string& command, const std::string& args) {
   if (r.exit_code != 0) {
     throw std::runtime_error(fmt::format("etcd-local.sh {} failed: {}", command, r.output));
   }
+}
+
+SlurmCluster::SlurmCluster() {
+  const auto r = run_command(
+      fmt::format("{}/scripts/slurm-local.sh start {}/slurm", VFLOW_SOURCE_DIR, dir_.path()));
+  if (r.exit_code != 0) throw std::runtime_error("Slurm did not start: " + r.output);
+  conf_ = r.output.substr(r.output.rfind('\n', r.output.size() - 2) + 1);
+  while (!conf_.empty() && (conf_.back() == '\n' || conf_.back() == ' ')) conf_.pop_back();
+}
+
+SlurmCluster::~SlurmCluster() {
+  run_command(
+      fmt::format("{}/scripts/slurm-local.sh stop {}/slurm", VFLOW_SOURCE_DIR, dir_.path()));
 }
 
 }  // namespace vflow::testing

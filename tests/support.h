@@ -84,4 +84,21 @@ class EtcdCluster {
   std::string url_;
 };
 
+/// A real single-machine Slurm (Debian's munge, slurmctld and slurmd, through
+/// scripts/slurm-local.sh) in a temporary directory, stopped when the object dies. Throws,
+/// failing the test visibly, when it cannot start.
+class SlurmCluster {
+ public:
+  SlurmCluster();
+  ~SlurmCluster();
+  SlurmCluster(const SlurmCluster&) = delete;
+  SlurmCluster& operator=(const SlurmCluster&) = delete;
+  /// "SLURM_CONF=<its slurm.conf> ": put before sbatch, squeue, scancel.
+  std::string env() const { return "SLURM_CONF=" + conf_ + " "; }
+
+ private:
+  TempDir dir_;
+  std::string conf_;
+};
+
 }  // namespace vflow::testing

@@ -35,6 +35,8 @@ pid_t spawn_process(const SpawnOptions& options) {
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
   const std::string cannot_run = "cannot run " + args.front() + ": exec failed, errno ";
+  const std::string cannot_enter =
+      "cannot run " + args.front() + ": cannot enter " + options.working_directory + "\n";
   const pid_t parent = getpid();
 
   const pid_t pid = fork();
@@ -51,6 +53,10 @@ pid_t spawn_process(const SpawnOptions& options) {
     sigprocmask(SIG_SETMASK, &none, nullptr);
     if (options.stdout_fd >= 0) dup2(options.stdout_fd, STDOUT_FILENO);
     if (options.stderr_fd >= 0) dup2(options.stderr_fd, STDERR_FILENO);
+    if (!options.working_directory.empty() && chdir(options.working_directory.c_str()) != 0) {
+      (void)!write(STDERR_FILENO, cannot_enter.data(), cannot_enter.size());
+      _exit(127);
+    }
     if (syscall(SYS_close_range, 3U, ~0U, 0U) != 0) {
       for (int i = 3; i < 4096; ++i) close(i);
     }
@@ -69,6 +75,11 @@ pid_t spawn_process(const SpawnOptions& options) {
   // Also here: the parent may signal the group before the child runs.
   if (options.own_process_group) setpgid(pid, pid);
   return pid;
+}
+
+std::string current_directory() {
+  char path[4096];
+  return getcwd(path, sizeof path) ? std::string(path) : std::string();
 }
 
 std::string this_executable(const std::string& fallback) {

@@ -377,6 +377,13 @@ const SpecSchema<ResourcesSpec>& resources_schema() {
     s.boolean("replace_failed", &R::replace_failed,
               "the launcher starts a new worker for each one that dies, which joins at a step "
               "boundary");
+    s.boolean("unauthenticated_store", &R::unauthenticated_store,
+              "allow a job that spans machines without a cluster control store: its store "
+              "(`--coordinator HOST:PORT`, or rank 0's at `MASTER_ADDR` under torchrun, mpirun "
+              "or srun) is then open to anyone who can reach that address, with no "
+              "authentication: they can stop or resize the job or overwrite its keys. Without "
+              "it such a job is refused; use `--control etcds://...` on clusters "
+              "(docs/security.md)");
     s.list("layout", &R::layout, worker_schema(),
            "per-worker settings of the first generation, in rank order, one entry per worker "
            "(keys below). The launcher checks every entry's device (and `resources.device`, "

@@ -30,6 +30,17 @@ const char* const kLatest = "elastic/latest";
 // coordinator reacts to, kNews what rank 0 relays to the workers (generations, stop).
 const char* const kRequests = "ctl/requests";
 const char* const kNews = "elastic/news";
+const char* const kResizeHandled = "job/resize_handled";
+const char* const kMemberCount = "job/members";
+const char* const kResult = "job/result";
+// A job on a cluster store: what its agents and successors read (JobRecord).
+const char* const kRecord = "job/record";
+const char* const kRecordSpec = "job/record/spec";
+const char* const kRecordVersion = "job/record/version";
+const char* const kRecordDirectory = "job/record/directory";
+const std::string kJoiners = "elastic/joiners/";
+const std::string kPlacement = "placement/";
+const std::string kExits = "elastic/exits/";
 
 std::string generation_key(int64_t id) { return fmt::format("elastic/{}/generation", id); }
 std::string member_key(int64_t id, const char* what, const std::string& member) {
@@ -78,6 +89,12 @@ ControlPlane::ControlPlane(std::unique_ptr<ControlStore> store) : impl_(std::mak
 }
 
 ControlPlane::~ControlPlane() = default;
+ControlPlane::ControlPlane(ControlPlane&&) noexcept = default;
+
+ControlPlane ControlPlane::on_cluster(const std::string& control, const std::string& job,
+                                      std::chrono::milliseconds timeout) {
+  return ControlPlane(connect_cluster_store(control, job, timeout));
+}
 
 const std::string& ControlPlane::address() const { return address_; }
 
@@ -139,8 +156,10 @@ JobLimits ControlPlane::limits() {
   return records::decode_limits(*text, kLimits);
 }
 
+bool ControlPlane::has_limits() { return get(kLimits).has_value(); }
+
 void ControlPlane::require_job(const std::string& name, const std::string& where) {
-  if (!get(kLimits)) throw RequestRefused(fmt::format("no job named '{}' runs on {}", name, where));
+  if (!has_limits()) throw RequestRefused(fmt::format("no job named '{}' runs on {}", name, where));
 }
 
 std::pair<int64_t, int64_t> ControlPlane::resize_request() {
@@ -149,13 +168,94 @@ std::pair<int64_t, int64_t> ControlPlane::resize_request() {
   return {seq, to_int(get(kResizeWorkers).value_or("0"), kResizeWorkers)};
 }
 
-void ControlPlane::publish(const Generation& g) {
-  set(generation_key(g.id), records::encode_generation(g));
+bool ControlPlane::publish(const Generation& g) {
+  const auto record = records::encode_generation(g);
+  if (compare_set(generation_key(g.id), record) != record) return false;
   set(kLatest, std::to_string(g.id));
   add(kNews, 1);
+  return true;
 }
 
 void ControlPlane::set_target(int64_t workers) { set(kTarget, std::to_string(workers)); }
+int64_t ControlPlane::target() { return to_int(get(kTarget).value_or("0"), kTarget); }
+
+void ControlPlane::mark_resize_handled(int64_t sequence) {
+  set(kResizeHandled, std::to_string(sequence));
+}
+int64_t ControlPlane::resize_handled() {
+  return to_int(get(kResizeHandled).value_or("0"), kResizeHandled);
+}
+
+void ControlPlane::forget_generation(int64_t id) {
+  impl_->store->remove_all(fmt::format("gen/{}/", id));
+  impl_->store->remove_all(fmt::format("elastic/{}/", id));
+}
+
+void ControlPlane::publish_record(const JobRecord& r) {
+  set(kRecordSpec, r.spec);
+  set(kRecordVersion, r.version);
+  set(kRecordDirectory, r.directory.empty() ? "/" : r.directory);
+  set(kRecord, records::encode_job_record(r));
+}
+
+std::optional<JobRecord> ControlPlane::record() {
+  const auto text = get(kRecord);
+  if (!text) return std::nullopt;
+  auto r = records::decode_job_record(*text, kRecord);
+  r.spec = get(kRecordSpec).value_or("");
+  r.version = get(kRecordVersion).value_or("");
+  r.directory = get(kRecordDirectory).value_or("");
+  return r;
+}
+
+std::string ControlPlane::next_member() { return std::to_string(add(kMemberCount, 1) - 1); }
+
+void ControlPlane::add_joiner(const std::string& member) { set(kJoiners + member, "1"); }
+void ControlPlane::remove_joiner(const std::string& member) {
+  impl_->store->remove(kJoiners + member);
+}
+std::vector<std::string> ControlPlane::joiners() { return names_under(kJoiners); }
+
+void ControlPlane::place(const std::string& member, const Placement& where) {
+  set(kPlacement + member, fmt::format("{} {}", where.agent, where.slot));
+}
+
+std::optional<Placement> ControlPlane::placement(const std::string& member) {
+  const auto text = get(kPlacement + member);
+  if (!text) return std::nullopt;
+  return records::decode_placement(*text, kPlacement + member);
+}
+
+void ControlPlane::report_exit(const std::string& member, const WorkerExit& exit) {
+  set(kExits + member, records::encode_exit(exit));
+  add(kRequests, 1);
+}
+
+std::map<std::string, WorkerExit> ControlPlane::exits() {
+  std::map<std::string, WorkerExit> out;
+  for (const auto& member : names_under(kExits)) {
+    if (const auto text = get(kExits + member)) {
+      out[member] = records::decode_exit(*text, kExits + member);
+    }
+  }
+  return out;
+}
+
+void ControlPlane::adopt_volunteer(const std::string& member) {
+  set("elastic/volunteers/" + member, "adopted");
+}
+bool ControlPlane::volunteer_adopted(const std::string& member) {
+  return get("elastic/volunteers/" + member) == std::optional<std::string>("adopted");
+}
+
+void ControlPlane::publish_result(const std::string& text) { set(kResult, text); }
+std::optional<std::string> ControlPlane::result() { return get(kResult); }
+
+std::vector<std::string> ControlPlane::names_under(const std::string& prefix) {
+  std::vector<std::string> out;
+  for (const auto& key : impl_->store->list(prefix)) out.push_back(key.substr(prefix.size()));
+  return out;
+}
 
 int64_t ControlPlane::latest_generation() {
   const auto text = get(kLatest);
@@ -176,12 +276,7 @@ void ControlPlane::volunteer(const std::string& member) {
   set("elastic/volunteers/" + member, "1");
   add(kRequests, 1);
 }
-std::vector<std::string> ControlPlane::volunteers() {
-  const std::string prefix = "elastic/volunteers/";
-  std::vector<std::string> out;
-  for (const auto& key : impl_->store->list(prefix)) out.push_back(key.substr(prefix.size()));
-  return out;
-}
+std::vector<std::string> ControlPlane::volunteers() { return names_under("elastic/volunteers/"); }
 std::string ControlPlane::liveness_name(const std::string& member) { return "worker/" + member; }
 std::optional<std::string> ControlPlane::spec() { return get("job/spec"); }
 void ControlPlane::publish_spec(const std::string& semantic_yaml) {

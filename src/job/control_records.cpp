@@ -39,7 +39,7 @@ std::vector<std::string> split(const std::string& text, char sep) {
 bool decode_flag(const std::string& text, const std::string& key, const std::string& record) {
   if (text == "1") return true;
   if (text == "0") return false;
-  bad_record(key, record, "a generation record (a flag is not 0 or 1)");
+  bad_record(key, record, "a record whose flags are 0 or 1");
 }
 
 }  // namespace
@@ -155,6 +155,45 @@ RegroupAnswer decode_regroup_answer(const std::string& text, const std::string& 
     bad_record(key, text, "a regroup answer");
   }
   return answer;
+}
+
+std::string encode_job_record(const JobRecord& r) {
+  return fmt::format("{} {} {} {}", r.timeout.count(), r.replace_failed ? 1 : 0, r.planned ? 1 : 0,
+                     r.device);
+}
+
+JobRecord decode_job_record(const std::string& text, const std::string& key) {
+  const auto parts = split(text, ' ');
+  if (parts.size() != 4) bad_record(key, text, "a job record");
+  JobRecord r;
+  r.timeout = std::chrono::milliseconds(decode_int(parts[0], key));
+  r.replace_failed = decode_flag(parts[1], key, text);
+  r.planned = decode_flag(parts[2], key, text);
+  r.device = parts[3];
+  if (r.timeout.count() < 1) bad_record(key, text, "a job record (a positive timeout)");
+  return r;
+}
+
+Placement decode_placement(const std::string& text, const std::string& key) {
+  const auto parts = split(text, ' ');
+  if (parts.size() != 2) bad_record(key, text, "a placement ('<agent> <slot>')");
+  Placement p;
+  p.agent = parts[0];
+  p.slot = decode_int(parts[1], key);
+  if (p.slot < 0) bad_record(key, text, "a placement (a slot >= 0)");
+  return p;
+}
+
+std::string encode_exit(const WorkerExit& exit) {
+  return exit.why.empty() ? std::to_string(exit.code) : fmt::format("{} {}", exit.code, exit.why);
+}
+
+WorkerExit decode_exit(const std::string& text, const std::string& key) {
+  const auto space = text.find(' ');
+  WorkerExit exit;
+  exit.code = static_cast<int>(decode_int(text.substr(0, space), key));
+  if (space != std::string::npos) exit.why = text.substr(space + 1);
+  return exit;
 }
 
 }  // namespace vflow::job::records

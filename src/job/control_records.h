@@ -33,4 +33,16 @@ std::string regroup_answer(const std::vector<std::string>& offers);
 /// What a settled regroup answer ("shrink", "grow <n>", "fresh") means.
 RegroupAnswer decode_regroup_answer(const std::string& text, const std::string& key);
 
+/// "<timeout ms> <replace_failed 0/1> <planned 0/1> <device>" (the spec, version and
+/// directory have keys of their own).
+std::string encode_job_record(const JobRecord& record);
+JobRecord decode_job_record(const std::string& text, const std::string& key);
+
+/// "<agent> <slot>" (ControlPlane::place writes it).
+Placement decode_placement(const std::string& text, const std::string& key);
+
+/// "<code>" or "<code> <why>".
+std::string encode_exit(const WorkerExit& exit);
+WorkerExit decode_exit(const std::string& text, const std::string& key);
+
 }  // namespace vflow::job::records

@@ -7,13 +7,14 @@
 
 #include <algorithm>
 #include <chrono>
-#include <condition_variable>
 #include <cstring>
-#include <mutex>
 #include <optional>
 #include <thread>
 
+#include "job/coordination.h"
+#include "job/periodic.h"
 #include "vflow/engine/job.h"
+#include "vflow/job/build_identity.h"
 #include "vflow/job/control_plane.h"
 
 namespace vflow::job {
@@ -21,46 +22,6 @@ namespace vflow::job {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-/// Keeps `name` alive in a store of its own (a lease on etcd) from a thread, so that long
-/// steps, a state transfer or a loaded machine do not let it lapse; renewed four times a
-/// time to live. Ends (and so revokes the lease) with the object.
-class LivenessLease {
- public:
-  LivenessLease(std::unique_ptr<ControlStore> store, std::string name,
-                std::chrono::milliseconds ttl)
-      : store_(std::move(store)), name_(std::move(name)), ttl_(ttl) {
-    store_->heartbeat(name_, ttl_);
-    thread_ = std::thread([this] { run(); });
-  }
-  ~LivenessLease() {
-    {
-      std::lock_guard<std::mutex> hold(mutex_);
-      stop_ = true;
-    }
-    wake_.notify_all();
-    thread_.join();
-  }
-
- private:
-  void run() {
-    std::unique_lock<std::mutex> hold(mutex_);
-    while (!wake_.wait_for(hold, ttl_ / 4, [this] { return stop_; })) {
-      try {
-        store_->heartbeat(name_, ttl_);
-      } catch (const std::exception& e) {
-        spdlog::warn("[elastic] could not renew {}'s liveness: {}", name_, e.what());
-      }
-    }
-  }
-  std::unique_ptr<ControlStore> store_;
-  std::string name_;
-  std::chrono::milliseconds ttl_;
-  std::mutex mutex_;
-  std::condition_variable wake_;
-  bool stop_ = false;
-  std::thread thread_;
-};
 
 double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
@@ -163,16 +124,24 @@ ElasticOutcome run_elastic_worker(const engine::JobSpec& spec,
   ControlPlane control(
       cluster ? connect_control_store(options.control, options.job, options.timeout)
               : connect_embedded_store(options.store_host, options.store_port, options.timeout));
-  // The rendezvous's own client of the cluster store: the step's control calls and a
+  // The rendezvous's own client of the job's store: the step's control calls and a
   // regroup's rendezvous never share a connection.
-  std::shared_ptr<comm::KeyValueStore> rendezvous_store;
-  if (cluster)
-    rendezvous_store = connect_control_store(options.control, options.job, options.timeout);
+  const std::shared_ptr<comm::KeyValueStore> rendezvous_store =
+      cluster ? connect_control_store(options.control, options.job, options.timeout)
+              : connect_embedded_store(options.store_host, options.store_port, options.timeout);
   // Where the peers are reached from (Gloo's interface faces it), the same every regroup.
   const std::string rendezvous_host =
       cluster ? control_store_host(options.control) : options.store_host;
-  std::unique_ptr<LivenessLease> lease;
+  std::unique_ptr<Periodic> lease;
   if (options.volunteer) control.require_job(options.job, options.control);
+  if (cluster) {
+    // Hosts of one job run one build: a worker of another is refused before it trains.
+    if (const auto record = control.record(); record && record->version != build_identity()) {
+      throw RequestRefused(fmt::format(
+          "this worker runs {}, job '{}' runs {}: every host of a job must run the same build",
+          build_identity(), options.job, record->version));
+    }
+  }
   // Every worker trains the job the launcher was given, or none: a worker started by hand
   // or on another host with another spec is refused before it trains.
   if (const auto published = control.spec(); published && *published != spec.semantic_yaml()) {
@@ -230,16 +199,20 @@ ElasticOutcome run_elastic_worker(const engine::JobSpec& spec,
     }
     return c;
   });
+  if (cluster) {
+    // On a cluster the coordinator may be on another host, or may change: the lease says
+    // this process lives (a lost host's workers are noticed by their leases expiring).
+    // Renewed from a thread of its own, with a client of its own.
+    const auto ttl = lease_ttl(options.timeout);
+    auto store = connect_control_store(options.control, options.job, options.timeout);
+    store->heartbeat(ControlPlane::liveness_name(me), ttl);
+    lease = std::make_unique<Periodic>(
+        [s = std::shared_ptr<ControlStore>(std::move(store)),
+         name = ControlPlane::liveness_name(me), ttl] { s->heartbeat(name, ttl); },
+        ttl / 4, "renewing worker " + me + "'s liveness");
+  }
   control.mark_ready(me, static_cast<int64_t>(getpid()));
   if (options.volunteer) {
-    // No launcher watches this process: its lease says it lives. A third of the timeout
-    // (at least 3 s, etcd counting whole seconds) detects its death well before the
-    // survivors give up waiting for its report.
-    const auto ttl =
-        std::max<std::chrono::milliseconds>(std::chrono::seconds(3), options.timeout / 3);
-    lease = std::make_unique<LivenessLease>(
-        connect_control_store(options.control, options.job, options.timeout),
-        ControlPlane::liveness_name(me), ttl);
     control.volunteer(me);
     spdlog::info("[elastic] worker {} offers to join job '{}'", me, options.job);
   }
@@ -353,6 +326,14 @@ ElasticOutcome run_elastic_worker(const engine::JobSpec& spec,
     if (trainer->rank() == 0) {
       try {
         control.publish_step(trainer->step());
+        if (cluster) {
+          std::string text =
+              fmt::format("fingerprint {} after {} steps", result.fingerprint, result.steps);
+          if (result.evaluation) {
+            text += fmt::format(", test accuracy {:.2f}%", 100.0 * result.evaluation->accuracy);
+          }
+          control.publish_result(text);
+        }
         control.mark_done(result.completed ? "completed" : "stopped");
       } catch (const comm::PeerFailure& e) {
         spdlog::warn("{}", e.what());  // the coordinator is gone; the result stands

@@ -70,6 +70,7 @@ std::optional<comm::Rendezvous> rendezvous_from_environment(std::chrono::millise
     r.rank = env_int("VFLOW_RANK", *rank);
     r.world_size = env_int("VFLOW_WORLD_SIZE", *size);
     std::tie(r.store_host, r.store_port) = store_address(*store);
+
   } else {
     // External launchers: the first convention whose variables are all present.
     const std::pair<const char*, const char*> conventions[] = {
@@ -121,6 +122,26 @@ int64_t local_rank() {
     if (const auto v = env(name)) return std::max(0, env_int(name, *v));
   }
   return 0;
+}
+
+AgentPlace agent_place_from_environment() {
+  AgentPlace place;
+  const auto job = env("SLURM_JOB_ID");
+  const auto node = env("SLURMD_NODENAME");
+  if (!job || !node) return place;
+  place.name = fmt::format("slurm{}-{}", *job, *node);
+  place.host = *node;
+  std::optional<std::string> gpus = env("SLURM_STEP_GPUS");
+  if (!gpus) gpus = env("SLURM_JOB_GPUS");
+  if (gpus && !gpus->empty()) {
+    // Slurm sets CUDA_VISIBLE_DEVICES to these: the task sees them as 0, 1, ...
+    const auto count = std::count(gpus->begin(), gpus->end(), ',') + 1;
+    for (int64_t k = 0; k < count; ++k) place.slots.push_back(fmt::format("cuda:{}", k));
+  } else if (const auto cpus = env("SLURM_CPUS_PER_TASK")) {
+    place.slots.assign(static_cast<size_t>(std::max(1, env_int("SLURM_CPUS_PER_TASK", *cpus))),
+                       "cpu");
+  }
+  return place;
 }
 
 engine::ResourcesSpec place_on_this_host(engine::ResourcesSpec resources) {

@@ -87,6 +87,16 @@ std::unique_ptr<ControlStore> connect_control_store(const std::string& address,
   return connect_embedded_store(where.host, where.port, timeout);
 }
 
+std::unique_ptr<ClusterStore> connect_cluster_store(const std::string& address,
+                                                    const std::string& job,
+                                                    std::chrono::milliseconds timeout) {
+  if (!is_cluster_store(address)) {
+    throw SpecError(
+        fmt::format("'{}' is not a cluster control store (etcd://... or etcds://...)", address));
+  }
+  return connect_etcd_store(etcd_options(address, job, timeout));
+}
+
 std::string control_store_host(const std::string& address) {
   if (!is_cluster_store(address)) return parse_host_port(address, "the job's store").host;
   const auto first = etcd_options(address, "job", std::chrono::milliseconds(1)).endpoints.front();

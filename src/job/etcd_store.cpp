@@ -35,9 +35,12 @@ using Json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
+const char* const kVflowRoot = "/vflow/";
 const char* const kJobsRoot = "/vflow/jobs/";
 // Heartbeats live here, each under the lease that keeps it.
 const char* const kAlive = "store/alive/";
+// Claims (ClusterStore::campaign) live here, each under its holder's lease.
+const char* const kClaim = "store/claim/";
 
 // gRPC status codes etcd answers with.
 constexpr int kInvalidArgument = 3;
@@ -130,7 +133,12 @@ size_t stream_body(char* data, size_t size, size_t count, void* out) {
   return size * count;
 }
 
-class EtcdControlStore final : public ControlStore {
+/// etcd's leases count whole seconds, and it raises very short ones to its minimum.
+int64_t lease_seconds(std::chrono::milliseconds ttl) {
+  return std::max<int64_t>(1, (ttl.count() + 999) / 1000);
+}
+
+class EtcdControlStore final : public ClusterStore {
  public:
   /// The keys of job `options.job`, or with `prefix` given every key under it.
   explicit EtcdControlStore(EtcdOptions options, std::optional<std::string> prefix = std::nullopt)
@@ -144,17 +152,21 @@ class EtcdControlStore final : public ControlStore {
     if (!curl_) throw Error("libcurl could not make a handle");
     if (!options_.user.empty()) authenticate();
     // One round trip, so that an unreachable cluster or refused credentials show at once.
-    call("/v3/kv/range", {{"key", base64(prefix_ + "store/probe")}}, "its first read");
+    // A key every user of this prefix may read: a job's own, or (the whole tree) the agents'.
+    const std::string probe = prefix ? "agents/probe" : "store/probe";
+    call("/v3/kv/range", {{"key", base64(prefix_ + probe)}}, "its first read");
   }
 
   ~EtcdControlStore() override {
     // The heartbeats end with this client: revoking their leases removes their keys now
     // rather than when the leases expire. Best effort, quickly.
     options_.timeout = std::min(options_.timeout, milliseconds(1000));
-    for (const auto& [name, lease] : leases_) {
-      try {
-        call("/v3/lease/revoke", {{"ID", std::to_string(lease.id)}}, "a lease revoke");
-      } catch (const std::exception&) {
+    for (const auto* held : {&leases_, &claims_}) {
+      for (const auto& [name, lease] : *held) {
+        try {
+          call("/v3/lease/revoke", {{"ID", std::to_string(lease.id)}}, "a lease revoke");
+        } catch (const std::exception&) {
+        }
       }
     }
   }
@@ -255,8 +267,7 @@ class EtcdControlStore final : public ControlStore {
   }
 
   void heartbeat(const std::string& name, milliseconds ttl) override {
-    // etcd's leases count whole seconds, and it raises very short ones to its minimum.
-    const int64_t seconds = std::max<int64_t>(1, (ttl.count() + 999) / 1000);
+    const int64_t seconds = lease_seconds(ttl);
     auto it = leases_.find(name);
     if (it != leases_.end() && it->second.seconds == seconds) {
       const auto reply = call("/v3/lease/keepalive", {{"ID", std::to_string(it->second.id)}},
@@ -279,6 +290,105 @@ class EtcdControlStore final : public ControlStore {
   }
 
   bool alive(const std::string& name) override { return range(kAlive + name).has_value(); }
+
+  std::vector<std::string> alive_names(const std::string& prefix) override {
+    std::vector<std::string> names;
+    for (const auto& key : list(kAlive + prefix)) names.push_back(key.substr(std::strlen(kAlive)));
+    return names;
+  }
+
+  std::string campaign(const std::string& name, const std::string& me, milliseconds ttl) override {
+    if (claims_.count(name) != 0 && renew(name)) return me;
+    const int64_t seconds = lease_seconds(ttl);
+    const auto grant = call("/v3/lease/grant", {{"TTL", std::to_string(seconds)}}, "a lease grant");
+    const Lease lease{number(grant, "ID"), seconds};
+    const std::string key = kClaim + name;
+    Json request = Json::object();
+    request["compare"] = Json::array({absent(key)});
+    request["success"] = Json::array({Json{{"request_put",
+                                            {{"key", base64(full(key))},
+                                             {"value", base64(me)},
+                                             {"lease", std::to_string(lease.id)}}}}});
+    request["failure"] = Json::array({range_op(key)});
+    const auto reply = call("/v3/kv/txn", request, "a claim of " + name);
+    if (reply.value("succeeded", false)) {
+      claims_[name] = lease;
+      return me;
+    }
+    try {
+      call("/v3/lease/revoke", {{"ID", std::to_string(lease.id)}}, "a lease revoke");
+    } catch (const PeerFailure&) {
+      // it expires by itself
+    }
+    const auto kv = first_kv(reply);
+    // Released between the compare and the read: try once more.
+    return kv ? value_of(*kv) : campaign(name, me, ttl);
+  }
+
+  bool renew(const std::string& name) override {
+    const auto it = claims_.find(name);
+    if (it == claims_.end()) return false;
+    const auto reply =
+        call("/v3/lease/keepalive", {{"ID", std::to_string(it->second.id)}}, "a claim's renewal");
+    const auto& result = reply.contains("result") ? reply.at("result") : reply;
+    if (number(result, "TTL") > 0) return true;
+    claims_.erase(it);  // expired: someone else may hold it by now
+    return false;
+  }
+
+  void resign(const std::string& name) override {
+    const auto it = claims_.find(name);
+    if (it == claims_.end()) return;
+    const int64_t id = it->second.id;
+    claims_.erase(it);
+    call("/v3/lease/revoke", {{"ID", std::to_string(id)}}, "a lease revoke");
+  }
+
+  std::optional<std::string> holder(const std::string& name) override { return get(kClaim + name); }
+
+  std::map<std::string, std::string> scan(const std::string& prefix, int64_t* revision) override {
+    const auto reply =
+        call("/v3/kv/range",
+             {{"key", base64(full(prefix))}, {"range_end", base64(prefix_end(full(prefix)))}},
+             "a scan of " + full(prefix));
+    if (revision) *revision = number(reply.at("header"), "revision");
+    std::map<std::string, std::string> out;
+    for (const auto& kv : reply.value("kvs", Json::array())) {
+      out[unbase64(kv.value("key", ""), "a key").substr(prefix_.size())] = value_of(kv);
+    }
+    return out;
+  }
+
+  std::optional<std::vector<StoreEvent>> watch(const std::string& prefix, int64_t& revision,
+                                               milliseconds timeout) override {
+    const Json create{{"key", base64(full(prefix))},
+                      {"range_end", base64(prefix_end(full(prefix)))},
+                      {"start_revision", std::to_string(revision + 1)}};
+    std::vector<StoreEvent> events;
+    int64_t last = revision;
+    const auto deadline = Clock::now() + timeout;
+    // A watch's own clock may run out a moment early: the bound is the caller's.
+    while (events.empty() && Clock::now() < deadline) {
+      const auto left = std::chrono::ceil<milliseconds>(deadline - Clock::now());
+      const auto end =
+          stream_watch(create, left, "a watch of " + full(prefix), [&](const Json& batch) {
+            for (const auto& e : batch) {
+              const auto& kv = e.at("kv");
+              StoreEvent event;
+              event.key = unbase64(kv.value("key", ""), "a key").substr(prefix_.size());
+              if (e.value("type", std::string("PUT")) != "DELETE") {
+                event.value = value_of(kv);
+              }
+              last = std::max(last, number(kv, "mod_revision"));
+              events.push_back(std::move(event));
+            }
+            return events.empty();
+          });
+      if (end == WatchEnd::kCompacted) return std::nullopt;
+    }
+    revision = last;
+    return events;
+  }
 
   std::string address() const override { return address_; }
 
@@ -463,15 +573,17 @@ class EtcdControlStore final : public ControlStore {
                                   why.empty() ? "timed out" : why));
   }
 
-  /// Watches `key` from `revision` until it is put, the watch is cancelled (a compacted
-  /// revision, an expired token) or `timeout` passes; the caller reads the key again.
-  void watch_for_put(const std::string& key, int64_t revision, milliseconds timeout) {
+  /// How a streamed watch ended.
+  enum class WatchEnd { kStopped, kTimedOut, kCompacted };
+
+  /// Streams the watch `create` (a create_request) until `on_events`, given each message's
+  /// events, returns false, `timeout` passes, or the member cancels it (a compacted start
+  /// revision: kCompacted; an expired token: kTimedOut after renewing it, so that the caller
+  /// looks again). Members are tried in turn while they cannot be reached.
+  WatchEnd stream_watch(const Json& create, milliseconds timeout, const std::string& what,
+                        const std::function<bool(const Json&)>& on_events) {
     const auto deadline = Clock::now() + timeout;
-    const std::string body = Json{{"create_request",
-                                   {{"key", base64(full(key))},
-                                    {"start_revision", std::to_string(revision)},
-                                    {"filters", Json::array({"NODELETE"})}}}}
-                                 .dump();
+    const std::string body = Json{{"create_request", create}}.dump();
     if (!watch_) watch_.reset(curl_easy_init());
     if (!watch_) throw Error("libcurl could not make a handle");
     const size_t n = options_.endpoints.size();
@@ -479,9 +591,10 @@ class EtcdControlStore final : public ControlStore {
     for (size_t tried = 0; tried < n; ++tried) {
       const size_t e = (current_ + tried) % n;
       const auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
-      if (left <= milliseconds(0)) return;
-      bool put = false;
+      if (left <= milliseconds(0)) return WatchEnd::kTimedOut;
+      bool stopped = false;
       bool created = false;  // the member answered: a timeout from now on is the bound's
+      bool compacted = false;
       std::string refused;
       Stream stream;
       stream.on_line = [&](const std::string& line) {
@@ -494,36 +607,48 @@ class EtcdControlStore final : public ControlStore {
         const auto& result = message.contains("result") ? message["result"] : message;
         created = true;
         if (result.value("canceled", false)) {
+          compacted = number(result, "compact_revision") > 0;
           refused = result.value("cancel_reason", std::string("the watch was cancelled"));
           return false;
         }
-        put = !result.value("events", Json::array()).empty();
-        return !put;
+        stopped = !on_events(result.value("events", Json::array()));
+        return !stopped;
       };
       Headers headers(token_);
       configure(watch_.get(), url(e, "/v3/watch"), body, headers.list, left);
       curl_easy_setopt(watch_.get(), CURLOPT_WRITEFUNCTION, stream_body);
       curl_easy_setopt(watch_.get(), CURLOPT_WRITEDATA, &stream);
       const CURLcode rc = curl_easy_perform(watch_.get());
-      if (put) return;
+      if (stopped) return WatchEnd::kStopped;
+      if (compacted) return WatchEnd::kCompacted;
       if (!refused.empty()) {
         if (refused.find("permission denied") != std::string::npos) {
-          throw Error(fmt::format("etcd at {} refused a watch of {} to user '{}': {}",
-                                  options_.endpoints[e], full(key), options_.user, refused));
+          throw Error(fmt::format("etcd at {} refused {} to user '{}': {}", options_.endpoints[e],
+                                  what, options_.user, refused));
         }
-        // A compacted start revision, or a token that expired: look again from now.
+        // A token that expired: look again from now.
         if (!options_.user.empty()) authenticate();
         std::this_thread::sleep_for(milliseconds(20));
-        return;
+        return WatchEnd::kTimedOut;
       }
       if (rc == CURLE_OPERATION_TIMEDOUT &&
           (created || Clock::now() + milliseconds(50) >= deadline)) {
-        return;
+        return WatchEnd::kTimedOut;
       }
       last_failure = fmt::format("{}: {}", options_.endpoints[e], curl_easy_strerror(rc));
     }
-    throw PeerFailure(fmt::format("[elastic] cannot reach etcd at {} to watch {}: {}", address_,
-                                  full(key), last_failure));
+    throw PeerFailure(
+        fmt::format("[elastic] cannot reach etcd at {} for {}: {}", address_, what, last_failure));
+  }
+
+  /// Watches `key` from `revision` until it is put, the watch is cancelled (a compacted
+  /// revision, an expired token) or `timeout` passes; the caller reads the key again.
+  void watch_for_put(const std::string& key, int64_t revision, milliseconds timeout) {
+    const Json create{{"key", base64(full(key))},
+                      {"start_revision", std::to_string(revision)},
+                      {"filters", Json::array({"NODELETE"})}};
+    stream_watch(create, timeout, "a watch of " + full(key),
+                 [](const Json& events) { return events.empty(); });
   }
 
   EtcdOptions options_;
@@ -537,6 +662,7 @@ class EtcdControlStore final : public ControlStore {
   size_t current_ = 0;                    // the member that answered last
   std::string token_;
   std::map<std::string, Lease> leases_;
+  std::map<std::string, Lease> claims_;
 };
 
 }  // namespace
@@ -554,8 +680,12 @@ std::vector<std::string> etcd_jobs(const EtcdOptions& options) {
   return jobs;  // sorted, as list() is
 }
 
-std::unique_ptr<ControlStore> connect_etcd_store(const EtcdOptions& options) {
+std::unique_ptr<ClusterStore> connect_etcd_store(const EtcdOptions& options) {
   return std::make_unique<EtcdControlStore>(options);
+}
+
+std::unique_ptr<ClusterStore> connect_etcd_root(const EtcdOptions& options) {
+  return std::make_unique<EtcdControlStore>(options, std::string(kVflowRoot));
 }
 
 }  // namespace vflow::job

@@ -1,6 +1,7 @@
 // A build without libcurl or nlohmann-json has no etcd control store (CMake's
 // VFLOW_WITH_ETCD): --control etcd://... is refused with this message.
 #include "vflow/core/error.h"
+#include "vflow/job/agent.h"
 #include "vflow/job/control_store.h"
 
 namespace vflow::job {
@@ -13,8 +14,14 @@ const char* const kWithout =
 
 std::vector<std::string> etcd_jobs(const EtcdOptions& options) { throw Error(kWithout); }
 
-std::unique_ptr<ControlStore> connect_etcd_store(const EtcdOptions& options) {
+std::unique_ptr<ClusterStore> connect_etcd_store(const EtcdOptions& options) {
   throw Error(kWithout);
 }
+
+std::unique_ptr<ClusterStore> connect_etcd_root(const EtcdOptions& options) {
+  throw Error(kWithout);
+}
+
+int run_agent(const AgentOptions& options) { throw Error(kWithout); }
 
 }  // namespace vflow::job

@@ -11,21 +11,79 @@
 
 namespace vflow::job {
 
+namespace {
+
+bool contains(const std::vector<std::string>& items, const std::string& item) {
+  return std::find(items.begin(), items.end(), item) != items.end();
+}
+
+}  // namespace
+
 GenerationManager::GenerationManager(ControlPlane& control, ElasticOptions options,
-                                     std::function<std::string()> spawn)
-    : control_(control), options_(options), spawn_(std::move(spawn)) {}
+                                     WorkerSource* source)
+    : control_(control), options_(options), source_(source) {}
 
 void GenerationManager::start(const std::vector<std::string>& members,
                               std::vector<int64_t> vnodes) {
   first_vnodes_ = std::move(vnodes);
+  planned_ = !first_vnodes_.empty();
   control_.publish_limits(options_.limits);
   target_ = static_cast<int64_t>(members.size());
   control_.set_target(target_);
-  joiners_ = members;
+  for (const auto& m : members) add_joiner(m);
+}
+
+void GenerationManager::resume(bool planned) {
+  planned_ = planned;
+  const int64_t latest = control_.latest_generation();
+  if (latest > 0) current_ = control_.generation(latest);
+  target_ = control_.target();
+  resize_seq_ = control_.resize_handled();
+  const auto now = Clock::now();
+  for (const auto& j : control_.joiners()) {
+    if (current_.rank_of(j) >= 0) continue;  // published just before its coordinator died
+    joiners_.push_back(j);
+    joiner_since_[j] = now;
+  }
+  for (const auto& v : control_.volunteers()) {
+    if (control_.volunteer_adopted(v)) volunteers_.insert(v);
+  }
+  forgotten_ = std::max<int64_t>(0, current_.id - 2);
+  spdlog::info("[elastic] took over coordinating at {} (target {}, {} joiner(s) waiting)",
+               current_.id > 0 ? current_.describe() : "the first generation", target_,
+               joiners_.size());
+}
+
+void GenerationManager::add_joiner(const std::string& member) {
+  if (options_.cluster) control_.add_joiner(member);
+  joiners_.push_back(member);
+  joiner_since_[member] = Clock::now();
+}
+
+void GenerationManager::drop_joiner(const std::string& member) {
+  if (!contains(joiners_, member)) return;
+  joiners_.erase(std::remove(joiners_.begin(), joiners_.end(), member), joiners_.end());
+  joiner_since_.erase(member);
+  if (options_.cluster) control_.remove_joiner(member);
+}
+
+void GenerationManager::fail_start(const std::string& member, int exit_code) {
+  spdlog::error("[elastic] worker {} exited with status {} at start-up; the job fails", member,
+                exit_code);
+  control_.mark_done("failed");
+  current_.stop = true;
 }
 
 void GenerationManager::on_exit(const std::string& member, int exit_code) {
-  joiners_.erase(std::remove(joiners_.begin(), joiners_.end(), member), joiners_.end());
+  if (!exited_.insert(member).second) return;
+  const bool joining = contains(joiners_, member);
+  drop_joiner(member);
+  if (current_.id == 0 && joining && exit_code != 0 && options_.cluster && !current_.stop) {
+    // Only a cluster job's coordinator decides this: the local launcher stops its own
+    // workers itself and passes the worker's code on.
+    fail_start(member, exit_code);
+    return;
+  }
   // Status 0 is a worker that left or finished; 130 after a requested stop is a worker
   // that stopped as asked; anything else died.
   if (current_.rank_of(member) >= 0 && exit_code == kExitStopped && control_.stop_requested()) {
@@ -47,6 +105,11 @@ bool GenerationManager::established() {
   }
   established_ = true;
   spdlog::info("[elastic] generation {} established", current_.id);
+  // A cluster store keeps what it is given: the rendezvous and records of generations no
+  // member can still be reading (the one before this may be, for a moment) go.
+  if (options_.cluster) {
+    for (; forgotten_ < current_.id - 1; ++forgotten_) control_.forget_generation(forgotten_ + 1);
+  }
   return true;
 }
 
@@ -59,8 +122,23 @@ std::vector<std::string> GenerationManager::ready_joiners() {
 }
 
 void GenerationManager::spawn_joiners(int64_t wanted) {
-  if (!spawn_) return;
-  while (static_cast<int64_t>(joiners_.size()) < wanted) joiners_.push_back(spawn_());
+  unplaced_ = false;
+  if (!source_) return;
+  while (static_cast<int64_t>(joiners_.size()) < wanted) {
+    if (Clock::now() < next_spawn_) {
+      unplaced_ = true;
+      return;
+    }
+    // Recorded before it starts, so that a coordinator taking over knows of it.
+    const std::string member = control_.next_member();
+    add_joiner(member);
+    if (!source_->start(member)) {
+      drop_joiner(member);
+      unplaced_ = true;
+      next_spawn_ = Clock::now() + std::chrono::milliseconds(500);
+      return;
+    }
+  }
 }
 
 void GenerationManager::publish(std::vector<std::string> members, std::string donor, bool transfer,
@@ -72,18 +150,27 @@ void GenerationManager::publish(std::vector<std::string> members, std::string do
   next.transfer_state = transfer;
   next.stop = stop;
   next.vnodes = std::move(vnodes);
-  if (next.vnodes.empty() && !first_vnodes_.empty() && next.members.size() > 1) {
+  if (next.vnodes.empty() && planned_ && next.members.size() > 1) {
     // A job that started with a planned split re-plans over the new members by the
     // per-vnode times they measured (joiners not yet measured count as the fastest).
     std::vector<double> times;
     for (const auto& m : next.members) times.push_back(control_.speed(m).value_or(0));
     next.vnodes = hetero::plan_by_speed(times, options_.limits.virtual_nodes);
   }
-  for (const auto& m : next.members) {
-    joiners_.erase(std::remove(joiners_.begin(), joiners_.end(), m), joiners_.end());
+  if (!control_.publish(next)) {
+    throw CoordinationLost(fmt::format(
+        "[elastic] another coordinator published generation {} first: this one stops deciding",
+        next.id));
   }
-  control_.publish(next);
   spdlog::info("[elastic] published {}", next.describe());
+  for (const auto& m : next.members) {
+    drop_joiner(m);
+    // A member counted as exited by its lease that then reported as a survivor lives: it is
+    // judged afresh in this generation.
+    dead_.erase(m);
+    exited_.erase(m);
+    lost_by_lease_.erase(m);
+  }
   current_ = next;
   established_ = false;
   failure_since_.reset();
@@ -91,7 +178,13 @@ void GenerationManager::publish(std::vector<std::string> members, std::string do
 }
 
 void GenerationManager::tick() {
+  if (options_.cluster) check_liveness();
+  // One round trip when nothing happened; waits with a deadline poll every time.
+  const int64_t requests = control_.requests();
+  if (options_.cluster && requests != seen_requests_) read_exits();
   if (current_.id == 0) {
+    seen_requests_ = requests;
+    if (current_.stop) return;
     // The first generation: every initial worker has loaded its data and built its model.
     if (ready_joiners().size() == joiners_.size() && !joiners_.empty()) {
       // The planned split (if any) holds for the first generation.
@@ -99,10 +192,7 @@ void GenerationManager::tick() {
     }
     return;
   }
-  check_volunteers();
-  // One round trip when nothing happened; waits with a deadline poll every time.
-  const int64_t requests = control_.requests();
-  const bool waiting = failure_since_ || short_since_ || !joiners_.empty();
+  const bool waiting = failure_since_ || short_since_ || !joiners_.empty() || unplaced_;
   if (requests == seen_requests_ && !dirty_ && !waiting) return;
   seen_requests_ = requests;
   dirty_ = false;
@@ -117,36 +207,68 @@ void GenerationManager::tick() {
   }
 }
 
+void GenerationManager::read_exits() {
+  for (const auto& [member, exit] : control_.exits()) {
+    if (exited_.count(member) != 0) continue;
+    if (contains(joiners_, member) && !control_.ready(member) && exit.code != 0) {
+      spdlog::warn("[elastic] worker {} could not start (status {}){}", member, exit.code,
+                   exit.why.empty() ? "" : ": " + exit.why);
+      if (source_) source_->failed_at_start(member, exit);
+    }
+    on_exit(member, exit.code);
+  }
+}
+
 void GenerationManager::adopt_volunteers() {
   for (const auto& v : control_.volunteers()) {
     if (!volunteers_.insert(v).second) continue;
+    if (exited_.count(v) != 0) continue;
     target_ = std::min(target_ + 1, options_.limits.max_workers);
     control_.set_target(target_);
-    joiners_.push_back(v);
+    control_.adopt_volunteer(v);
+    add_joiner(v);
     spdlog::info("[elastic] worker {} (started outside the launcher) offers to join; target {}", v,
                  target_);
   }
 }
 
-void GenerationManager::check_volunteers() {
-  if (volunteers_.empty() || Clock::now() - last_liveness_ < std::chrono::milliseconds(250)) {
-    return;
-  }
+void GenerationManager::check_liveness() {
+  if (Clock::now() - last_liveness_ < std::chrono::milliseconds(250)) return;
   last_liveness_ = Clock::now();
   // A finished job's workers end and revoke their leases: no failure.
   if (current_.stop || !control_.done().empty()) return;
-  for (const auto& v : volunteers_) {
-    const bool member = current_.rank_of(v) >= 0;
-    const bool joining = std::find(joiners_.begin(), joiners_.end(), v) != joiners_.end();
-    if ((member && dead_.count(v) == 0) || joining) {
-      if (!control_.store().alive(ControlPlane::liveness_name(v))) {
-        spdlog::warn("[elastic] worker {}'s liveness lease expired", v);
-        if (joining && !member && target_ > static_cast<int64_t>(current_.members.size())) {
-          --target_;
-        }
-        on_exit(v, kExitPeerFailure);
-      }
+  const auto living = control_.store().alive_names(ControlPlane::liveness_name(""));
+  const auto alive = [&](const std::string& m) {
+    return std::binary_search(living.begin(), living.end(), ControlPlane::liveness_name(m));
+  };
+  std::vector<std::string> lost;
+  for (const auto& m : current_.members) {
+    if (dead_.count(m) != 0 || exited_.count(m) != 0) continue;
+    if (alive(m)) {
+      seen_alive_.insert(m);
+    } else {
+      lost.push_back(m);
     }
+  }
+  for (const auto& j : joiners_) {
+    if (alive(j)) {
+      seen_alive_.insert(j);
+    } else if (seen_alive_.count(j) != 0 || Clock::now() - joiner_since_[j] > options_.timeout) {
+      lost.push_back(j);  // died, or never started (its agent died first)
+    }
+  }
+  for (const auto& m : lost) {
+    spdlog::warn(
+        "[elastic] worker {}'s liveness lease {}", m,
+        seen_alive_.count(m) != 0 || current_.rank_of(m) >= 0 ? "expired" : "never appeared");
+    const bool joining = contains(joiners_, m) && current_.rank_of(m) < 0;
+    if (joining && volunteers_.count(m) != 0 &&
+        target_ > static_cast<int64_t>(current_.members.size())) {
+      --target_;  // a volunteer raised the target: it goes with it
+      control_.set_target(target_);
+    }
+    lost_by_lease_.insert(m);
+    on_exit(m, kExitPeerFailure);
   }
 }
 
@@ -170,7 +292,28 @@ void GenerationManager::handle_failure() {
       donor = m;
     }
   }
-  if (alive.size() < expected && now - *failure_since_ < options_.timeout) return;
+  // Nobody reported yet: wait for reports (a collective that failed on the others ends
+  // within the timeout) before anyone is given up.
+  if ((alive.size() < expected || alive.empty()) && now - *failure_since_ < options_.timeout) {
+    return;
+  }
+  if (alive.empty() && !control_.failure_reported(current_.id)) {
+    // Members were lost by their leases while no collective failed: the others are
+    // training on, all at one step boundary, and take the next generation at the next. A
+    // lease that lapsed while the store was unreachable and is back counts as alive.
+    const auto living = control_.store().alive_names(ControlPlane::liveness_name(""));
+    for (const auto& m : current_.members) {
+      const bool renewed =
+          lost_by_lease_.count(m) != 0 &&
+          std::binary_search(living.begin(), living.end(), ControlPlane::liveness_name(m));
+      if (dead_.count(m) == 0 || renewed) alive.push_back(m);
+    }
+    if (!alive.empty()) {
+      donor = alive.front();
+      spdlog::warn("[elastic] no collective of generation {} failed; going on with {} worker(s)",
+                   current_.id, alive.size());
+    }
+  }
   if (!options_.replace_failed) target_ = std::max<int64_t>(1, static_cast<int64_t>(alive.size()));
   spawn_joiners(std::max<int64_t>(0, target_ - static_cast<int64_t>(alive.size())));
   // Survivors at one step hold the same state; otherwise the ones behind take the donor's.
@@ -205,6 +348,7 @@ void GenerationManager::handle_requests() {
     resize_seq_ = seq;
     target_ = std::clamp(workers, options_.limits.min_workers, options_.limits.max_workers);
     control_.set_target(target_);
+    if (options_.cluster) control_.mark_resize_handled(seq);
     spdlog::info("[elastic] resize to {} worker(s) requested", target_);
   }
   std::vector<std::string> keep;
@@ -234,6 +378,8 @@ void GenerationManager::handle_requests() {
         joined = true;
       }
     }
+  } else {
+    unplaced_ = false;
   }
   if (keep == current_.members) return;
   if (keep.empty() || static_cast<int64_t>(keep.size()) < options_.limits.min_workers) {

@@ -12,200 +12,89 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <iostream>
 #include <thread>
 #include <tuple>
 
-#include "comm/store.h"
+#include "job/coordination.h"
+#include "job/embedded_store.h"
+#include "job/periodic.h"
+#include "job/process_group.h"
 #include "vflow/core/address.h"
 #include "vflow/core/exit_code.h"
 #include "vflow/core/process.h"
+#include "vflow/job/build_identity.h"
 
 namespace vflow::job {
 
 // ---- coordinator -------------------------------------------------------------
 
 struct Coordinator::Impl {
-  c10::intrusive_ptr<c10d::TCPStore> store;
+  std::unique_ptr<EmbeddedStoreServer> server;
+  std::unique_ptr<ControlStore> client;  // serve()'s
 };
 
 Coordinator::Coordinator(const std::string& host, int port, std::chrono::milliseconds timeout)
     : impl_(std::make_unique<Impl>()), host_(host) {
   try {
-    impl_->store = comm::open_store(host, port, timeout, /*server=*/true);
+    impl_->server = std::make_unique<EmbeddedStoreServer>(host, port);
   } catch (const std::exception& e) {
     throw Error(
         fmt::format("[comm] cannot host the job's store on {}:{}: {}", host, port, e.what()));
   }
+  impl_->client = connect_embedded_store(host, impl_->server->port(), timeout);
 }
 
 Coordinator::~Coordinator() = default;
 
-int Coordinator::port() const { return impl_->store->getPort(); }
+int Coordinator::port() const { return impl_->server->port(); }
 
 bool Coordinator::serve(int workers, const std::atomic<bool>* stop) {
   while (!(stop && stop->load())) {
-    if (impl_->store->add(comm::kLeftKey, 0) >= workers) return true;
+    if (impl_->client->add(comm::kLeftKey, 0) >= workers) return true;
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   return false;
+}
+
+comm::Rendezvous Coordinator::rendezvous(int rank, int size, const std::string& generation,
+                                         std::chrono::milliseconds timeout) const {
+  comm::Rendezvous r;
+  r.store_host = host_;
+  r.store_port = port();
+  r.store = connect_embedded_store(host_, port(), timeout);
+  r.rank = rank;
+  r.world_size = size;
+  r.generation = generation;
+  r.timeout = timeout;
+  return r;
 }
 
 // ---- local launcher ------------------------------------------------------------
 
 namespace {
 
-void forward_lines(std::string& buffer, const char* data, size_t n, const std::string& name,
-                   FILE* sink, bool flush_all) {
-  buffer.append(data, n);
-  size_t start = 0;
-  while (true) {
-    const size_t nl = buffer.find('\n', start);
-    if (nl == std::string::npos) break;
-    std::fprintf(sink, "[worker %s] %.*s\n", name.c_str(), static_cast<int>(nl - start),
-                 buffer.data() + start);
-    start = nl + 1;
-  }
-  buffer.erase(0, start);
-  if (flush_all && !buffer.empty()) {
-    std::fprintf(sink, "[worker %s] %s\n", name.c_str(), buffer.c_str());
-    buffer.clear();
-  }
-  std::fflush(sink);
-}
-
-}  // namespace
-
-namespace {
-
-/// The worker processes of a local job and their output.
-class ProcessGroup {
- public:
-  ProcessGroup(std::vector<std::string> command, std::vector<std::string> env)
-      : command_(std::move(command)), env_(std::move(env)) {}
-
-  /// Starts a worker named `member` with `extra` environment variables.
-  void start(const std::string& member, const std::vector<std::string>& extra = {}) {
-    int out[2] = {-1, -1}, err[2] = {-1, -1};
-    const auto close_all = [&] {
-      for (const int fd : {out[0], out[1], err[0], err[1]}) {
-        if (fd >= 0) close(fd);
-      }
-    };
-    // Close-on-exec: no later child inherits this worker's pipes (dup2 clears the flag on
-    // the child's own standard streams).
-    if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0) {
-      const int e = errno;
-      close_all();
-      throw Error(fmt::format("pipe failed: {}", std::strerror(e)));
-    }
-    Child c;
-    c.name = member;
-    std::vector<std::string> env = env_;
-    env.push_back("VFLOW_MEMBER=" + member);
-    env.push_back("VFLOW_LOCAL_RANK=" + member);  // picks the GPU of device "cuda"
-    env.insert(env.end(), extra.begin(), extra.end());
-    SpawnOptions spawn;
-    spawn.command = command_;
-    spawn.environment = std::move(env);
-    spawn.stdout_fd = out[1];
-    spawn.stderr_fd = err[1];
-    try {
-      c.pid = spawn_process(spawn);
-    } catch (...) {
-      close_all();
-      throw;
-    }
-    close(out[1]);
-    close(err[1]);
-    c.out = out[0];
-    c.err = err[0];
-    children_.push_back(std::move(c));
-  }
-
-  /// Forwards output for up to `wait_ms`; returns false once every worker has ended.
-  bool pump(int wait_ms) {
-    std::vector<pollfd> fds;
-    std::vector<std::pair<size_t, bool>> owners;  // (child, is_stdout)
-    for (size_t i = 0; i < children_.size(); ++i) {
-      if (children_[i].out >= 0) {
-        fds.push_back({children_[i].out, POLLIN, 0});
-        owners.emplace_back(i, true);
-      }
-      if (children_[i].err >= 0) {
-        fds.push_back({children_[i].err, POLLIN, 0});
-        owners.emplace_back(i, false);
-      }
-    }
-    if (fds.empty()) return !all_reaped();
-    poll(fds.data(), fds.size(), wait_ms);
-    for (size_t i = 0; i < fds.size(); ++i) {
-      if (!(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
-      auto& c = children_[owners[i].first];
-      const bool is_out = owners[i].second;
-      char buf[8192];
-      const ssize_t n = read(fds[i].fd, buf, sizeof buf);
-      int& fd = is_out ? c.out : c.err;
-      std::string& line_buf = is_out ? c.out_buf : c.err_buf;
-      FILE* sink = is_out ? stdout : stderr;
-      if (n > 0) {
-        forward_lines(line_buf, buf, static_cast<size_t>(n), c.name, sink, false);
-      } else {
-        forward_lines(line_buf, buf, 0, c.name, sink, true);
-        close(fd);
-        fd = -1;
-      }
-    }
-    return true;
-  }
-
-  /// Workers that ended since the last call, as (name, exit code).
-  std::vector<std::pair<std::string, int>> reap() {
-    std::vector<std::pair<std::string, int>> ended;
-    for (auto& c : children_) {
-      if (!c.running) continue;
-      int status = 0;
-      if (waitpid(c.pid, &status, WNOHANG) == c.pid) {
-        c.running = false;
-        ended.emplace_back(c.name, exit_code_of_status(status));
-      }
-    }
-    return ended;
-  }
-
-  void signal_all(int sig) {
-    for (auto& c : children_) {
-      if (c.running) kill(c.pid, sig);
-    }
-  }
-
-  bool all_reaped() const {
-    return std::none_of(children_.begin(), children_.end(),
-                        [](const Child& c) { return c.running || c.out >= 0 || c.err >= 0; });
-  }
-
- private:
-  struct Child {
-    std::string name;
-    pid_t pid = -1;
-    int out = -1;  // stdout pipe
-    int err = -1;  // stderr pipe
-    std::string out_buf, err_buf;
-    bool running = true;
-  };
-  std::vector<std::string> command_;
-  std::vector<std::string> env_;
-  std::vector<Child> children_;
-};
+using Clock = std::chrono::steady_clock;
 
 /// The launcher's liveness record on a cluster store (a lease there).
 const char* const kLauncher = "launcher";
 
-/// Takes the job's name on a cluster store: refused while a launcher of a job of that
-/// name is alive; the keys of one that finished or died are removed first.
-void claim_job_name(ControlPlane& control, const LaunchOptions& options) {
-  auto& store = control.store();
+/// This process's name as a coordinator candidate: "submitter@<host>-<pid>".
+std::string submitter_name() {
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  return fmt::format("submitter@{}-{}", host, getpid());
+}
+
+/// Takes the job's name on a cluster store: refused while a job of that name runs (it has
+/// a coordinator, a launcher or a living worker); the keys of one that finished or died are
+/// removed first.
+void claim_job_name(ControlPlane& control, ClusterStore& store, const LaunchOptions& options) {
   if (!store.list("").empty()) {
-    if (control.done().empty() && store.alive(kLauncher)) {
+    const bool running =
+        control.done().empty() && (store.holder("coordinator") || store.alive(kLauncher) ||
+                                   !store.alive_names(ControlPlane::liveness_name("")).empty());
+    if (running) {
       throw Error(
           fmt::format("a job named '{}' is running on {}: choose another --job, or stop it first "
                       "(vflow-ctl --control {} stop {})",
@@ -214,7 +103,6 @@ void claim_job_name(ControlPlane& control, const LaunchOptions& options) {
     const int64_t removed = store.remove_all("");
     spdlog::info("[launch] removed {} keys of an earlier job named '{}'", removed, options.job);
   }
-  store.heartbeat(kLauncher, options.timeout);
   const std::string me = fmt::format("{}", getpid());
   if (store.set_if_absent("job/owner", me) != me) {
     throw Error(fmt::format("another launcher took the job name '{}' on {} at the same moment",
@@ -222,48 +110,209 @@ void claim_job_name(ControlPlane& control, const LaunchOptions& options) {
   }
 }
 
+/// Workers as children of this process, started with the launcher's command line.
+class LocalWorkers : public WorkerSource {
+ public:
+  LocalWorkers(ProcessGroup& group, std::vector<std::string> command, std::vector<std::string> env)
+      : group_(group), command_(std::move(command)), env_(std::move(env)) {}
+  bool start(const std::string& member) override { return start(member, {}); }
+  bool start(const std::string& member, const std::vector<std::string>& extra) {
+    ProcessGroup::Start w;
+    w.name = member;
+    w.command = command_;
+    w.environment = env_;
+    w.environment.push_back("VFLOW_MEMBER=" + member);
+    w.environment.push_back("VFLOW_LOCAL_RANK=" + member);  // picks the GPU of device "cuda"
+    w.environment.insert(w.environment.end(), extra.begin(), extra.end());
+    group_.start(w);
+    return true;
+  }
+
+ private:
+  ProcessGroup& group_;
+  std::vector<std::string> command_;
+  std::vector<std::string> env_;
+};
+
+const std::vector<std::string>& worker_env(const LaunchOptions& options, size_t k) {
+  static const std::vector<std::string> none;
+  return k < options.worker_env.size() ? options.worker_env[k] : none;
+}
+
+/// The launcher's exit code once the job has ended as `done` says.
+int outcome(const std::string& done, bool stopped, int worker_error) {
+  if (done == "completed") return kExitOk;
+  // Stopped on request: a signal to this launcher, or `vflow-ctl stop` (the control plane).
+  if (stopped) return kExitStopped;
+  spdlog::error("[launch] the job ended {}", done.empty() ? "without finishing" : done);
+  // A worker's own error (a checkpoint that could not be written at the end, exit 4, say)
+  // says more than "a peer failed".
+  return worker_error != 0 ? worker_error : kExitPeerFailure;
+}
+
+/// A job on a cluster store: its workers on node agents' slots (or, with options.local,
+/// children of this process), coordinated by whichever candidate holds the claim, this
+/// process first.
+int launch_on_cluster(const LaunchOptions& options) {
+  auto store = connect_cluster_store(options.control, options.job, options.timeout);
+  ClusterStore& names = *store;
+  ControlPlane control(std::move(store));
+  claim_job_name(control, names, options);
+  ProcessGroup group;
+  LocalWorkers local(group, options.command,
+                     {fmt::format("VFLOW_LOCAL_WORLD_SIZE={}", options.workers),
+                      "VFLOW_CONTROL=" + options.control, "VFLOW_JOB=" + options.job});
+  JobRecord record;
+  record.spec = options.spec;
+  record.version = build_identity();
+  record.directory = current_directory();
+  record.device = options.device;
+  record.timeout = options.timeout;
+  record.replace_failed = options.elastic.replace_failed;
+  record.planned = !options.vnodes.empty();
+  std::unique_ptr<AgentPlacement> agents;
+  if (!options.local)
+    agents = std::make_unique<AgentPlacement>(options.control, control, record, options.timeout);
+  WorkerSource* source = options.local ? static_cast<WorkerSource*>(&local) : agents.get();
+  // The claim first, then the record that makes the job visible to other candidates.
+  CoordinatorCandidate candidate(options.control, options.job, submitter_name(), source,
+                                 options.timeout, /*first=*/true);
+  if (!options.semantic.empty()) control.publish_spec(options.semantic);
+  control.publish_record(record);
+  // The launcher's lease, renewed from a thread of its own with a client of its own.
+  const auto ttl = lease_ttl(options.timeout);
+  std::shared_ptr<ClusterStore> lease =
+      connect_cluster_store(options.control, options.job, options.timeout);
+  lease->heartbeat(kLauncher, ttl);
+  Periodic launcher_lease([lease, ttl] { lease->heartbeat(kLauncher, ttl); }, ttl / 4,
+                          "renewing the launcher's lease");
+  spdlog::info("[launch] job '{}' on the control store {}, starting {} workers{}", options.job,
+               options.control, options.workers, options.local ? " on this machine" : " on agents");
+  std::vector<std::string> initial;
+  const auto deadline = Clock::now() + options.timeout;
+  for (int k = 0; k < options.workers; ++k) {
+    const std::string name = control.next_member();
+    control.add_joiner(name);
+    if (options.local) {
+      local.start(name, worker_env(options, static_cast<size_t>(k)));
+    } else {
+      // Agents of an allocation may still be registering: their slots are awaited.
+      while (!agents->start(name)) {
+        if (Clock::now() > deadline || (options.stop_flag && options.stop_flag->load())) {
+          const auto free = agents->describe();
+          // Workers placed already see the job end; its keys go with the next coordinator.
+          control.mark_done("failed");
+          throw PeerFailure(
+              fmt::format("[launch] no free slot for worker {} of {} within {} s on {}: {} (start "
+                          "vflow-agent --control {} on the hosts, or pass --local)",
+                          k + 1, options.workers, options.timeout.count() / 1000.0, options.control,
+                          free, options.control));
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      }
+    }
+    initial.push_back(name);
+  }
+  ElasticOptions elastic = options.elastic;
+  elastic.timeout = options.timeout;
+  elastic.cluster = true;
+  candidate.start(elastic, initial, options.vnodes);
+
+  int worker_error = 0;
+  bool stop_sent = false;
+  int64_t shown = 0;  // the last generation this process reported
+  std::optional<Clock::time_point> kill_at;
+  std::optional<Clock::time_point> done_at;
+  while (true) {
+    group.pump(20);
+    for (const auto& [name, code] : group.reap()) {
+      if (code != 0 && code < 128 && worker_error == 0) worker_error = code;
+      try {
+        control.report_exit(name, WorkerExit{code, ""});
+      } catch (const Error& e) {
+        spdlog::error("{}", e.what());
+      }
+      if (auto* manager = candidate.manager()) manager->on_exit(name, code);
+    }
+    std::string done;
+    try {
+      candidate.tick();
+      if (!candidate.manager()) {
+        const int64_t latest = control.latest_generation();
+        if (latest > shown) {
+          spdlog::info("[launch] job '{}': {}", options.job, control.generation(latest).describe());
+          shown = latest;
+        }
+      }
+      done = control.done();
+      if (options.stop_flag && options.stop_flag->load() && !stop_sent) {
+        spdlog::warn("[launch] stopping the job at the next step boundary");
+        control.request_stop();
+        stop_sent = true;
+        kill_at = Clock::now() + std::chrono::seconds(options.stop_grace_s);
+      }
+    } catch (const PeerFailure& e) {
+      spdlog::error("{}", e.what());
+    }
+    if (kill_at && Clock::now() > *kill_at) group.signal_all(SIGKILL);
+    if (done.empty() && options.detach_flag && options.detach_flag->load()) {
+      spdlog::warn(
+          "[launch] leaving job '{}' to its other coordinator candidates; it goes on "
+          "(vflow-ctl --control {} status {})",
+          options.job, options.control, options.job);
+      return kExitOk;  // the claim and the launcher's lease end with this process's clients
+    }
+    if (!done.empty() && !done_at) done_at = Clock::now();
+    // Ended: its workers here have exited, and the ones elsewhere had a moment to.
+    if (done_at && group.all_reaped() &&
+        (options.local || Clock::now() - *done_at > std::chrono::milliseconds(500))) {
+      break;
+    }
+    if (done.empty() && options.local && group.all_reaped() && !candidate.manager()) {
+      break;  // every worker here ended and nobody coordinates: nothing will finish it
+    }
+  }
+  const std::string done = control.done();
+  if (const auto result = control.result()) {
+    std::cout << fmt::format("job '{}' {}: {}", options.job, done.empty() ? "ended" : done, *result)
+              << std::endl;
+  }
+  if (worker_error == 0 && done == "failed") {
+    for (const auto& [member, exit] : control.exits()) {
+      if (exit.code != 0 && exit.code < 128 && worker_error == 0) worker_error = exit.code;
+    }
+  }
+  const bool stopped = stop_sent || control.stop_requested();
+  // A finished job's keys go, so that a long-lived etcd does not collect them.
+  try {
+    names.remove_all("");
+  } catch (const Error& e) {
+    spdlog::warn("[launch] the keys of job '{}' could not be removed: {}", options.job, e.what());
+  }
+  return outcome(done, stopped, worker_error);
+}
+
 }  // namespace
 
 int launch_local(const LaunchOptions& options) {
-  const bool cluster = !options.control.empty();
-  std::optional<Coordinator> coordinator;
-  std::vector<std::string> env{fmt::format("VFLOW_LOCAL_WORLD_SIZE={}", options.workers)};
-  std::unique_ptr<ControlStore> store;
-  if (cluster) {
-    store = connect_control_store(options.control, options.job, options.timeout);
-    env.push_back("VFLOW_CONTROL=" + options.control);
-    env.push_back("VFLOW_JOB=" + options.job);
-  } else {
-    coordinator.emplace("127.0.0.1", options.port, options.timeout);
-    spdlog::info("[launch] coordinator on {}:{}, starting {} workers", coordinator->host(),
-                 coordinator->port(), options.workers);
-    store = connect_embedded_store(coordinator->host(), coordinator->port(), options.timeout);
-    env.push_back(fmt::format("VFLOW_STORE={}:{}", coordinator->host(), coordinator->port()));
-  }
-  ControlPlane control(std::move(store));
-  if (cluster) {
-    claim_job_name(control, options);
-    spdlog::info("[launch] job '{}' on the control store {}, starting {} workers", options.job,
-                 options.control, options.workers);
-  }
+  if (!options.control.empty()) return launch_on_cluster(options);
+  Coordinator coordinator("127.0.0.1", options.port, options.timeout);
+  spdlog::info("[launch] coordinator on {}:{}, starting {} workers", coordinator.host(),
+               coordinator.port(), options.workers);
+  ControlPlane control(
+      connect_embedded_store(coordinator.host(), coordinator.port(), options.timeout));
   if (!options.semantic.empty()) control.publish_spec(options.semantic);
-  auto last_beat = std::chrono::steady_clock::now();
-  ProcessGroup workers(options.command, env);
-  int next_member = 0;
-  auto start_worker = [&] {
-    const std::string name = std::to_string(next_member++);
-    workers.start(name);
-    return name;
-  };
+  ProcessGroup group;
+  LocalWorkers workers(group, options.command,
+                       {fmt::format("VFLOW_LOCAL_WORLD_SIZE={}", options.workers),
+                        fmt::format("VFLOW_STORE={}:{}", coordinator.host(), coordinator.port())});
   ElasticOptions elastic = options.elastic;
   elastic.timeout = options.timeout;
-  GenerationManager manager(control, elastic, start_worker);
+  GenerationManager manager(control, elastic, &workers);
   std::vector<std::string> initial;
   for (int k = 0; k < options.workers; ++k) {
-    const std::string name = std::to_string(next_member++);
-    workers.start(name, k < static_cast<int>(options.worker_env.size())
-                            ? options.worker_env[static_cast<size_t>(k)]
-                            : std::vector<std::string>{});
+    const std::string name = control.next_member();
+    workers.start(name, worker_env(options, static_cast<size_t>(k)));
     initial.push_back(name);
   }
   manager.start(initial, options.vnodes);
@@ -271,20 +320,12 @@ int launch_local(const LaunchOptions& options) {
   int failure = 0;       // the first failure that ended the job
   int worker_error = 0;  // the first error a worker exited with (not a signal, not a stop)
   bool stop_sent = false;
-  std::optional<std::chrono::steady_clock::time_point> kill_at;
+  std::optional<Clock::time_point> kill_at;
   auto stop_workers = [&](int seconds) {
-    if (!kill_at) kill_at = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
+    if (!kill_at) kill_at = Clock::now() + std::chrono::seconds(seconds);
   };
-  while (workers.pump(20)) {
-    if (cluster && std::chrono::steady_clock::now() - last_beat > options.timeout / 4) {
-      try {
-        control.store().heartbeat(kLauncher, options.timeout);
-      } catch (const PeerFailure& e) {
-        spdlog::error("{}", e.what());  // the workers find out too, through their own calls
-      }
-      last_beat = std::chrono::steady_clock::now();
-    }
-    for (const auto& [name, code] : workers.reap()) {
+  while (group.pump(20)) {
+    for (const auto& [name, code] : group.reap()) {
       const bool starting = manager.current().id == 0;
       if (code != 0 && code < 128 && worker_error == 0) worker_error = code;
       manager.on_exit(name, code);
@@ -293,7 +334,7 @@ int launch_local(const LaunchOptions& options) {
         spdlog::error("[launch] worker {} exited with status {} at start-up; stopping the others",
                       name, code);
         failure = code;
-        workers.signal_all(SIGTERM);
+        group.signal_all(SIGTERM);
         stop_workers(5);
       }
     }
@@ -311,26 +352,10 @@ int launch_local(const LaunchOptions& options) {
       stop_sent = true;
       stop_workers(options.stop_grace_s);
     }
-    if (kill_at && std::chrono::steady_clock::now() > *kill_at) workers.signal_all(SIGKILL);
+    if (kill_at && Clock::now() > *kill_at) group.signal_all(SIGKILL);
   }
   if (failure != 0) return failure;
-  const std::string done = control.done();
-  const bool stopped = stop_sent || control.stop_requested();
-  if (cluster) {
-    // A finished job's keys go, so that a long-lived etcd does not collect them.
-    try {
-      control.store().remove_all("");
-    } catch (const Error& e) {
-      spdlog::warn("[launch] the keys of job '{}' could not be removed: {}", options.job, e.what());
-    }
-  }
-  if (done == "completed") return kExitOk;
-  // Stopped on request: a signal to this launcher, or `vflow-ctl stop` (the control plane).
-  if (stopped) return kExitStopped;
-  spdlog::error("[launch] the job ended {}", done.empty() ? "without finishing" : done);
-  // A worker's own error (a checkpoint that could not be written at the end, exit 4, say)
-  // says more than "a peer failed".
-  return worker_error != 0 ? worker_error : kExitPeerFailure;
+  return outcome(control.done(), stop_sent || control.stop_requested(), worker_error);
 }
 
 }  // namespace vflow::job

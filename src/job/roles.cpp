@@ -11,6 +11,7 @@
 #include "vflow/core/process.h"
 #include "vflow/engine/job.h"
 #include "vflow/hetero/cpu_quota.h"
+#include "vflow/job/control_store.h"
 #include "vflow/job/elastic_worker.h"
 #include "vflow/job/environment.h"
 #include "vflow/job/launcher.h"
@@ -110,7 +111,15 @@ RoleOutcome run_launcher_role(const engine::JobSpec& spec, const RoleOptions& op
   launch.port = options.port;
   launch.control = options.control;
   launch.job = options.job;
+  launch.local = options.local;
+  launch.spec = spec.yaml();
+  launch.device = spec.resources.device;
   launch.semantic = spec.semantic_yaml();
+  if (!options.control.empty() && !options.local && !spec.resources.layout.empty()) {
+    throw SpecError(
+        "resources.layout places workers on this machine's devices: on a cluster store it needs "
+        "--local (node agents place workers by the slots they registered)");
+  }
   launch.timeout = timeout_of(spec);
   launch.elastic.limits = limits_of(spec);
   launch.elastic.replace_failed = spec.resources.replace_failed;
@@ -120,6 +129,7 @@ RoleOutcome run_launcher_role(const engine::JobSpec& spec, const RoleOptions& op
         {fmt::format("{}={}", kLayoutEntryVar, engine::layout_entry_yaml(w))});
   }
   launch.stop_flag = options.stop_flag;
+  if (!options.control.empty()) launch.detach_flag = options.leave_flag;
   RoleOutcome out;
   out.exit_code = launch_local(launch);
   return out;
@@ -127,6 +137,8 @@ RoleOutcome run_launcher_role(const engine::JobSpec& spec, const RoleOptions& op
 
 RoleOutcome run_coordinator_role(const engine::JobSpec& spec, const RoleOptions& options) {
   const auto address = parse_host_port(options.coordinate, "--coordinator");
+  check_store_exposure(address.host, spec.resources.unauthenticated_store,
+                       "--coordinator " + options.coordinate);
   Coordinator coordinator(address.host, address.port, timeout_of(spec));
   spdlog::info("[coordinator] serving {}:{} for {} workers", coordinator.host(), coordinator.port(),
                spec.resources.workers);
@@ -145,6 +157,17 @@ RoleOutcome run_training_role(Role role, const engine::JobSpec& job, const RoleO
   run.prepare = options.prepare;
   if (role == Role::kWorker) {
     auto rendezvous = *rendezvous_from_environment(timeout_of(spec));
+    check_store_exposure(rendezvous.store_host, spec.resources.unauthenticated_store,
+                         "the job's store (VFLOW_STORE or MASTER_ADDR)");
+    if (!rendezvous.store) {
+      // An external launcher's rank 0 hosts the store, bound to MASTER_ADDR alone.
+      rendezvous.store =
+          rendezvous.host_store
+              ? host_embedded_store(rendezvous.store_host, rendezvous.store_port, timeout_of(spec))
+              : connect_embedded_store(rendezvous.store_host, rendezvous.store_port,
+                                       timeout_of(spec));
+      rendezvous.host_store = false;
+    }
     engine::choose_backend(spec.resources, engine::worker_device(spec.resources), rendezvous);
     run.communicator = comm::make_communicator(rendezvous);
   }

@@ -404,24 +404,37 @@ class LiveRun {
       argv.insert(argv.end(), {"--set", set});
     }
     if (resume) argv.insert(argv.end(), {"--resume", "latest"});
-    s.port = free_port();
-    argv.insert(argv.end(),
-                {"--workers", std::to_string(s.held), "--port", std::to_string(s.port)});
+    argv.insert(argv.end(), {"--workers", std::to_string(s.held)});
+    std::string where;
+    if (cluster()) {
+      // On the agents' slots, by name; a resumed job takes its name again (a stopped job's
+      // keys are removed when it ends).
+      argv.insert(argv.end(), {"--control", options_.control, "--job", job.name});
+      where = fmt::format("job '{}' on {}", job.name, options_.control);
+    } else {
+      s.port = free_port();
+      argv.insert(argv.end(), {"--port", std::to_string(s.port)});
+      where = fmt::format("127.0.0.1:{}", s.port);
+    }
     s.pid = spawn(argv, log_path(id));
     s.launched_at = Clock::now();
     s.requested = s.held;
     s.stopping = false;
     ++outcomes_[id].launches;
-    say(fmt::format("{} {} on {} (127.0.0.1:{}, pid {})", resume ? "resume" : "start", name(id),
-                    plural(s.held, "worker"), s.port, s.pid));
+    say(fmt::format("{} {} on {} ({}, pid {})", resume ? "resume" : "start", name(id),
+                    plural(s.held, "worker"), where, s.pid));
   }
+
+  bool cluster() const { return !options_.control.empty(); }
 
   void connect(int id) {
     LiveState& s = state_[id];
-    if (!port_open(s.port)) return;
+    if (!cluster() && !port_open(s.port)) return;
     try {
-      auto control = std::make_unique<job::ControlPlane>("127.0.0.1", s.port,
-                                                         std::chrono::milliseconds(10000));
+      const std::chrono::milliseconds timeout(10000);
+      auto control = std::make_unique<job::ControlPlane>(
+          cluster() ? job::ControlPlane::on_cluster(options_.control, jobs_[id].name, timeout)
+                    : job::ControlPlane("127.0.0.1", s.port, timeout));
       control->limits();  // throws until the launcher has published them
       s.control = std::move(control);
     } catch (const Error&) {
@@ -441,7 +454,9 @@ class LiveRun {
       }
     } catch (const Error&) {
     }
-    kill(s.pid, SIGTERM);  // the launcher takes SIGTERM as a stop request too
+    // The launcher takes SIGINT as a stop request (and, on one machine, SIGTERM too; on a
+    // cluster store SIGTERM makes it leave the job to the agents).
+    kill(s.pid, SIGINT);
   }
 
   void poll_step(int id) {
@@ -602,7 +617,20 @@ LiveResult run_live(const std::vector<LiveJob>& jobs, const LiveOptions& options
     }
     ~IgnoreSigpipe() { sigaction(SIGPIPE, &old, nullptr); }
   } ignore_sigpipe;
-  LiveRun run(jobs, options);
+  LiveOptions resolved = options;
+  if (!options.control.empty() && options.slots == 0) {
+    // The pool is the CPU slots the node agents have registered now.
+    resolved.slots = job::agent_slots(options.control, "cpu", std::chrono::seconds(10));
+    if (resolved.slots == 0) {
+      throw SpecError(
+          fmt::format("live: no node agent with a cpu slot is registered on {}", options.control));
+    }
+    if (options.log) {
+      options.log(
+          fmt::format("{} cpu slot(s) of the node agents on {}", resolved.slots, options.control));
+    }
+  }
+  LiveRun run(jobs, resolved);
   return run.run();
 }
 

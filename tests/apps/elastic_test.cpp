@@ -45,30 +45,6 @@ std::string kill_rank(int rank, const std::string& signal) {
          " worker .* pid //p')";
 }
 
-/// No process of this job is left (its temp dir is in every worker's command line).
-bool nothing_left(const TempDir& dir) {
-  return run_command("ps -eo args | grep -c '[v]flow-train.*" + dir.path() + "'").output == "0\n";
-}
-
-/// The example log as {(step, vnode) -> indices}; fails on a duplicate (step, vnode).
-std::map<std::pair<int64_t, int64_t>, std::vector<int64_t>> read_example_log(
-    const std::string& path) {
-  std::map<std::pair<int64_t, int64_t>, std::vector<int64_t>> log;
-  std::ifstream in(path);
-  std::string line;
-  while (std::getline(in, line)) {
-    std::istringstream fields(line);
-    int64_t step = 0, vnode = 0, index = 0;
-    fields >> step >> vnode;
-    std::vector<int64_t> indices;
-    while (fields >> index) indices.push_back(index);
-    const bool fresh = log.emplace(std::make_pair(step, vnode), indices).second;
-    CAPTURE(step, vnode);
-    CHECK(fresh);  // no vnode of any step ran twice
-  }
-  return log;
-}
-
 }  // namespace
 
 TEST_CASE("a job resized 2 -> 3 -> 1 -> 4 ends with the undisturbed fingerprint",

@@ -2,9 +2,12 @@
 // elastic job driven from a shell script.
 #pragma once
 
+#include <catch2/catch.hpp>
 #include <fstream>
+#include <map>
 #include <regex>
 #include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -59,7 +62,8 @@ inline long count_matches(const std::string& text, const std::string& pattern) {
 /// Starts vflow-train with the settings `job` and `workers` workers on a known port, waits
 /// for its 20th step, runs the shell `actions` (with $CTL, $A = the job's address, and the
 /// helper `await_workers K`), waits for the launcher and prints "exit=<code>". With
-/// `control` (etcd://...) the job runs on that cluster control store as `job_name`.
+/// `control` (etcd://...) the job runs on that cluster control store as `job_name`, its
+/// workers started by the launcher (--local).
 inline CommandResult run_elastic_job(const TempDir& dir, int workers, const std::string& job,
                                      const std::string& actions, const std::string& control = "",
                                      const std::string& job_name = "") {
@@ -69,8 +73,9 @@ inline CommandResult run_elastic_job(const TempDir& dir, int workers, const std:
   const std::string ctl =
       control.empty() ? kCtl + " --timeout 2" : kCtl + " --timeout 2 --control " + control;
   const std::string address = control.empty() ? "127.0.0.1:" + std::to_string(port) : job_name;
-  const std::string where = control.empty() ? " --port " + std::to_string(port)
-                                            : " --control " + control + " --job " + job_name;
+  const std::string where = control.empty()
+                                ? " --port " + std::to_string(port)
+                                : " --control " + control + " --job " + job_name + " --local";
   // The helpers give up as soon as the coordinator is gone (the job ended).
   const std::string script =
       "CTL=\"" + ctl + "\"; A=" + address +
@@ -86,6 +91,30 @@ inline CommandResult run_elastic_job(const TempDir& dir, int workers, const std:
       "\nwait $pid; echo \"exit=$?\"\n";
   write_file(dir.file("job.sh"), script);
   return run_command("bash " + dir.file("job.sh"));
+}
+
+/// No process of this job is left (its temp dir is in every worker's command line).
+inline bool nothing_left(const TempDir& dir) {
+  return run_command("ps -eo args | grep -c '[v]flow-train.*" + dir.path() + "'").output == "0\n";
+}
+
+/// The example log as {(step, vnode) -> indices}; fails on a duplicate (step, vnode).
+inline std::map<std::pair<int64_t, int64_t>, std::vector<int64_t>> read_example_log(
+    const std::string& path) {
+  std::map<std::pair<int64_t, int64_t>, std::vector<int64_t>> log;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream fields(line);
+    int64_t step = 0, vnode = 0, index = 0;
+    fields >> step >> vnode;
+    std::vector<int64_t> indices;
+    while (fields >> index) indices.push_back(index);
+    const bool fresh = log.emplace(std::make_pair(step, vnode), indices).second;
+    CAPTURE(step, vnode);
+    CHECK(fresh);  // no vnode of any step ran twice
+  }
+  return log;
 }
 
 }  // namespace vflow::testing

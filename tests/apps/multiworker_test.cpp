@@ -158,7 +158,8 @@ TEST_CASE("an unreachable coordinator is reported within the timeout", "[multipr
                              " --set resources.timeout_s=2");
   INFO(r.output);
   CHECK(r.exit_code == 5);
-  CHECK_THAT(r.output, Catch::Matchers::Contains("could not join generation 0 at 127.0.0.1:"));
+  CHECK_THAT(r.output,
+             Catch::Matchers::Contains("cannot reach the job's coordinator at 127.0.0.1:"));
   CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(30));
 }
 
@@ -184,8 +185,12 @@ TEST_CASE("more workers than vnodes is refused before anything starts", "[multip
 TEST_CASE("coordinator and workers on separate network hosts, with a link cut", "[multiproc]") {
   const auto reference = train(1, kDeterministic);
   const auto t0 = std::chrono::steady_clock::now();
+  // Refused without the opt-in: the store would be open to the network, unauthenticated.
+  const auto refused = run_command(kTrain + kJob + " --workers 2 --coordinator 10.231.77.1:29400");
+  CHECK(refused.exit_code == 2);
+  CHECK_THAT(refused.output, Catch::Matchers::Contains("resources.unauthenticated_store: true"));
   const auto r = run_command("bash " VFLOW_SOURCE_DIR "/tests/netns/multihost.sh " + kTrain + kJob +
-                             kDeterministic);
+                             kDeterministic + " --set resources.unauthenticated_store=true");
   INFO(r.output);
   // Never a silent pass: a machine without namespaces fails this test, saying why.
   REQUIRE_THAT(r.output, !Catch::Matchers::Contains("NETNS-UNAVAILABLE"));

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <cctype>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -15,6 +16,7 @@
 #include <regex>
 #include <sstream>
 #include <string>
+#include <utility>
 
 namespace sched = vflow::scheduler;
 namespace fs = std::filesystem;
@@ -99,11 +101,51 @@ struct TestJob {
   double weight = 1;
 };
 
-/// Runs `jobs` in live mode on `slots` slots and checks what every scenario must keep: all
-/// jobs complete with exit 0 and the fingerprint of the same job run alone, the result files
-/// are written, and no process is left.
+/// A real etcd and two node agents on loopback (2 and 1 cpu slots): a cluster store for
+/// the live mode. Stopped, agents first, when the object dies.
+struct AgentCluster {
+  TempDir dir;
+  std::string url;
+  AgentCluster() {
+    const auto etcd = run_command(
+        std::string(VFLOW_SOURCE_DIR) + "/scripts/etcd-local.sh start " + dir.file("etcd"),
+        dir.file("etcd.out"));
+    INFO(etcd.text);
+    REQUIRE(etcd.exit_code == 0);
+    url = etcd.text.substr(etcd.text.rfind("etcd://"));
+    while (!url.empty() && std::isspace(static_cast<unsigned char>(url.back()))) url.pop_back();
+    for (const auto& [name, slots] : {std::pair{"a1", "cpu,cpu"}, std::pair{"a2", "cpu"}}) {
+      std::system((std::string(VFLOW_AGENT_BINARY) + " --control " + url + " --name " + name +
+                   " --slots " + slots + " --timeout 10 --work-dir " + dir.file(name) + " > " +
+                   dir.file(std::string(name) + ".log") + " 2>&1 & echo $! >> " +
+                   dir.file("agents.pid"))
+                      .c_str());
+    }
+    for (int i = 0; i < 100; ++i) {
+      const auto agents = run_command(
+          std::string(VFLOW_CTL_BINARY) + " --control " + url + " agents | grep -c ' host '",
+          dir.file("agents.out"));
+      if (std::atoi(agents.text.c_str()) == 2) return;
+      usleep(100000);
+    }
+    FAIL("the agents did not register");
+  }
+  ~AgentCluster() {
+    std::system(("kill -TERM $(cat " + dir.file("agents.pid") + ") 2>/dev/null; for p in $(cat " +
+                 dir.file("agents.pid") +
+                 "); do while kill -0 $p 2>/dev/null; do sleep 0.1; "
+                 "done; done; " VFLOW_SOURCE_DIR "/scripts/etcd-local.sh stop " +
+                 dir.file("etcd"))
+                    .c_str());
+  }
+};
+
+/// Runs `jobs` in live mode on `slots` slots (on `cluster`'s node agents when given: the
+/// pool is then theirs) and checks what every scenario must keep: all jobs complete with exit
+/// 0 and the fingerprint of the same job run alone, the result files are written, and no
+/// process is left.
 sched::LiveResult run_and_check(const std::vector<TestJob>& jobs, int slots,
-                                const std::string& policy) {
+                                const std::string& policy, const AgentCluster* cluster = nullptr) {
   TempDir dir;
   std::string jobs_yaml;
   for (const auto& j : jobs) {
@@ -135,6 +177,10 @@ sched::LiveResult run_and_check(const std::vector<TestJob>& jobs, int slots,
 
   sched::LiveOptions options;
   options.slots = slots;
+  if (cluster) {
+    options.control = cluster->url;
+    options.slots = 0;  // the agents' slots
+  }
   options.policy = policy;
   options.train_binary = VFLOW_TRAIN_BINARY;
   options.out_dir = dir.file("out");
@@ -150,8 +196,11 @@ sched::LiveResult run_and_check(const std::vector<TestJob>& jobs, int slots,
   for (const auto& outcome : result.outcomes) {
     INFO(outcome.name << ": " << read_text(outcome.log_path));
     CHECK(outcome.exit_code == 0);
+    // On the agents the submitter prints the job's result as rank 0 saw it.
     CHECK(last_fingerprint(read_text(outcome.log_path)) == expected[outcome.name]);
   }
+  if (cluster)
+    CHECK_THAT(progress, Catch::Matchers::Contains(std::to_string(slots) + " cpu slot(s)"));
   for (const auto& job : result.experiment.runs.at(0).jobs) {
     CHECK(job.start_s >= job.arrival_s);
     CHECK(job.finish_s > job.start_s);
@@ -179,6 +228,15 @@ TEST_CASE("live mode preempts a job with a checkpoint and resumes it unchanged",
       run_and_check({{"a", 1, 300, 0, 2, 2}, {"b", 2, 150, 1.5, 2, 2, 5}}, 2, "priority");
   CHECK(result.experiment.summaries.at(0).preemptions == 1);
   CHECK(result.outcomes.at(0).launches == 2);
+}
+
+TEST_CASE("live mode on node agents schedules over their slots and resizes jobs through etcd",
+          "[multiproc][scheduler][etcd][agents]") {
+  const AgentCluster cluster;
+  const auto result =
+      run_and_check({{"a", 1, 400, 0, 1, 3}, {"b", 2, 200, 1.5, 1, 2}, {"c", 3, 200, 3, 1, 2}}, 3,
+                    "wfs-elastic", &cluster);
+  CHECK(result.experiment.summaries.at(0).resizes >= 1);
 }
 
 TEST_CASE("vflow-sched live reports a bad jobs file with file:line and exit code 2",

@@ -20,6 +20,8 @@ struct SpawnOptions {
   /// Sent to the child when this process dies (PR_SET_PDEATHSIG: strictly, when the thread
   /// that started it ends); 0 = nothing.
   int parent_death_signal = 0;
+  /// The child's working directory; empty = this process's.
+  std::string working_directory;
 };
 
 /// Forks and executes `options.command` (a path: no PATH search). The child keeps only its
@@ -32,6 +34,9 @@ pid_t spawn_process(const SpawnOptions& options);
 
 /// The path of this process's executable (/proc/self/exe); `fallback` when unreadable.
 std::string this_executable(const std::string& fallback);
+
+/// This process's working directory; "" when it cannot be read.
+std::string current_directory();
 
 /// A wait status as a shell reports it: the exit code, or 128 + the signal.
 int exit_code_of_status(int status);

@@ -109,6 +109,9 @@ struct ResourcesSpec {
   int64_t min_workers = 1;  ///< an elastic job never runs on fewer; below it, it stops
   int64_t max_workers = 0;  ///< resize requests above it are refused; 0 = virtual_nodes
   bool replace_failed = false;  ///< the launcher starts a new worker for each one that dies
+  /// A job spanning machines without a cluster control store is allowed: its store is then
+  /// reachable, unauthenticated, from the network (docs/security.md).
+  bool unauthenticated_store = false;
   /// Each worker's data memory (heap and anonymous mappings, RLIMIT_DATA) in MiB; a step
   /// that needs more ends the job with OutOfMemory. 0 = no limit.
   int64_t memory_limit_mb = 0;

@@ -69,6 +69,31 @@ struct JobLimits {
   int64_t max_workers = 1;
 };
 
+/// What a job on a cluster store publishes for the processes that start, check or take
+/// over coordinating its workers on other hosts (node agents, a coordinator elected after
+/// the first one died).
+struct JobRecord {
+  std::string spec;            ///< the whole job spec (engine::JobSpec::yaml())
+  std::string version;         ///< the submitting build's identity (job::build_identity())
+  std::string directory;       ///< the submitter's working directory (the spec's relative paths)
+  std::string device = "cpu";  ///< resources.device: "cpu", or "cuda" (any GPU slot)
+  std::chrono::milliseconds timeout{30000};  ///< resources.timeout_s
+  bool replace_failed = false;               ///< resources.replace_failed
+  bool planned = false;  ///< the first generation had a planned split (re-plan by speed)
+};
+
+/// Where a worker runs: a slot of a node agent (ControlPlane::place).
+struct Placement {
+  std::string agent;
+  int64_t slot = 0;
+};
+
+/// How a worker process ended, as the process that watched it reports it.
+struct WorkerExit {
+  int code = 0;
+  std::string why;  ///< a refusal's reason (a node agent of another build, say); may be empty
+};
+
 /// What `vflow-ctl status` shows.
 struct JobStatus {
   JobLimits limits;
@@ -89,6 +114,10 @@ class ControlPlane {
   ControlPlane(const std::string& host, int port, std::chrono::milliseconds timeout);
   /// Speaks the protocol over `store`.
   explicit ControlPlane(std::unique_ptr<ControlStore> store);
+  /// Connects to job `job` on the cluster store `control` ("etcd://H:P,...").
+  static ControlPlane on_cluster(const std::string& control, const std::string& job,
+                                 std::chrono::milliseconds timeout);
+  ControlPlane(ControlPlane&&) noexcept;
   ~ControlPlane();
   ControlPlane(const ControlPlane&) = delete;
   ControlPlane& operator=(const ControlPlane&) = delete;
@@ -109,13 +138,49 @@ class ControlPlane {
   // ---- the coordinator's side ----
   void publish_limits(const JobLimits& limits);
   JobLimits limits();
+  /// Whether the coordinator has published the limits (the job has started).
+  bool has_limits();
   /// Throws RequestRefused "no job named '<name>' runs on <where>" unless an elastic job's
   /// limits are published in this store (a job on a cluster store, found by name).
   void require_job(const std::string& name, const std::string& where);
   /// The latest resize request as (sequence number, workers); sequence 0 when none.
   std::pair<int64_t, int64_t> resize_request();
-  void publish(const Generation& generation);
+  /// Publishes `generation` unless one with its id was published already (by another
+  /// coordinator: this one has lost the election); returns whether it did.
+  bool publish(const Generation& generation);
   void set_target(int64_t workers);
+  /// The requested worker count as last set (0 before the first).
+  int64_t target();
+  /// The resize request the coordinator has acted on last (a successor starts there).
+  void mark_resize_handled(int64_t sequence);
+  int64_t resize_handled();
+  /// Removes what only generation `id` needed (its rendezvous and its records), once a
+  /// later generation is established: a long job's store holds a few generations' keys.
+  void forget_generation(int64_t id);
+
+  // ---- a job on a cluster store: node agents and elected coordinators ----
+  void publish_record(const JobRecord& record);
+  /// nullopt for a job submitted without one (its workers started by the submitter).
+  std::optional<JobRecord> record();
+  /// A new member name, never used before in this job ("0", "1", ...).
+  std::string next_member();
+  /// Workers started (or placed) but not yet members of a generation.
+  void add_joiner(const std::string& member);
+  void remove_joiner(const std::string& member);
+  std::vector<std::string> joiners();
+  /// Asks node agent `where.agent` to start worker `member` on its slot `where.slot`.
+  void place(const std::string& member, const Placement& where);
+  std::optional<Placement> placement(const std::string& member);
+  /// A worker's process ended (the node agent or launcher that watched it says so).
+  void report_exit(const std::string& member, const WorkerExit& exit);
+  std::map<std::string, WorkerExit> exits();
+  /// Marks a volunteer as taken in (GenerationManager), so that a successor knows it.
+  void adopt_volunteer(const std::string& member);
+  bool volunteer_adopted(const std::string& member);
+  /// The job's outcome as rank 0 saw it ("fingerprint <hex>", the accuracy): what the
+  /// submitter prints when its workers ran elsewhere.
+  void publish_result(const std::string& text);
+  std::optional<std::string> result();
 
   // ---- the workers' side ----
   /// 0 before the first generation.
@@ -176,9 +241,17 @@ class ControlPlane {
   /// Stores `value` under `key` unless the key holds a value already; returns what the
   /// key holds afterwards.
   std::string compare_set(const std::string& key, const std::string& value);
+  /// The last part of every key under `prefix`.
+  std::vector<std::string> names_under(const std::string& prefix);
   struct Impl;
   std::unique_ptr<Impl> impl_;
   std::string address_;
 };
+
+/// The slots of the node agents living on the cluster store `control` ("etcd://..."):
+/// what a scheduler schedules over there (DESIGN.md §6). Counts every slot whose device
+/// suits `device` ("cpu", "cuda"), taken or free.
+int agent_slots(const std::string& control, const std::string& device,
+                std::chrono::milliseconds timeout);
 
 }  // namespace vflow::job

@@ -16,6 +16,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -40,20 +41,55 @@ class ControlStore : public comm::KeyValueStore {
   virtual void heartbeat(const std::string& name, std::chrono::milliseconds ttl) = 0;
   /// Whether `name`'s last heartbeat is still within its time to live.
   virtual bool alive(const std::string& name) = 0;
+  /// The names under `prefix` whose heartbeat is within its time to live, sorted (one
+  /// round trip on etcd).
+  virtual std::vector<std::string> alive_names(const std::string& prefix) = 0;
 
   /// Where the store is, for messages ("127.0.0.1:29500").
   virtual std::string address() const = 0;
 };
 
-/// A client of the embedded store: the c10d TCPStore the coordinator hosts at host:port
-/// (job::Coordinator). What TCPStore lacks is emulated: list keeps an index of every key
-/// this job's clients created (list costs one round trip per key ever created, fine for
-/// the hundreds of keys of a job, not for a cluster); liveness compares heartbeat times
-/// on one machine's monotonic clock (the embedded store serves one machine unless the
-/// user opts in). Values must not be empty: TCPStore's compare-and-set cannot tell an
-/// empty value from none. One client is used by one thread at a time. Throws PeerFailure
-/// when the store cannot be reached, and on every call after it was lost (a connection
-/// that failed once may be out of step with the store).
+/// One change under a watched prefix (ClusterStore::watch).
+struct StoreEvent {
+  std::string key;                   ///< relative to the store's prefix
+  std::optional<std::string> value;  ///< the new value; nullopt: the key was removed
+};
+
+/// A cluster's control store (etcd), with what only a cluster store offers: claims held
+/// under a lease (the coordinator's election, DESIGN.md §1), and reading and watching a
+/// whole prefix (node agents follow every job this way). One client is used by one
+/// thread at a time.
+class ClusterStore : public ControlStore {
+ public:
+  /// Claims `name` for `me` unless a live claim exists; the claim lives for `ttl` after
+  /// each renew() and ends with this client. Returns the holder afterwards (`me` when this
+  /// client now holds it).
+  virtual std::string campaign(const std::string& name, const std::string& me,
+                               std::chrono::milliseconds ttl) = 0;
+  /// Renews this client's claim on `name`; false when it holds none (its lease expired,
+  /// or it never won). Throws PeerFailure when the store cannot be reached.
+  virtual bool renew(const std::string& name) = 0;
+  /// Ends this client's claim on `name` now (nothing when it holds none).
+  virtual void resign(const std::string& name) = 0;
+  /// Who holds a live claim on `name`, if anyone.
+  virtual std::optional<std::string> holder(const std::string& name) = 0;
+  /// Every key under `prefix` with its value; `revision` (when given) gets the store's
+  /// revision at the read, from which watch() follows.
+  virtual std::map<std::string, std::string> scan(const std::string& prefix,
+                                                  int64_t* revision = nullptr) = 0;
+  /// The changes under `prefix` after `revision`, waiting up to `timeout` for the first;
+  /// `revision` advances past those returned (empty after the timeout). nullopt when the
+  /// store no longer holds that history (compacted): scan again.
+  virtual std::optional<std::vector<StoreEvent>> watch(const std::string& prefix, int64_t& revision,
+                                                       std::chrono::milliseconds timeout) = 0;
+};
+
+/// A client of the embedded store: the one a job's coordinator hosts at host:port
+/// (job::Coordinator), bound to that address alone (loopback for a job on one machine).
+/// Liveness is kept on the server's clock. One client is used by one thread at a time.
+/// Throws PeerFailure when the store cannot be reached within `timeout`, and on every
+/// call after it was lost (a connection that failed once may be out of step with the
+/// store).
 std::unique_ptr<ControlStore> connect_embedded_store(const std::string& host, int port,
                                                      std::chrono::milliseconds timeout);
 
@@ -72,6 +108,20 @@ struct EtcdOptions {
   std::string job;
   std::chrono::milliseconds timeout{30000};  ///< per request, and per wait at most
 };
+
+/// Hosts the embedded store on host:port (bound to that address alone; port 0: any free
+/// one) and returns a client of it that keeps it served while the client lives: how rank 0
+/// of a job under an external launcher hosts the job's store at MASTER_ADDR:MASTER_PORT.
+std::unique_ptr<ControlStore> host_embedded_store(const std::string& host, int port,
+                                                  std::chrono::milliseconds timeout);
+
+/// Whether `host` is a loopback address ("127.0.0.1", "localhost", "::1"): a store there
+/// cannot be reached from another machine.
+bool is_loopback_host(const std::string& host);
+
+/// Refuses (SpecError) a job whose store at `host` other machines can reach, unless
+/// `allowed` (resources.unauthenticated_store): such a store has no authentication.
+void check_store_exposure(const std::string& host, bool allowed, const std::string& what);
 
 /// The options of `--control URL`: "etcd://H:P,H:P,..." (http) or "etcds://..." (https),
 /// with the credentials from the environment: VFLOW_ETCD_CA, VFLOW_ETCD_CERT,
@@ -104,6 +154,17 @@ std::vector<std::string> etcd_jobs(const EtcdOptions& options);
 /// revisions, wait() watches the keys it waits for, and heartbeat() keeps a lease alive
 /// whose key expires with it. Throws PeerFailure naming every endpoint when none can be
 /// reached, and Error when etcd refuses the credentials or the key (another job's).
-std::unique_ptr<ControlStore> connect_etcd_store(const EtcdOptions& options);
+std::unique_ptr<ClusterStore> connect_etcd_store(const EtcdOptions& options);
+
+/// A client of the whole of vflow's tree on etcd (/vflow/; `options.job` unused): the
+/// node agents' records under "agents/" and every job's keys under "jobs/<job>/". What a
+/// node agent reads and watches; a user confined to one job may read "agents/" only.
+std::unique_ptr<ClusterStore> connect_etcd_root(const EtcdOptions& options);
+
+/// The cluster store at `address` ("etcd://...") for `job`; throws SpecError for an
+/// address that names no cluster store.
+std::unique_ptr<ClusterStore> connect_cluster_store(const std::string& address,
+                                                    const std::string& job,
+                                                    std::chrono::milliseconds timeout);
 
 }  // namespace vflow::job

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "vflow/comm/communicator.h"
 #include "vflow/engine/job_spec.h"
@@ -17,7 +18,9 @@ namespace vflow::job {
 /// VFLOW_STORE=host:port); torchrun and Kubernetes training operators (RANK,
 /// WORLD_SIZE); OpenMPI's mpirun (OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE);
 /// Slurm's srun (SLURM_PROCID, SLURM_NTASKS). The last three need MASTER_ADDR and
-/// MASTER_PORT, and rank 0 hosts the store there (host_store).
+/// MASTER_PORT, and rank 0 hosts the store there (host_store). The store is vflow's
+/// embedded one (job::connect_embedded_store, job::host_embedded_store), which
+/// job::run_role opens.
 std::optional<comm::Rendezvous> rendezvous_from_environment(std::chrono::milliseconds timeout);
 
 /// A worker of an elastic job, as vflow's launcher starts it (VFLOW_MEMBER and
@@ -40,6 +43,17 @@ int64_t local_workers();
 /// (VFLOW_LOCAL_RANK set by vflow's launcher, LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_RANK,
 /// SLURM_LOCALID); 0 when none is set.
 int64_t local_rank();
+
+/// What a node agent's launcher says about where it runs: under Slurm (srun, one task per
+/// node) the name "slurm<job id>-<node>", the node as its host, and one slot per GPU Slurm
+/// gave the task (SLURM_STEP_GPUS or SLURM_JOB_GPUS, as "cuda:0", "cuda:1", ...) or else per
+/// CPU (SLURM_CPUS_PER_TASK). Empty fields where it says nothing.
+struct AgentPlace {
+  std::string name;
+  std::string host;
+  std::vector<std::string> slots;
+};
+AgentPlace agent_place_from_environment();
 
 /// The resources part as this process applies it among the workers a launcher placed on
 /// this host: plain "cuda" becomes the local rank's device (local_rank() modulo the

@@ -38,10 +38,15 @@ struct RoleOptions {
   /// (LaunchOptions::control); without, it joins the running job as one more worker.
   std::string control;
   std::string job;
+  /// With `control` and `launch`: start the workers on this machine instead of on node
+  /// agents' slots.
+  bool local = false;
   /// Set (e.g. by a signal handler): stop the job at the next step boundary, with a
   /// checkpoint where one is configured.
   const std::atomic<bool>* stop_flag = nullptr;
-  /// Set in an elastic worker (SIGTERM): leave the job at the next step boundary.
+  /// Set in an elastic worker (SIGTERM): leave the job at the next step boundary; set in the
+  /// submitter of a job on a cluster store: leave the job to its other coordinator
+  /// candidates (it goes on).
   const std::atomic<bool>* leave_flag = nullptr;
   /// Called with each trainer this process builds (a worker's, or the single process's),
   /// before it trains: e.g. to add observers of your own.

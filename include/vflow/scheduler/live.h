@@ -45,7 +45,12 @@ struct LiveJob {
 std::vector<LiveJob> read_live_jobs(const std::string& path);
 
 struct LiveOptions {
-  int slots = 4;                       ///< worker slots (one device type, "slot")
+  int slots = 4;  ///< worker slots (one device type, "slot")
+  /// Set ("etcd://H:P,..."): the jobs run on the node agents of this cluster store, submitted
+  /// there by name (vflow-train --control URL --job NAME --workers K), and are resized and
+  /// stopped through it; `slots` is then what the agents registered (job::agent_slots) when
+  /// it is 0 (CPU slots, read once at the start).
+  std::string control;
   std::string policy = "wfs-elastic";  ///< make_policy name
   PolicyOptions policy_options;        ///< round lengths, LAS buckets
   std::string train_binary;            ///< vflow-train executable; required

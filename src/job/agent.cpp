@@ -1,0 +1,396 @@
+#include "vflow/job/agent.h"
+
+#include <fmt/format.h>
+#include <signal.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <deque>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+#include "job/coordination.h"
+#include "job/periodic.h"
+#include "job/process_group.h"
+#include "vflow/core/error.h"
+#include "vflow/core/exit_code.h"
+#include "vflow/core/process.h"
+#include "vflow/job/build_identity.h"
+#include "vflow/job/control_store.h"
+
+namespace vflow::job {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+const std::string kJobs = "jobs/";
+
+/// Follows every job's keys (jobs/ in the cluster's tree) from a thread of its own: one
+/// scan, then watches from its revision, and a scan again when that history is gone. The
+/// agent's loop takes what changed without ever waiting on the store.
+class JobWatcher {
+ public:
+  explicit JobWatcher(std::unique_ptr<ClusterStore> root) : root_(std::move(root)) {
+    thread_ = std::thread([this] { run(); });
+  }
+  ~JobWatcher() {
+    stop_ = true;
+    thread_.join();
+  }
+  std::vector<StoreEvent> take() {
+    std::lock_guard<std::mutex> hold(mutex_);
+    std::vector<StoreEvent> out(events_.begin(), events_.end());
+    events_.clear();
+    return out;
+  }
+
+ private:
+  void run() {
+    int64_t revision = 0;
+    bool scanned = false;
+    while (!stop_) {
+      try {
+        std::vector<StoreEvent> batch;
+        if (!scanned) {
+          for (auto& [key, value] : root_->scan(kJobs, &revision)) batch.push_back({key, value});
+          scanned = true;
+        } else if (auto events = root_->watch(kJobs, revision, milliseconds(200))) {
+          batch = std::move(*events);
+        } else {
+          scanned = false;  // compacted: look at everything again
+          continue;
+        }
+        std::lock_guard<std::mutex> hold(mutex_);
+        events_.insert(events_.end(), batch.begin(), batch.end());
+      } catch (const std::exception& e) {
+        spdlog::warn("[agent] following the jobs: {}", e.what());
+        std::this_thread::sleep_for(milliseconds(500));
+      }
+    }
+  }
+  std::unique_ptr<ClusterStore> root_;
+  std::atomic<bool> stop_{false};
+  std::mutex mutex_;
+  std::deque<StoreEvent> events_;
+  std::thread thread_;
+};
+
+/// A job this agent has seen: its keys, and this agent's candidacy to coordinate it.
+struct ServedJob {
+  std::unique_ptr<ControlPlane> control;
+  JobRecord record;
+  std::unique_ptr<AgentPlacement> placement;  // the joiners a coordinator here places
+  std::unique_ptr<CoordinatorCandidate> candidate;
+  std::optional<Clock::time_point> done_since;  // when this agent, coordinating, saw it end
+};
+
+/// One worker this agent runs.
+struct Running {
+  std::string job;
+  std::string member;
+  int64_t slot = 0;
+};
+
+/// The parts of a key under jobs/: (job, the rest), or nullopt.
+std::optional<std::pair<std::string, std::string>> split_job_key(const std::string& key) {
+  if (key.rfind(kJobs, 0) != 0) return std::nullopt;
+  const auto slash = key.find('/', kJobs.size());
+  if (slash == std::string::npos) return std::nullopt;
+  return std::make_pair(key.substr(kJobs.size(), slash - kJobs.size()), key.substr(slash + 1));
+}
+
+class Agent {
+ public:
+  explicit Agent(AgentOptions options) : options_(std::move(options)) {
+    const auto etcd = etcd_options(options_.control, "job", options_.timeout);
+    root_ = connect_etcd_root(etcd);
+    record_.name = options_.name;
+    record_.host = options_.host;
+    record_.pid = getpid();
+    record_.version = build_identity();
+    record_.slots = options_.slots;
+    const auto ttl = lease_ttl(options_.timeout);
+    if (root_->alive(agent_liveness(options_.name))) {
+      throw Error(
+          fmt::format("an agent named '{}' is running on {} already: give this one "
+                      "another --name",
+                      options_.name, options_.control));
+    }
+    // What an earlier agent of this name left (it died): its slots are free now.
+    root_->remove_all(agent_key(options_.name) + "/");
+    root_->set(agent_key(options_.name), encode_agent(record_));
+    auto lease_store = connect_etcd_root(etcd);
+    lease_store->heartbeat(agent_liveness(options_.name), ttl);
+    lease_ = std::make_unique<Periodic>(
+        [s = std::shared_ptr<ClusterStore>(std::move(lease_store)),
+         name = agent_liveness(options_.name), ttl] { s->heartbeat(name, ttl); },
+        ttl / 4, "renewing agent " + options_.name + "'s lease");
+    watcher_ = std::make_unique<JobWatcher>(connect_etcd_root(etcd));
+    std::string slots;
+    for (const auto& s : options_.slots) slots += (slots.empty() ? "" : ",") + s;
+    spdlog::info("[agent] {} on {} serves {} slot(s) [{}] on {} ({})", options_.name, options_.host,
+                 options_.slots.size(), slots, options_.control, record_.version);
+  }
+
+  ~Agent() {
+    jobs_.clear();  // candidates give up their claims
+    watcher_.reset();
+    try {
+      root_->remove_all(agent_key(options_.name) + "/");
+      root_->remove(agent_key(options_.name));
+    } catch (const std::exception& e) {
+      spdlog::warn("[agent] could not remove {}'s records: {}", options_.name, e.what());
+    }
+  }
+
+  int run() {
+    std::optional<Clock::time_point> kill_at;
+    while (true) {
+      group_.pump(20);
+      for (auto& event : watcher_->take()) on_event(event);
+      reap();
+      serve_jobs();
+      reconcile_slots();
+      if (options_.stop_flag && options_.stop_flag->load() && !kill_at) {
+        spdlog::info("[agent] {} stops: its {} worker(s) leave their jobs", options_.name,
+                     running_.size());
+        draining_ = true;
+        guarded("marking the agent as stopping",
+                [&] { root_->set(agent_draining_key(options_.name), "1"); });
+        group_.signal_all(SIGTERM);  // a graceful leave at the next step boundary
+        kill_at = Clock::now() + std::chrono::seconds(options_.stop_grace_s);
+      }
+      if (kill_at && group_.all_reaped()) break;
+      if (kill_at && Clock::now() > *kill_at) group_.signal_all(SIGKILL);
+    }
+    spdlog::info("[agent] {} stopped", options_.name);
+    return kExitOk;
+  }
+
+ private:
+  template <typename F>
+  void guarded(const std::string& what, F&& f) {
+    try {
+      f();
+    } catch (const std::exception& e) {
+      spdlog::warn("[agent] {}: {}", what, e.what());
+    }
+  }
+
+  void on_event(const StoreEvent& event) {
+    const auto parts = split_job_key(event.key);
+    if (!parts) return;
+    const auto& [job, rest] = *parts;
+    if (rest == "job/record" && event.value && jobs_.count(job) == 0) {
+      guarded("following job " + job, [&] { serve(job); });
+    } else if (rest == "job/owner" && !event.value) {
+      if (jobs_.erase(job) != 0) spdlog::info("[agent] job '{}' is gone", job);
+    } else if (rest.rfind("placement/", 0) == 0 && event.value) {
+      const std::string member = rest.substr(std::string("placement/").size());
+      guarded("starting worker " + member + " of job " + job, [&] { place(job, member); });
+    }
+  }
+
+  void serve(const std::string& job) {
+    ServedJob served;
+    served.control = std::make_unique<ControlPlane>(
+        connect_cluster_store(options_.control, job, options_.timeout));
+    const auto record = served.control->record();
+    if (!record) return;
+    served.record = *record;
+    served.placement = std::make_unique<AgentPlacement>(options_.control, *served.control, *record,
+                                                        record->timeout);
+    served.candidate = std::make_unique<CoordinatorCandidate>(
+        options_.control, job, "agent " + options_.name, served.placement.get(), record->timeout,
+        /*first=*/false);
+    jobs_[job] = std::move(served);
+  }
+
+  void refuse(ControlPlane& control, const std::string& job, const std::string& member,
+              const std::string& why) {
+    spdlog::warn("[agent] {} does not start worker {} of job '{}': {}", options_.name, member, job,
+                 why);
+    control.report_exit(member, WorkerExit{kExitRefused, why});
+  }
+
+  void place(const std::string& job, const std::string& member) {
+    if (jobs_.count(job) == 0) serve(job);
+    const auto it = jobs_.find(job);
+    if (it == jobs_.end()) return;
+    ServedJob& served = it->second;
+    const auto where = served.control->placement(member);
+    if (!where || where->agent != options_.name) return;
+    const std::string id = job + " " + member;
+    if (!started_.insert(id).second) return;
+    // Only a worker still awaited: after a restart, old placements are history.
+    const auto joiners = served.control->joiners();
+    if (std::find(joiners.begin(), joiners.end(), member) == joiners.end() ||
+        served.control->exits().count(member) != 0) {
+      return;
+    }
+    const auto& record = served.record;
+    if (draining_) return refuse(*served.control, job, member, "the agent is stopping");
+    if (where->slot >= static_cast<int64_t>(options_.slots.size())) {
+      return refuse(*served.control, job, member,
+                    fmt::format("agent {} has no slot {}", options_.name, where->slot));
+    }
+    const std::string device = options_.slots[static_cast<size_t>(where->slot)];
+    if (record.version != record_.version) {
+      return refuse(*served.control, job, member,
+                    fmt::format("agent {} runs {}, the job {}", options_.name, record_.version,
+                                record.version));
+    }
+    if (!device_suits(device, record.device)) {
+      return refuse(*served.control, job, member,
+                    fmt::format("slot {} of agent {} is {}, the job trains on {}", where->slot,
+                                options_.name, device, record.device));
+    }
+    const auto slot_key = agent_slot_key(options_.name, where->slot);
+    const auto holder = root_->set_if_absent(slot_key, id);
+    if (holder != id) {
+      return refuse(
+          *served.control, job, member,
+          fmt::format("slot {} of agent {} runs {} already", where->slot, options_.name, holder));
+    }
+    namespace fs = std::filesystem;
+    const fs::path folder = fs::path(options_.work_dir) / "jobs" / job;
+    fs::create_directories(folder);
+    const fs::path spec = folder / "spec.yaml";
+    {
+      std::ofstream out(spec);
+      out << record.spec;
+      if (!out) throw Error("cannot write " + spec.string());
+    }
+    std::error_code ec;
+    const bool shared = !record.directory.empty() && fs::is_directory(record.directory, ec);
+    ProcessGroup::Start w;
+    w.name = id;
+    w.prefix = fmt::format("[{} {}] ", job, member);
+    w.command = options_.worker_command;
+    w.command.push_back(spec.string());
+    w.command.push_back("--set");
+    w.command.push_back("resources.device=" + device);
+    w.environment = {"VFLOW_CONTROL=" + options_.control, "VFLOW_JOB=" + job,
+                     "VFLOW_MEMBER=" + member, fmt::format("VFLOW_LOCAL_RANK={}", where->slot),
+                     fmt::format("VFLOW_LOCAL_WORLD_SIZE={}", options_.slots.size())};
+    w.working_directory = shared ? record.directory : folder.string();
+    w.parent_death_signal = SIGTERM;  // the agent's death is a graceful leave of its workers
+    try {
+      group_.start(w);
+    } catch (const Error& e) {
+      root_->remove(slot_key);
+      return refuse(*served.control, job, member, e.what());
+    }
+    running_[id] = Running{job, member, where->slot};
+    spdlog::info("[agent] {} started worker {} of job '{}' on slot {} ({}) in {}", options_.name,
+                 member, job, where->slot, device, w.working_directory);
+  }
+
+  void reap() {
+    for (const auto& [id, code] : group_.reap()) {
+      const auto it = running_.find(id);
+      if (it == running_.end()) continue;
+      const Running r = it->second;
+      running_.erase(it);
+      spdlog::info("[agent] worker {} of job '{}' ended with status {}", r.member, r.job, code);
+      guarded("freeing slot " + std::to_string(r.slot),
+              [&] { root_->remove(agent_slot_key(options_.name, r.slot)); });
+      const auto job = jobs_.find(r.job);
+      if (job == jobs_.end()) continue;  // its keys are gone: nobody waits for the news
+      guarded("reporting worker " + r.member + "'s end", [&] {
+        job->second.control->report_exit(r.member, WorkerExit{code, ""});
+        if (auto* manager = job->second.candidate->manager()) manager->on_exit(r.member, code);
+      });
+    }
+  }
+
+  /// Slots whose worker is gone but whose record stayed (its end could not be reported:
+  /// the host was cut off) are freed again.
+  void reconcile_slots() {
+    const auto now = Clock::now();
+    if (now - last_reconcile_ < std::chrono::seconds(2)) return;
+    last_reconcile_ = now;
+    guarded("checking the slots' records", [&] {
+      const std::string prefix = agent_key(options_.name) + "/slot/";
+      for (const auto& [key, holder] : root_->scan(prefix)) {
+        if (running_.count(holder) != 0) continue;
+        spdlog::info("[agent] {} frees slot {}: {} is not running", options_.name,
+                     key.substr(prefix.size()), holder);
+        root_->remove(key);  // only this agent's own loop writes its slots: no race
+      }
+    });
+  }
+
+  /// Every job's candidate takes its turn; a job this agent coordinates that has ended
+  /// has its keys removed once its submitter is gone and its workers have ended.
+  void serve_jobs() {
+    const auto now = Clock::now();
+    const bool maintain = now - last_maintenance_ > milliseconds(250);
+    if (maintain) last_maintenance_ = now;
+    std::vector<std::string> finished;
+    for (auto& [name, job] : jobs_) {
+      try {
+        if (!job.candidate->tick() || !maintain) continue;
+        if (job.control->done().empty()) continue;
+        if (!job.done_since) job.done_since = now;
+        auto& store = job.control->store();
+        // Its submitter and workers had a lease time to read the end and leave.
+        const auto ttl = lease_ttl(job.record.timeout);
+        const bool quiet =
+            !store.alive("launcher") && store.alive_names(ControlPlane::liveness_name("")).empty();
+        if ((quiet && now - *job.done_since > ttl) || now - *job.done_since > 2 * ttl) {
+          finished.push_back(name);
+        }
+      } catch (const std::exception& e) {
+        spdlog::warn("[agent] job '{}': {}", name, e.what());
+      }
+    }
+    for (const auto& name : finished) {
+      guarded("removing the keys of job " + name, [&] {
+        const auto state = jobs_[name].control->done();
+        const auto removed = jobs_[name].control->store().remove_all("");
+        spdlog::info("[agent] job '{}' ended ({}): removed its {} keys", name, state, removed);
+      });
+      jobs_.erase(name);
+    }
+  }
+
+  AgentOptions options_;
+  AgentRecord record_;
+  std::unique_ptr<ClusterStore> root_;
+  std::unique_ptr<Periodic> lease_;
+  std::unique_ptr<JobWatcher> watcher_;
+  std::map<std::string, ServedJob> jobs_;
+  ProcessGroup group_;
+  std::map<std::string, Running> running_;  // by "<job> <member>"
+  std::set<std::string> started_;           // every placement acted on
+  bool draining_ = false;
+  Clock::time_point last_maintenance_{};
+  Clock::time_point last_reconcile_{};
+};
+
+}  // namespace
+
+int run_agent(const AgentOptions& given) {
+  AgentOptions options = given;
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  if (options.name.empty()) options.name = host;
+  if (options.host.empty()) options.host = options.name;
+  if (options.worker_command.empty()) {
+    const auto self = std::filesystem::path(this_executable("vflow-agent"));
+    options.worker_command = {(self.parent_path() / "vflow-train").string()};
+  }
+  if (options.work_dir.empty()) options.work_dir = "/tmp/vflow-agent-" + options.name;
+  if (options.slots.empty()) throw SpecError("an agent needs at least one slot");
+  Agent agent(options);
+  return agent.run();
+}
+
+}  // namespace vflow::job
