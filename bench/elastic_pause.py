@@ -108,8 +108,8 @@ class Job:
             stdout=self.log, stderr=subprocess.STDOUT)
 
     def where(self):
-        if self.control:
-            return ["--control", self.control, "--job", self.name]
+        if self.control:  # its workers on this machine (--local), as with the embedded store
+            return ["--control", self.control, "--job", self.name, "--local"]
         return ["--port", str(self.port)]
 
     def ctl(self, command, *args):
