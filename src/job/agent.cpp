@@ -84,6 +84,7 @@ class JobWatcher {
 /// A job this agent has seen: its keys, and this agent's candidacy to coordinate it.
 struct ServedJob {
   std::unique_ptr<ControlPlane> control;
+  std::string incarnation;  // its job/owner value: a later job of the same name differs
   JobRecord record;
   std::unique_ptr<AgentPlacement> placement;  // the joiners a coordinator here places
   std::unique_ptr<CoordinatorCandidate> candidate;
@@ -93,8 +94,10 @@ struct ServedJob {
 /// One worker this agent runs.
 struct Running {
   std::string job;
+  std::string incarnation;
   std::string member;
   int64_t slot = 0;
+  std::string slot_holder;  // what its slot's record holds: "<job> <member>"
 };
 
 /// The parts of a key under jobs/: (job, the rest), or nullopt.
@@ -190,10 +193,20 @@ class Agent {
     if (rest == "job/record" && event.value && jobs_.count(job) == 0) {
       guarded("following job " + job, [&] { serve(job); });
     } else if (rest == "job/owner" && !event.value) {
-      if (jobs_.erase(job) != 0) spdlog::info("[agent] job '{}' is gone", job);
+      forget(job);
     } else if (rest.rfind("placement/", 0) == 0 && event.value) {
       const std::string member = rest.substr(std::string("placement/").size());
       guarded("starting worker " + member + " of job " + job, [&] { place(job, member); });
+    }
+  }
+
+  /// A job whose keys are gone: this agent stops standing for it, and its workers here
+  /// (none should be left: they end with the job) leave.
+  void forget(const std::string& job) {
+    if (jobs_.erase(job) == 0) return;
+    spdlog::info("[agent] job '{}' is gone", job);
+    for (const auto& [id, r] : running_) {
+      if (r.job == job) group_.signal(id, SIGTERM);
     }
   }
 
@@ -202,7 +215,9 @@ class Agent {
     served.control = std::make_unique<ControlPlane>(
         connect_cluster_store(options_.control, job, options_.timeout));
     const auto record = served.control->record();
-    if (!record) return;
+    const auto owner = served.control->store().get("job/owner");
+    if (!record || !owner) return;
+    served.incarnation = *owner;
     served.record = *record;
     served.placement = std::make_unique<AgentPlacement>(options_.control, *served.control, *record,
                                                         record->timeout);
@@ -226,16 +241,21 @@ class Agent {
     ServedJob& served = it->second;
     const auto where = served.control->placement(member);
     if (!where || where->agent != options_.name) return;
-    const std::string id = job + " " + member;
-    if (!started_.insert(id).second) return;
+    // One start per placement of this incarnation of the job (a later job of the same name
+    // numbers its workers from 0 again).
+    const std::string id = fmt::format("{} {} {}", job, served.incarnation, member);
+    if (started_.count(id) != 0) return;
     // Only a worker still awaited: after a restart, old placements are history.
     const auto joiners = served.control->joiners();
     if (std::find(joiners.begin(), joiners.end(), member) == joiners.end() ||
         served.control->exits().count(member) != 0) {
       return;
     }
+    started_.insert(id);
     const auto& record = served.record;
-    if (draining_) return refuse(*served.control, job, member, "the agent is stopping");
+    if (draining_) {
+      return decline(*served.control, job, member, "its agent " + options_.name + " is stopping");
+    }
     if (where->slot >= static_cast<int64_t>(options_.slots.size())) {
       return refuse(*served.control, job, member,
                     fmt::format("agent {} has no slot {}", options_.name, where->slot));
@@ -252,20 +272,48 @@ class Agent {
                                 options_.name, device, record.device));
     }
     const auto slot_key = agent_slot_key(options_.name, where->slot);
-    const auto holder = root_->set_if_absent(slot_key, id);
-    if (holder != id) {
-      return refuse(
+    const std::string slot_holder = job + " " + member;
+    const auto holder = root_->set_if_absent(slot_key, slot_holder);
+    if (holder != slot_holder) {
+      return decline(
           *served.control, job, member,
           fmt::format("slot {} of agent {} runs {} already", where->slot, options_.name, holder));
     }
+    try {
+      start_worker(served, job, member, *where, device, id, slot_holder);
+    } catch (const std::exception& e) {
+      guarded("freeing slot " + std::to_string(where->slot), [&] { root_->remove(slot_key); });
+      refuse(*served.control, job, member, e.what());
+    }
+  }
+
+  /// A placement this agent cannot take up now, which the coordinator makes again elsewhere.
+  void decline(ControlPlane& control, const std::string& job, const std::string& member,
+               const std::string& why) {
+    spdlog::info("[agent] {} passes worker {} of job '{}' back: {}", options_.name, member, job,
+                 why);
+    control.report_exit(member, WorkerExit{kPlacementDeclined, why});
+  }
+
+  void start_worker(const ServedJob& served, const std::string& job, const std::string& member,
+                    const Placement& where, const std::string& device, const std::string& id,
+                    const std::string& slot_holder) {
+    const auto& record = served.record;
     namespace fs = std::filesystem;
     const fs::path folder = fs::path(options_.work_dir) / "jobs" / job;
     fs::create_directories(folder);
-    const fs::path spec = folder / "spec.yaml";
-    {
-      std::ofstream out(spec);
-      out << record.spec;
-      if (!out) throw Error("cannot write " + spec.string());
+    // One file per incarnation of the job, written whole before any worker reads it.
+    const fs::path spec =
+        folder / fmt::format("spec-{}.yaml", std::hash<std::string>{}(served.incarnation));
+    if (!fs::exists(spec)) {
+      const fs::path partial = spec.string() + ".partial";
+      {
+        std::ofstream out(partial);
+        out << record.spec;
+        out.flush();
+        if (!out) throw Error("cannot write " + partial.string());
+      }
+      fs::rename(partial, spec);
     }
     std::error_code ec;
     const bool shared = !record.directory.empty() && fs::is_directory(record.directory, ec);
@@ -277,19 +325,14 @@ class Agent {
     w.command.push_back("--set");
     w.command.push_back("resources.device=" + device);
     w.environment = {"VFLOW_CONTROL=" + options_.control, "VFLOW_JOB=" + job,
-                     "VFLOW_MEMBER=" + member, fmt::format("VFLOW_LOCAL_RANK={}", where->slot),
+                     "VFLOW_MEMBER=" + member, fmt::format("VFLOW_LOCAL_RANK={}", where.slot),
                      fmt::format("VFLOW_LOCAL_WORLD_SIZE={}", options_.slots.size())};
     w.working_directory = shared ? record.directory : folder.string();
     w.parent_death_signal = SIGTERM;  // the agent's death is a graceful leave of its workers
-    try {
-      group_.start(w);
-    } catch (const Error& e) {
-      root_->remove(slot_key);
-      return refuse(*served.control, job, member, e.what());
-    }
-    running_[id] = Running{job, member, where->slot};
+    group_.start(w);
+    running_[id] = Running{job, served.incarnation, member, where.slot, slot_holder};
     spdlog::info("[agent] {} started worker {} of job '{}' on slot {} ({}) in {}", options_.name,
-                 member, job, where->slot, device, w.working_directory);
+                 member, job, where.slot, device, w.working_directory);
   }
 
   void reap() {
@@ -301,11 +344,15 @@ class Agent {
       spdlog::info("[agent] worker {} of job '{}' ended with status {}", r.member, r.job, code);
       guarded("freeing slot " + std::to_string(r.slot),
               [&] { root_->remove(agent_slot_key(options_.name, r.slot)); });
+      // Its job's keys are gone, or belong to a later job of the same name: nobody waits for
+      // the news.
       const auto job = jobs_.find(r.job);
-      if (job == jobs_.end()) continue;  // its keys are gone: nobody waits for the news
+      if (job == jobs_.end() || job->second.incarnation != r.incarnation) continue;
+      // Through the store, also when this agent coordinates: the coordinator reads it with
+      // whether the worker ever was ready (a worker that could not start is not placed here
+      // again).
       guarded("reporting worker " + r.member + "'s end", [&] {
         job->second.control->report_exit(r.member, WorkerExit{code, ""});
-        if (auto* manager = job->second.candidate->manager()) manager->on_exit(r.member, code);
       });
     }
   }
@@ -319,7 +366,10 @@ class Agent {
     guarded("checking the slots' records", [&] {
       const std::string prefix = agent_key(options_.name) + "/slot/";
       for (const auto& [key, holder] : root_->scan(prefix)) {
-        if (running_.count(holder) != 0) continue;
+        const bool runs = std::any_of(running_.begin(), running_.end(), [&](const auto& r) {
+          return r.second.slot_holder == holder;
+        });
+        if (runs) continue;
         spdlog::info("[agent] {} frees slot {}: {} is not running", options_.name,
                      key.substr(prefix.size()), holder);
         root_->remove(key);  // only this agent's own loop writes its slots: no race
@@ -333,9 +383,17 @@ class Agent {
     const auto now = Clock::now();
     const bool maintain = now - last_maintenance_ > milliseconds(250);
     if (maintain) last_maintenance_ = now;
-    std::vector<std::string> finished;
+    const bool look = now - last_owner_check_ > std::chrono::seconds(2);
+    if (look) last_owner_check_ = now;
+    std::vector<std::string> finished, gone;
     for (auto& [name, job] : jobs_) {
       try {
+        // A job removed while this agent could not follow (a watch history compacted away)
+        // is noticed here.
+        if (look && job.control->store().get("job/owner") != job.incarnation) {
+          gone.push_back(name);
+          continue;
+        }
         if (!job.candidate->tick() || !maintain) continue;
         if (job.control->done().empty()) continue;
         if (!job.done_since) job.done_since = now;
@@ -348,9 +406,10 @@ class Agent {
           finished.push_back(name);
         }
       } catch (const std::exception& e) {
-        spdlog::warn("[agent] job '{}': {}", name, e.what());
+        if (maintain) spdlog::warn("[agent] job '{}': {}", name, e.what());  // a few a second
       }
     }
+    for (const auto& name : gone) forget(name);
     for (const auto& name : finished) {
       guarded("removing the keys of job " + name, [&] {
         const auto state = jobs_[name].control->done();
@@ -368,11 +427,12 @@ class Agent {
   std::unique_ptr<JobWatcher> watcher_;
   std::map<std::string, ServedJob> jobs_;
   ProcessGroup group_;
-  std::map<std::string, Running> running_;  // by "<job> <member>"
-  std::set<std::string> started_;           // every placement acted on
+  std::map<std::string, Running> running_;  // by "<job> <incarnation> <member>"
+  std::set<std::string> started_;           // every placement acted on, by the same key
   bool draining_ = false;
   Clock::time_point last_maintenance_{};
   Clock::time_point last_reconcile_{};
+  Clock::time_point last_owner_check_{};
 };
 
 }  // namespace

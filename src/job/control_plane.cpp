@@ -168,12 +168,19 @@ std::pair<int64_t, int64_t> ControlPlane::resize_request() {
   return {seq, to_int(get(kResizeWorkers).value_or("0"), kResizeWorkers)};
 }
 
-bool ControlPlane::publish(const Generation& g) {
+Generation ControlPlane::publish(const Generation& g) {
   const auto record = records::encode_generation(g);
-  if (compare_set(generation_key(g.id), record) != record) return false;
+  const auto held = compare_set(generation_key(g.id), record);
   set(kLatest, std::to_string(g.id));
   add(kNews, 1);
-  return true;
+  return held == record ? g : records::decode_generation(g.id, held, generation_key(g.id));
+}
+
+std::optional<Generation> ControlPlane::undeclared_generation() {
+  const int64_t next = latest_generation() + 1;
+  const auto text = get(generation_key(next));
+  if (!text) return std::nullopt;
+  return records::decode_generation(next, *text, generation_key(next));
 }
 
 void ControlPlane::set_target(int64_t workers) { set(kTarget, std::to_string(workers)); }

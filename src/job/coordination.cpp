@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <optional>
 #include <sstream>
 
 #include "job/control_records.h"
@@ -68,31 +69,26 @@ CoordinatorCandidate::~CoordinatorCandidate() {
 void CoordinatorCandidate::campaign() {
   const auto now = Clock::now();
   if (leading_) {
-    if (lost_) {
-      leading_ = false;
-      claim_->resign(kCoordinator);
-      return;
-    }
     if (now - renewed_ < ttl_ / 4) return;
-    bool renewed = false;
+    std::optional<bool> renewed;  // unknown while the store cannot answer
     try {
       renewed = claim_->renew(kCoordinator);
-    } catch (const PeerFailure& e) {
+    } catch (const std::exception& e) {
       spdlog::warn("[elastic] {} could not renew its claim on job '{}': {}", me_, job_, e.what());
     }
-    if (renewed) {
+    if (renewed == std::optional<bool>(true)) {
       renewed_ = now;
-    } else if (now - renewed_ >= ttl_) {
-      // Expired, or unconfirmed for as long as it lives: another may hold it by now.
+    } else if (renewed || now - renewed_ >= ttl_) {
+      // Expired or gone, or unconfirmed for as long as it lives: another may hold it by now.
       leading_ = false;
       spdlog::warn("[elastic] {} lost its claim on coordinating job '{}'", me_, job_);
     }
     return;
   }
-  if (claim_->holder(kCoordinator)) return;
+  // Only a job that is there is campaigned for (its keys may have gone meanwhile).
+  if (claim_->holder(kCoordinator) || !claim_->get("job/record")) return;
   if (claim_->campaign(kCoordinator, me_, ttl_) == me_) {
     renewed_ = now;
-    lost_ = false;
     leading_ = true;
   }
 }
@@ -100,7 +96,12 @@ void CoordinatorCandidate::campaign() {
 void CoordinatorCandidate::start(const ElasticOptions& options,
                                  const std::vector<std::string>& members,
                                  const std::vector<int64_t>& vnodes) {
-  VFLOW_ASSERT(leading_ && !manager_, "only the first coordinator starts the job");
+  if (!leading_ || manager_) {
+    throw Error(
+        fmt::format("job '{}' on {}: this submitter no longer holds the coordinator's "
+                    "claim, or has started the job already",
+                    job_, control_url_));
+  }
   manager_ = std::make_unique<GenerationManager>(control_, options, source_);
   manager_->start(members, vnodes);
 }
@@ -130,17 +131,13 @@ bool CoordinatorCandidate::tick() {
     options.replace_failed = record->replace_failed;
     options.cluster = true;
     spdlog::info("[elastic] {} coordinates job '{}' now", me_, job_);
-    manager_ = std::make_unique<GenerationManager>(control_, options, source_);
-    manager_->resume(record->planned);
+    // Whole or not at all: a takeover that fails half-way (the store is struggling, which
+    // is often why the coordinator changed) is tried again at the next tick.
+    auto manager = std::make_unique<GenerationManager>(control_, options, source_);
+    manager->resume(record->planned);
+    manager_ = std::move(manager);
   }
-  try {
-    manager_->tick();
-  } catch (const CoordinationLost& e) {
-    spdlog::warn("{}", e.what());
-    manager_.reset();
-    lost_ = true;
-    return false;
-  }
+  manager_->tick();
   return true;
 }
 

@@ -63,7 +63,6 @@ class CoordinatorCandidate {
   ControlPlane control_;                 // the caller's thread's client
   std::unique_ptr<ClusterStore> claim_;  // the campaign thread's client
   std::atomic<bool> leading_{false};
-  std::atomic<bool> lost_{false};  // the manager lost a race: give the claim up
   std::chrono::steady_clock::time_point renewed_{};
   std::unique_ptr<GenerationManager> manager_;
   std::unique_ptr<Periodic> thread_;

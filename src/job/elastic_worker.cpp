@@ -34,6 +34,7 @@ std::optional<Generation> await_generation(ControlPlane& control, int64_t after,
                                            std::chrono::milliseconds patience,
                                            const std::atomic<bool>* leave_flag) {
   const auto start = Clock::now();
+  auto looked = start;  // when the job was last seen to exist
   int64_t seen = after;
   while (true) {
     const int64_t latest = control.latest_generation();
@@ -46,12 +47,18 @@ std::optional<Generation> await_generation(ControlPlane& control, int64_t after,
     if (!control.done().empty()) return std::nullopt;
     // A worker that holds no vnodes yet can leave at once.
     if (!was_member && leave_flag && leave_flag->load()) return std::nullopt;
+    // A joiner still waiting when the job's keys went (it ended meanwhile) is not needed.
+    if (!was_member && Clock::now() - looked > std::chrono::seconds(1)) {
+      if (!control.has_limits()) return std::nullopt;
+      looked = Clock::now();
+    }
     if (was_member && Clock::now() - start > patience) {
       throw comm::PeerFailure(fmt::format(
           "[elastic] worker {}: the coordinator published no generation after {} within {} s",
           member, after, std::chrono::duration<double>(patience).count()));
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    // A member's next generation is usually there (it was told so); a joiner waits longer.
+    std::this_thread::sleep_for(std::chrono::milliseconds(was_member ? 2 : 10));
   }
 }
 
@@ -150,10 +157,23 @@ ElasticOutcome run_elastic_worker(const engine::JobSpec& spec,
         "--print-spec shows it); the job's:\n{}",
         *published));
   }
+  const std::string& me = options.member;
+  if (cluster) {
+    // On a cluster the coordinator may be on another host, or may change: the lease says
+    // this process lives (a lost host's workers are noticed by their leases expiring). It
+    // starts before the data and the model load, which may take long, and is renewed from
+    // a thread of its own, with a client of its own.
+    const auto ttl = lease_ttl(options.timeout);
+    auto store = connect_control_store(options.control, options.job, options.timeout);
+    store->heartbeat(ControlPlane::liveness_name(me), ttl);
+    lease = std::make_unique<Periodic>(
+        [s = std::shared_ptr<ControlStore>(std::move(store)),
+         name = ControlPlane::liveness_name(me), ttl] { s->heartbeat(name, ttl); },
+        ttl / 4, "renewing worker " + me + "'s liveness");
+  }
   const auto trainer = engine::make_trainer(spec, nullptr, /*elastic=*/true);
   trainer->set_stop_flag(options.stop_flag);
   if (options.prepare) options.prepare(*trainer);
-  const std::string& me = options.member;
 
   int64_t generation = 0;
   bool leave_sent = false;
@@ -199,18 +219,6 @@ ElasticOutcome run_elastic_worker(const engine::JobSpec& spec,
     }
     return c;
   });
-  if (cluster) {
-    // On a cluster the coordinator may be on another host, or may change: the lease says
-    // this process lives (a lost host's workers are noticed by their leases expiring).
-    // Renewed from a thread of its own, with a client of its own.
-    const auto ttl = lease_ttl(options.timeout);
-    auto store = connect_control_store(options.control, options.job, options.timeout);
-    store->heartbeat(ControlPlane::liveness_name(me), ttl);
-    lease = std::make_unique<Periodic>(
-        [s = std::shared_ptr<ControlStore>(std::move(store)),
-         name = ControlPlane::liveness_name(me), ttl] { s->heartbeat(name, ttl); },
-        ttl / 4, "renewing worker " + me + "'s liveness");
-  }
   control.mark_ready(me, static_cast<int64_t>(getpid()));
   if (options.volunteer) {
     control.volunteer(me);

@@ -13,6 +13,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <spdlog/spdlog.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -53,6 +54,10 @@ enum Op : uint8_t {
 // Larger frames are refused: no key or value of a job comes near (a training state goes
 // over the collectives, never through the store).
 constexpr uint32_t kMaxFrame = 64u << 20;
+// A client with more replies unread, or more waits pending, is not one of a job's: it is
+// disconnected, so that it cannot make the server hold memory without bound.
+constexpr size_t kMaxPendingReply = 64u << 20;
+constexpr size_t kMaxWaits = 4096;
 
 /// Builds a frame.
 class Writer {
@@ -283,6 +288,7 @@ struct EmbeddedStoreServer::Impl {
         return;
       }
       case kWait: {
+        if (waiters.size() >= kMaxWaits) throw Error("too many waits");
         Waiter waiter{fd, {}, Clock::now() + milliseconds(r.integer())};
         const int64_t n = r.integer();
         for (int64_t k = 0; k < n; ++k) waiter.keys.push_back(r.text());
@@ -325,7 +331,13 @@ struct EmbeddedStoreServer::Impl {
       try {
         handle(fd, frame);
       } catch (const std::exception& e) {
+        spdlog::warn("[elastic] the job's store closed a connection: {}", e.what());
         close_connection(fd);  // a malformed request: the client cannot be in step
+        return;
+      }
+      if (connections[fd].out.size() > kMaxPendingReply) {
+        spdlog::warn("[elastic] the job's store closed a connection that reads no replies");
+        close_connection(fd);
         return;
       }
     }
@@ -346,6 +358,18 @@ struct EmbeddedStoreServer::Impl {
 
   void serve() {
     while (!stop) {
+      try {
+        serve_once();
+      } catch (const std::exception& e) {
+        // Out of memory, say: the store goes on for the clients it can serve.
+        spdlog::error("[elastic] the job's store: {}", e.what());
+        std::this_thread::sleep_for(milliseconds(10));
+      }
+    }
+  }
+
+  void serve_once() {
+    {
       std::vector<pollfd> fds{{listener, POLLIN, 0}, {wake[0], POLLIN, 0}};
       for (const auto& [fd, c] : connections) {
         fds.push_back({fd, static_cast<short>(POLLIN | (c.out.empty() ? 0 : POLLOUT)), 0});
@@ -355,13 +379,16 @@ struct EmbeddedStoreServer::Impl {
         const auto left = std::chrono::ceil<milliseconds>(w.deadline - Clock::now()).count();
         wait_ms = static_cast<int>(std::clamp<int64_t>(left, 0, wait_ms));
       }
-      if (::poll(fds.data(), fds.size(), wait_ms) < 0 && errno != EINTR) break;
+      if (::poll(fds.data(), fds.size(), wait_ms) < 0) return;  // EINTR: poll again
       if (fds[0].revents & POLLIN) {
         const int fd = ::accept4(listener, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd >= 0) {
           const int one = 1;
           setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
           connections[fd].fd = fd;
+        } else if (errno == EMFILE || errno == ENFILE) {
+          // Out of descriptors: the connection waits in the backlog; do not spin on it.
+          std::this_thread::sleep_for(milliseconds(50));
         }
       }
       for (size_t i = 2; i < fds.size(); ++i) {

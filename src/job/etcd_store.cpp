@@ -311,7 +311,10 @@ class EtcdControlStore final : public ClusterStore {
                                              {"lease", std::to_string(lease.id)}}}}});
     request["failure"] = Json::array({range_op(key)});
     const auto reply = call("/v3/kv/txn", request, "a claim of " + name);
-    if (reply.value("succeeded", false)) {
+    const auto kv = first_kv(reply);
+    // A transaction whose answer was lost with a failing member is repeated on the next: it
+    // then finds the claim this very lease made, which is a success too.
+    if (reply.value("succeeded", false) || (kv && number(*kv, "lease") == lease.id)) {
       claims_[name] = lease;
       return me;
     }
@@ -320,7 +323,6 @@ class EtcdControlStore final : public ClusterStore {
     } catch (const PeerFailure&) {
       // it expires by itself
     }
-    const auto kv = first_kv(reply);
     // Released between the compare and the read: try once more.
     return kv ? value_of(*kv) : campaign(name, me, ttl);
   }
@@ -331,8 +333,10 @@ class EtcdControlStore final : public ClusterStore {
     const auto reply =
         call("/v3/lease/keepalive", {{"ID", std::to_string(it->second.id)}}, "a claim's renewal");
     const auto& result = reply.contains("result") ? reply.at("result") : reply;
-    if (number(result, "TTL") > 0) return true;
-    claims_.erase(it);  // expired: someone else may hold it by now
+    // The lease lives, and the claim is still its key (the job's keys may have been removed).
+    const auto kv = range(kClaim + name);
+    if (number(result, "TTL") > 0 && kv && number(*kv, "lease") == it->second.id) return true;
+    claims_.erase(it);  // expired or removed: someone else may hold it by now
     return false;
   }
 

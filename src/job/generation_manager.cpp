@@ -17,6 +17,11 @@ bool contains(const std::vector<std::string>& items, const std::string& item) {
   return std::find(items.begin(), items.end(), item) != items.end();
 }
 
+bool records_differ(const Generation& a, const Generation& b) {
+  return a.members != b.members || a.donor != b.donor || a.transfer_state != b.transfer_state ||
+         a.stop != b.stop || a.vnodes != b.vnodes;
+}
+
 }  // namespace
 
 GenerationManager::GenerationManager(ControlPlane& control, ElasticOptions options,
@@ -39,11 +44,12 @@ void GenerationManager::resume(bool planned) {
   if (latest > 0) current_ = control_.generation(latest);
   target_ = control_.target();
   resize_seq_ = control_.resize_handled();
-  const auto now = Clock::now();
-  for (const auto& j : control_.joiners()) {
-    if (current_.rank_of(j) >= 0) continue;  // published just before its coordinator died
-    joiners_.push_back(j);
-    joiner_since_[j] = now;
+  adopt_recorded_joiners();
+  // A generation decided but not announced (its coordinator died in between) stands.
+  while (const auto undeclared = control_.undeclared_generation()) {
+    spdlog::warn("[elastic] announcing {}, decided by the coordinator before",
+                 undeclared->describe());
+    adopt(control_.publish(*undeclared));
   }
   for (const auto& v : control_.volunteers()) {
     if (control_.volunteer_adopted(v)) volunteers_.insert(v);
@@ -52,6 +58,19 @@ void GenerationManager::resume(bool planned) {
   spdlog::info("[elastic] took over coordinating at {} (target {}, {} joiner(s) waiting)",
                current_.id > 0 ? current_.describe() : "the first generation", target_,
                joiners_.size());
+}
+
+void GenerationManager::adopt_recorded_joiners() {
+  const auto now = Clock::now();
+  for (const auto& j : control_.joiners()) {
+    if (current_.rank_of(j) >= 0 || exited_.count(j) != 0) {
+      if (current_.rank_of(j) >= 0) control_.remove_joiner(j);  // its generation was published
+      continue;
+    }
+    if (contains(joiners_, j)) continue;
+    joiners_.push_back(j);
+    joiner_since_[j] = now;
+  }
 }
 
 void GenerationManager::add_joiner(const std::string& member) {
@@ -157,13 +176,18 @@ void GenerationManager::publish(std::vector<std::string> members, std::string do
     for (const auto& m : next.members) times.push_back(control_.speed(m).value_or(0));
     next.vnodes = hetero::plan_by_speed(times, options_.limits.virtual_nodes);
   }
-  if (!control_.publish(next)) {
-    throw CoordinationLost(fmt::format(
-        "[elastic] another coordinator published generation {} first: this one stops deciding",
-        next.id));
+  const auto published = control_.publish(next);
+  if (records_differ(published, next)) {
+    spdlog::warn("[elastic] generation {} was decided already (by another coordinator): {}",
+                 next.id, published.describe());
+  } else {
+    spdlog::info("[elastic] published {}", next.describe());
   }
-  spdlog::info("[elastic] published {}", next.describe());
-  for (const auto& m : next.members) {
+  adopt(published);
+}
+
+void GenerationManager::adopt(const Generation& published) {
+  for (const auto& m : published.members) {
     drop_joiner(m);
     // A member counted as exited by its lease that then reported as a survivor lives: it is
     // judged afresh in this generation.
@@ -171,7 +195,7 @@ void GenerationManager::publish(std::vector<std::string> members, std::string do
     exited_.erase(m);
     lost_by_lease_.erase(m);
   }
-  current_ = next;
+  current_ = published;
   established_ = false;
   failure_since_.reset();
   short_since_.reset();
@@ -210,6 +234,17 @@ void GenerationManager::tick() {
 void GenerationManager::read_exits() {
   for (const auto& [member, exit] : control_.exits()) {
     if (exited_.count(member) != 0) continue;
+    if (exit.code == kPlacementDeclined) {
+      // Its agent could not take it up: placed again, elsewhere, as if it never was.
+      exited_.insert(member);
+      if (!contains(joiners_, member)) continue;
+      spdlog::info("[elastic] worker {} is placed again: {}", member, exit.why);
+      drop_joiner(member);
+      unplaced_ = true;
+      next_spawn_ = {};
+      if (current_.id == 0) spawn_joiners(target_);  // the first generation's own
+      continue;
+    }
     if (contains(joiners_, member) && !control_.ready(member) && exit.code != 0) {
       spdlog::warn("[elastic] worker {} could not start (status {}){}", member, exit.code,
                    exit.why.empty() ? "" : ": " + exit.why);
@@ -237,6 +272,7 @@ void GenerationManager::check_liveness() {
   last_liveness_ = Clock::now();
   // A finished job's workers end and revoke their leases: no failure.
   if (current_.stop || !control_.done().empty()) return;
+  adopt_recorded_joiners();
   const auto living = control_.store().alive_names(ControlPlane::liveness_name(""));
   const auto alive = [&](const std::string& m) {
     return std::binary_search(living.begin(), living.end(), ControlPlane::liveness_name(m));

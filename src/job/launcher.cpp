@@ -103,7 +103,9 @@ void claim_job_name(ControlPlane& control, ClusterStore& store, const LaunchOpti
     const int64_t removed = store.remove_all("");
     spdlog::info("[launch] removed {} keys of an earlier job named '{}'", removed, options.job);
   }
-  const std::string me = fmt::format("{}", getpid());
+  // This submission of the name: agents tell its workers from a later job's of that name.
+  const std::string me = fmt::format("{}-{}", submitter_name(),
+                                     std::chrono::system_clock::now().time_since_epoch().count());
   if (store.set_if_absent("job/owner", me) != me) {
     throw Error(fmt::format("another launcher took the job name '{}' on {} at the same moment",
                             options.job, options.control));
@@ -263,10 +265,16 @@ int launch_on_cluster(const LaunchOptions& options) {
       return kExitOk;  // the claim and the launcher's lease end with this process's clients
     }
     if (!done.empty() && !done_at) done_at = Clock::now();
-    // Ended: its workers here have exited, and the ones elsewhere had a moment to.
-    if (done_at && group.all_reaped() &&
-        (options.local || Clock::now() - *done_at > std::chrono::milliseconds(500))) {
-      break;
+    // Ended: its workers here have exited, and the ones elsewhere have ended too (their
+    // leases are gone), or had two lease times to; only then do its keys go.
+    if (done_at && group.all_reaped()) {
+      bool quiet = Clock::now() - *done_at > 2 * lease_ttl(options.timeout);
+      try {
+        quiet = quiet || names.alive_names(ControlPlane::liveness_name("")).empty();
+      } catch (const PeerFailure& e) {
+        spdlog::warn("{}", e.what());
+      }
+      if (quiet) break;
     }
     if (done.empty() && options.local && group.all_reaped() && !candidate.manager()) {
       break;  // every worker here ended and nobody coordinates: nothing will finish it

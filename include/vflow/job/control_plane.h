@@ -88,6 +88,11 @@ struct Placement {
   int64_t slot = 0;
 };
 
+/// WorkerExit::code of a placement its agent could not take up now (another job took the
+/// slot a moment before, or the agent is stopping): not a failure of the worker, which the
+/// coordinator places again elsewhere.
+constexpr int kPlacementDeclined = -1;
+
 /// How a worker process ended, as the process that watched it reports it.
 struct WorkerExit {
   int code = 0;
@@ -145,9 +150,14 @@ class ControlPlane {
   void require_job(const std::string& name, const std::string& where);
   /// The latest resize request as (sequence number, workers); sequence 0 when none.
   std::pair<int64_t, int64_t> resize_request();
-  /// Publishes `generation` unless one with its id was published already (by another
-  /// coordinator: this one has lost the election); returns whether it did.
-  bool publish(const Generation& generation);
+  /// Publishes `generation` unless a generation with its id was decided already (by another
+  /// coordinator, or by one that died before it announced it): then that one stands, is
+  /// announced, and is returned. Announcing is idempotent, so a publish that failed half-way
+  /// can be repeated.
+  Generation publish(const Generation& generation);
+  /// The generation with the id after the latest announced, if one was decided but not
+  /// announced (its coordinator died in between).
+  std::optional<Generation> undeclared_generation();
   void set_target(int64_t workers);
   /// The requested worker count as last set (0 before the first).
   int64_t target();

@@ -38,13 +38,6 @@ class WorkerSource {
   virtual void failed_at_start(const std::string& member, const WorkerExit& exit) {}
 };
 
-/// Thrown when another coordinator published a generation this one meant to: it lost the
-/// election (its lease expired while it was cut off or stalled) and must stop deciding.
-class CoordinationLost : public Error {
- public:
-  using Error::Error;
-};
-
 /// Decides generations (runs inside the coordinator). Not thread-safe: one thread calls
 /// it, e.g. the launcher's loop every few milliseconds.
 class GenerationManager {
@@ -63,7 +56,7 @@ class GenerationManager {
   void resume(bool planned);
   /// A member's process ended with `exit_code` (from a launcher that watches processes).
   void on_exit(const std::string& member, int exit_code);
-  /// Publishes the next generation when one is due. Throws CoordinationLost.
+  /// Publishes the next generation when one is due.
   void tick();
   const Generation& current() const { return current_; }
   /// Members that joined the job but are not in the current generation any more.
@@ -87,6 +80,11 @@ class GenerationManager {
   void drop_joiner(const std::string& member);
   void publish(std::vector<std::string> members, std::string donor, bool transfer, bool stop,
                std::vector<int64_t> vnodes = {});
+  /// Makes `published` the current generation (this manager's, or one decided before it).
+  void adopt(const Generation& published);
+  /// Cluster stores: joiners recorded by another coordinator (one that lost its claim
+  /// while it placed them) become this one's.
+  void adopt_recorded_joiners();
   bool established();
   /// A first-generation worker that cannot start fails the job on a cluster store (its
   /// submitter may be on another host): the job is marked failed, naming it.

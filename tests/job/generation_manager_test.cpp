@@ -1,0 +1,60 @@
+// The generation manager on a cluster store takes over from a coordinator that died: it
+// resumes from what the store holds, announces a generation its predecessor decided but
+// did not announce, and keeps the joiners the predecessor recorded. On the embedded store a
+// real coordinator hosts, as the protocol is the same.
+#include "vflow/job/generation_manager.h"
+
+#include <catch2/catch.hpp>
+#include <chrono>
+
+#include "job/control_records.h"
+#include "vflow/job/launcher.h"
+
+using namespace std::chrono_literals;
+
+TEST_CASE("a coordinator taking over announces what its predecessor decided and keeps its joiners",
+          "[unit]") {
+  vflow::job::Coordinator coordinator("127.0.0.1", 0, 5s);
+  vflow::job::ControlPlane control(
+      vflow::job::connect_embedded_store("127.0.0.1", coordinator.port(), 5s));
+  vflow::job::ElasticOptions options;
+  options.limits = {12, 1, 12};
+  options.timeout = 5s;
+  options.cluster = true;
+  {
+    vflow::job::GenerationManager first(control, options, nullptr);
+    first.start({"0", "1"});
+    for (const auto* m : {"0", "1"}) {
+      control.store().heartbeat(vflow::job::ControlPlane::liveness_name(m), 30s);
+      control.mark_ready(m, 1);
+    }
+    first.tick();
+    REQUIRE(first.current().id == 1);
+    control.mark_joined(1, "0");
+    control.mark_joined(1, "1");
+    control.set_target(3);
+  }  // it dies having decided generation 2 (a joiner came in) but before announcing it
+  vflow::job::Generation decided;
+  decided.id = 2;
+  decided.members = {"0", "1", "2"};
+  decided.donor = "0";
+  decided.transfer_state = true;
+  control.store().set_if_absent("elastic/2/generation",
+                                vflow::job::records::encode_generation(decided));
+  control.add_joiner("3");  // and had placed one more worker
+  control.store().heartbeat(vflow::job::ControlPlane::liveness_name("2"), 30s);
+  control.store().heartbeat(vflow::job::ControlPlane::liveness_name("3"), 30s);
+  CHECK(control.latest_generation() == 1);
+
+  vflow::job::GenerationManager next(control, options, nullptr);
+  next.resume(false);
+  CHECK(next.current().id == 2);
+  CHECK(next.current().members == std::vector<std::string>{"0", "1", "2"});
+  CHECK(control.latest_generation() == 2);  // announced: the workers see it now
+  // Its joiner is this coordinator's: once ready, it joins at the next change.
+  CHECK(control.joiners() == std::vector<std::string>{"3"});
+  // Deciding the same generation again adopts the one that stands.
+  vflow::job::Generation other = decided;
+  other.members = {"1", "0"};
+  CHECK(control.publish(other).members == decided.members);
+}
