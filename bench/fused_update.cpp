@@ -1,7 +1,9 @@
 // The optimizer update alone: vflow's fused SGD and AdamW against LibTorch's, on the
 // parameters of the MLP 784-2048-2048-10 (5.8 M, as bench/ddp_compare.py --model
 // mlp-wide trains), alternating blocks of steps between the two so that drift in the
-// machine's speed affects both alike.
+// machine's speed affects both alike. A second table times deterministic mode's update
+// from the reduced integer sums: assembled into floats and then stepped, against the
+// fused step reading the sums where they lie.
 //   fused_update [--threads 1] [--steps 20] [--repeats 5] [--hidden 2048,2048]
 #include "engine/fused_update.h"
 
@@ -42,10 +44,28 @@ struct Parameters {
   std::unique_ptr<vflow::vnode::GradientBuffer> buffer;
 };
 
-double milliseconds_per_step(torch::optim::Optimizer& o, int steps) {
+template <typename F>
+double milliseconds_per_call(F f, int calls) {
   const auto t0 = Clock::now();
-  for (int i = 0; i < steps; ++i) o.step();
-  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count() / steps;
+  for (int i = 0; i < calls; ++i) f();
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count() / calls;
+}
+
+/// Median (min-max) of `a` and of `b`, timed in alternating blocks, as a table row.
+template <typename A, typename B>
+void print_row(const std::string& name, A a, B b, int steps, int repeats) {
+  milliseconds_per_call(a, 2);  // state allocated, caches warm
+  milliseconds_per_call(b, 2);
+  std::vector<double> ta, tb;
+  for (int r = 0; r < repeats; ++r) {
+    ta.push_back(milliseconds_per_call(a, steps));
+    tb.push_back(milliseconds_per_call(b, steps));
+  }
+  std::sort(ta.begin(), ta.end());
+  std::sort(tb.begin(), tb.end());
+  const double ma = ta[ta.size() / 2], mb = tb[tb.size() / 2];
+  std::printf("| %s | %.2f (%.2f-%.2f) | %.2f (%.2f-%.2f) | %.2fx |\n", name.c_str(), ma,
+              ta.front(), ta.back(), mb, tb.front(), tb.back(), ma / mb);
 }
 
 }  // namespace
@@ -85,18 +105,38 @@ int main(int argc, char** argv) {
           a.params, torch::optim::AdamWOptions(spec.lr).weight_decay(spec.weight_decay));
     }
     auto fused = vflow::engine::make_fused_optimizer(spec, b.params);
-    milliseconds_per_step(*libtorch, 2);  // state allocated, caches warm
-    milliseconds_per_step(*fused, 2);
-    std::vector<double> tl, tf;
-    for (int r = 0; r < repeats; ++r) {
-      tl.push_back(milliseconds_per_step(*libtorch, steps));
-      tf.push_back(milliseconds_per_step(*fused, steps));
-    }
-    std::sort(tl.begin(), tl.end());
-    std::sort(tf.begin(), tf.end());
-    const double ml = tl[tl.size() / 2], mf = tf[tf.size() / 2];
-    std::printf("| %s | %.2f (%.2f-%.2f) | %.2f (%.2f-%.2f) | %.2fx |\n", spec.name.c_str(), ml,
-                tl.front(), tl.back(), mf, tf.front(), tf.back(), ml / mf);
+    print_row(
+        spec.name, [&] { libtorch->step(); }, [&] { fused->step(); }, steps, repeats);
+  }
+
+  // Deterministic mode: the summed dense int32 part and about one listed value in 5,000,
+  // as two workers of this MLP give them.
+  std::printf(
+      "\n| deterministic, %s | assemble, then step ms | step from the sums ms | speed-up "
+      "|\n|---|---|---|---|\n",
+      "2 workers' sums");
+  for (const auto& spec : {sgd, adamw}) {
+    Parameters a(hidden), b(hidden);
+    const auto dense = torch::randint(-(1 << 24), 1 << 24, {numel}, torch::kInt32);
+    const auto index =
+        std::get<0>(torch::randperm(numel, torch::kInt64).narrow(0, 0, numel / 5000).sort());
+    const auto value =
+        torch::randint(int64_t{1} << 31, int64_t{1} << 33, {index.numel()}, torch::kInt64);
+    auto assembled = vflow::engine::make_fused_optimizer(spec, a.params);
+    auto direct = vflow::engine::make_fused_optimizer(spec, b.params);
+    auto& from_sums = dynamic_cast<vflow::engine::FixedPointStep&>(*direct);
+    auto flat = a.buffer->flat();
+    print_row(
+        spec.name,
+        [&] {
+          vflow::vnode::FixedPointSum::assemble(dense, index, value, flat);
+          assembled->step();
+        },
+        [&] {
+          from_sums.step_fixed_point(
+              vflow::vnode::FixedPointSum::reduced(dense, index, value, numel));
+        },
+        steps, repeats);
   }
   std::printf("\n%ld parameters, %d thread(s), medians (min-max) of %d blocks of %d steps\n",
               static_cast<long>(numel), threads, repeats, steps);

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/torch_compat.h"
@@ -28,6 +29,42 @@ void for_chunks(int64_t n, F f) {
 bool cpu_float(const torch::Tensor& t) {
   return t.device().is_cpu() && t.scalar_type() == torch::kFloat32 && t.is_contiguous();
 }
+
+/// A step's gradient: flat floats, or deterministic mode's reduced sum.
+struct Gradient {
+  torch::Tensor values;  // when reduced is null
+  const vnode::FixedPointSum::Reduced* reduced = nullptr;
+
+  /// The float gradient is on the CPU, or the gradient is a reduced sum.
+  bool on_cpu() const { return reduced != nullptr || cpu_float(values); }
+
+  /// f(begin, end, floats, integers) over [0, n) in parallel chunks, one pointer of the
+  /// two set, at `begin` of its source: for floats one call a chunk; for a reduced sum
+  /// runs of dense integers between the listed elements, and each listed element alone
+  /// with its float.
+  template <typename F>
+  void for_runs(int64_t n, F f) const {
+    if (reduced == nullptr) {
+      const float* g = values.data_ptr<float>();
+      for_chunks(n, [&](int64_t b, int64_t e) { f(b, e, g + b, nullptr); });
+      return;
+    }
+    const auto& r = *reduced;
+    VFLOW_ASSERT(r.numel == n, "a reduced gradient of another size");
+    for_chunks(n, [&](int64_t b, int64_t e) {
+      auto k = static_cast<size_t>(std::lower_bound(r.index.begin(), r.index.end(), b) -
+                                   r.index.begin());
+      int64_t at = b;
+      for (; k < r.index.size() && r.index[k] < e; ++k) {
+        const int64_t i = r.index[k];
+        if (at < i) f(at, i, nullptr, r.dense + at);
+        f(i, i + 1, &r.listed[k], nullptr);
+        at = i + 1;
+      }
+      if (at < e) f(at, e, nullptr, r.dense + at);
+    });
+  }
+};
 
 // ---- flat parameters -----------------------------------------------------------------
 
@@ -108,7 +145,7 @@ class FlatParameters {
 /// optimizer of the same arithmetic: it defines the checkpoint format (save and load go
 /// through one built for the purpose) and its options are this optimizer's.
 template <typename Reference, typename Options>
-class FusedOptimizer : public torch::optim::Optimizer {
+class FusedOptimizer : public torch::optim::Optimizer, public FixedPointStep {
  public:
   FusedOptimizer(const std::vector<torch::Tensor>& params, const Options& options,
                  int state_tensors)
@@ -124,9 +161,18 @@ class FusedOptimizer : public torch::optim::Optimizer {
     flat_.bind();
     auto gradients = flat_.flat_gradients();
     if (!gradients.defined()) gradients = flat_.gathered_gradients();
-    update(flat_.flat(), gradients, options().get_lr());
+    update(flat_.flat(), Gradient{gradients}, options().get_lr());
     ++steps_;
     return loss;
+  }
+
+  void step_fixed_point(const vnode::FixedPointSum::Reduced& g) override {
+    torch::NoGradGuard no_grad;
+    flat_.bind();
+    VFLOW_ASSERT(cpu_float(flat_.flat()),
+                 "a fixed-point step of parameters not float32 on the CPU");
+    update(flat_.flat(), Gradient{{}, &g}, options().get_lr());
+    ++steps_;
   }
 
   void save(torch::serialize::OutputArchive& archive) const override {
@@ -166,7 +212,7 @@ class FusedOptimizer : public torch::optim::Optimizer {
  protected:
   /// The update of every element: `p` and `g` are flat, state_ is laid out alike;
   /// steps_ updates were applied before this one.
-  virtual void update(torch::Tensor& p, const torch::Tensor& g, double lr) = 0;
+  virtual void update(torch::Tensor& p, const Gradient& g, double lr) = 0;
   /// Parameter i's state as LibTorch's optimizer keeps it.
   virtual std::unique_ptr<torch::optim::OptimizerParamState> saved_state(size_t i) const = 0;
   /// Copies LibTorch's state of parameter i into state_; returns its step count.
@@ -205,7 +251,7 @@ class FusedSgd final : public FusedOptimizer<torch::optim::SGD, torch::optim::SG
       : FusedOptimizer(params, options, /*state_tensors=*/options.momentum() != 0 ? 1 : 0) {}
 
  protected:
-  void update(torch::Tensor& p, const torch::Tensor& g, double lr) override {
+  void update(torch::Tensor& p, const Gradient& gradient, double lr) override {
     const auto& o = options();
     const SgdScalars s{static_cast<float>(-lr),
                        static_cast<float>(o.weight_decay()),
@@ -215,15 +261,20 @@ class FusedSgd final : public FusedOptimizer<torch::optim::SGD, torch::optim::SG
                        o.momentum() != 0,
                        o.nesterov(),
                        steps_ == 0};
-    if (cpu_float(p) && cpu_float(g)) {
+    if (cpu_float(p) && gradient.on_cpu()) {
       float* pp = p.data_ptr<float>();
-      const float* gp = g.data_ptr<float>();
       float* bp = s.use_momentum ? state_[0].data_ptr<float>() : nullptr;
-      for_chunks(p.numel(), [&](int64_t b, int64_t e) {
-        sgd_kernel(pp + b, gp + b, bp ? bp + b : nullptr, e - b, s);
+      gradient.for_runs(p.numel(), [&](int64_t b, int64_t e, const float* g, const int32_t* q) {
+        float* buf = bp ? bp + b : nullptr;
+        if (g != nullptr) {
+          sgd_kernel(pp + b, g, buf, e - b, s);
+        } else {
+          sgd_kernel(pp + b, q, vnode::FixedPointSum::Reduced::kUnit, buf, e - b, s);
+        }
       });
       return;
     }
+    const auto& g = gradient.values;
     // Other devices and types: LibTorch's operations over the whole buffer.
     auto d = s.decay ? g.add(p, o.weight_decay()) : g;
     if (s.use_momentum) {
@@ -259,7 +310,7 @@ class FusedAdamW final : public FusedOptimizer<torch::optim::AdamW, torch::optim
   }
 
  protected:
-  void update(torch::Tensor& p, const torch::Tensor& g, double lr) override {
+  void update(torch::Tensor& p, const Gradient& gradient, double lr) override {
     const auto& o = options();
     const double beta1 = std::get<0>(o.betas());
     const double beta2 = std::get<1>(o.betas());
@@ -269,7 +320,7 @@ class FusedAdamW final : public FusedOptimizer<torch::optim::AdamW, torch::optim
     const double step_size = lr / correction1;
     auto& m = state_[0];
     auto& v = state_[1];
-    if (cpu_float(p) && cpu_float(g)) {
+    if (cpu_float(p) && gradient.on_cpu()) {
       const AdamWScalars s{static_cast<float>(1 - lr * o.weight_decay()),
                            static_cast<float>(beta1),
                            static_cast<float>(1 - beta1),
@@ -280,14 +331,18 @@ class FusedAdamW final : public FusedOptimizer<torch::optim::AdamW, torch::optim
                            static_cast<float>(-step_size),
                            o.weight_decay() != 0};
       float* pp = p.data_ptr<float>();
-      const float* gp = g.data_ptr<float>();
       float* mp = m.data_ptr<float>();
       float* vp = v.data_ptr<float>();
-      for_chunks(p.numel(), [&](int64_t b, int64_t e) {
-        adamw_kernel(pp + b, gp + b, mp + b, vp + b, e - b, s);
+      gradient.for_runs(p.numel(), [&](int64_t b, int64_t e, const float* g, const int32_t* q) {
+        if (g != nullptr) {
+          adamw_kernel(pp + b, g, mp + b, vp + b, e - b, s);
+        } else {
+          adamw_kernel(pp + b, q, vnode::FixedPointSum::Reduced::kUnit, mp + b, vp + b, e - b, s);
+        }
       });
       return;
     }
+    const auto& g = gradient.values;
     if (o.weight_decay() != 0) p.mul_(1 - lr * o.weight_decay());
     m.mul_(beta1).add_(g, 1 - beta1);
     v.mul_(beta2).addcmul_(g, g, 1 - beta2);

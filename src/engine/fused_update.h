@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "vflow/engine/job_spec.h"
+#include "vflow/vnode/fixed_point.h"
 
 namespace vflow::engine {
 
@@ -24,6 +25,19 @@ inline torch::Tensor evaluate_closure(const torch::optim::Optimizer::LossClosure
   torch::AutoGradMode enable_grad(true);
   return closure();
 }
+
+/// What the fused optimizers offer beyond LibTorch's interface: a step whose gradient is
+/// deterministic mode's reduced sum where it lies, so that it is never written out as
+/// floats (bitwise the step after FixedPointSum::assemble, one pass less).
+class FixedPointStep {
+ public:
+  /// One step with gradient `g` (the flat gradient, in the parameters' order). The
+  /// parameters must be float32 on the CPU.
+  virtual void step_fixed_point(const vnode::FixedPointSum::Reduced& g) = 0;
+
+ protected:
+  ~FixedPointStep() = default;
+};
 
 /// The fused optimizer for `spec` (sgd or adamw) over `params`, nullptr for the others.
 /// Every parameter that requires a gradient must have one at every step (as the engine's

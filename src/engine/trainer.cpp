@@ -10,6 +10,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -19,6 +20,7 @@
 #include "engine/background_task.h"
 #include "engine/bucketed_reduction.h"
 #include "engine/copy_stream.h"
+#include "engine/fused_update.h"
 #include "vflow/comm/nccl.h"
 #include "vflow/comm/split_sum.h"
 #include "vflow/core/error.h"
@@ -175,6 +177,9 @@ struct Trainer::Impl {
   std::unique_ptr<vnode::StepPacket> packet;  // the step's one collective
   std::unique_ptr<vnode::StatefulKernelSet> kernels;
   std::unique_ptr<torch::optim::Optimizer> optimizer;
+  /// Deterministic mode's summed gradient when the update reads it where it lies
+  /// (reduce_packet), for this step's update.
+  std::optional<vnode::FixedPointSum::Reduced> reduced_gradient;
   std::vector<torch::Tensor> ema;  // semantic.ema: the parameters' average, in their order
   std::shared_ptr<comm::Communicator> comm;
   vnode::VnodeRange held;  // the vnodes this worker processes
@@ -295,6 +300,7 @@ struct Trainer::Impl {
     kernels->abort_step();
     packet->clear();
     if (exact) exact->clear();
+    reduced_gradient.reset();
   }
 
   data::Batch take(const WorkItem& item) {
@@ -380,7 +386,12 @@ struct Trainer::Impl {
       views_checked = true;
     }
     if (spec.semantic.clip.enabled()) info.grad_norm = clip_gradients();
-    optimizer->step();
+    if (reduced_gradient) {
+      dynamic_cast<FixedPointStep&>(*optimizer).step_fixed_point(*reduced_gradient);
+      reduced_gradient.reset();
+    } else {
+      optimizer->step();
+    }
     ++step;
     if (!ema.empty() && step % spec.semantic.ema.every_steps == 0) update_ema();
 
@@ -477,6 +488,16 @@ struct Trainer::Impl {
     torch::Tensor index, value;
     check_range(exact->split(flat, comm::SplitSum::dense_limit(world), dense, index, value));
     const auto listed = exact_reduction->reduce(*comm, index, value);
+    // A fused update on the CPU reads the gradients' sums where they lie (bitwise the
+    // same step, one pass less); the rest of the packet is assembled as floats.
+    const int64_t gradients = packet->gradients().numel();
+    if (device.is_cpu() && !spec.semantic.clip.enabled() &&
+        dynamic_cast<FixedPointStep*>(optimizer.get()) != nullptr) {
+      vnode::FixedPointSum::assemble(dense, listed.index, listed.value, flat, gradients);
+      reduced_gradient =
+          vnode::FixedPointSum::reduced(dense, listed.index, listed.value, gradients);
+      return;
+    }
     vnode::FixedPointSum::assemble(dense, listed.index, listed.value, flat);
   }
 

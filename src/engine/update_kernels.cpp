@@ -9,10 +9,29 @@
 namespace vflow::engine {
 
 // Plain loops over restrict pointers, with loop-invariant branches the compiler hoists.
+// Each body is written once, over a gradient source G: floats, or int32 values times a
+// unit. The bodies are always inlined, so each clone compiles them for its own target.
 #define VFLOW_KERNEL __attribute__((target_clones("avx2", "default")))
+#define VFLOW_BODY __attribute__((always_inline)) inline
 
-VFLOW_KERNEL void sgd_kernel(float* __restrict p, const float* __restrict g, float* __restrict buf,
-                             int64_t n, const SgdScalars& s) {
+namespace {
+
+struct FloatGradients {
+  const float* __restrict g;
+  float operator[](int64_t i) const { return g[i]; }
+};
+
+/// An int32 rounded to float, times a power of two (exact): what
+/// vnode::FixedPointSum::assemble writes for an element that is not listed.
+struct FixedGradients {
+  const int32_t* __restrict q;
+  float unit;
+  float operator[](int64_t i) const { return static_cast<float>(q[i]) * unit; }
+};
+
+template <typename G>
+VFLOW_BODY void sgd_body(float* __restrict p, G g, float* __restrict buf, int64_t n,
+                         const SgdScalars& s) {
   const float lr = s.minus_lr, wd = s.weight_decay, m = s.momentum, keep = s.keep;
   const bool decay = s.decay, use_momentum = s.use_momentum, nesterov = s.nesterov, first = s.first;
   for (int64_t i = 0; i < n; ++i) {
@@ -28,8 +47,9 @@ VFLOW_KERNEL void sgd_kernel(float* __restrict p, const float* __restrict g, flo
   }
 }
 
-VFLOW_KERNEL void adamw_kernel(float* __restrict p, const float* __restrict g, float* __restrict m,
-                               float* __restrict v, int64_t n, const AdamWScalars& s) {
+template <typename G>
+VFLOW_BODY void adamw_body(float* __restrict p, G g, float* __restrict m, float* __restrict v,
+                           int64_t n, const AdamWScalars& s) {
   const float f = s.decay_factor, b1 = s.beta1, c1 = s.one_minus_beta1, b2 = s.beta2,
               c2 = s.one_minus_beta2, root = s.sqrt_correction2, eps = s.eps,
               step = s.minus_step_size;
@@ -47,6 +67,30 @@ VFLOW_KERNEL void adamw_kernel(float* __restrict p, const float* __restrict g, f
   }
 }
 
+}  // namespace
+
+VFLOW_KERNEL void sgd_kernel(float* __restrict p, const float* __restrict g, float* __restrict buf,
+                             int64_t n, const SgdScalars& s) {
+  sgd_body(p, FloatGradients{g}, buf, n, s);
+}
+
+VFLOW_KERNEL void sgd_kernel(float* __restrict p, const int32_t* __restrict q, float unit,
+                             float* __restrict buf, int64_t n, const SgdScalars& s) {
+  sgd_body(p, FixedGradients{q, unit}, buf, n, s);
+}
+
+VFLOW_KERNEL void adamw_kernel(float* __restrict p, const float* __restrict g, float* __restrict m,
+                               float* __restrict v, int64_t n, const AdamWScalars& s) {
+  adamw_body(p, FloatGradients{g}, m, v, n, s);
+}
+
+VFLOW_KERNEL void adamw_kernel(float* __restrict p, const int32_t* __restrict q, float unit,
+                               float* __restrict m, float* __restrict v, int64_t n,
+                               const AdamWScalars& s) {
+  adamw_body(p, FixedGradients{q, unit}, m, v, n, s);
+}
+
+#undef VFLOW_BODY
 #undef VFLOW_KERNEL
 
 }  // namespace vflow::engine

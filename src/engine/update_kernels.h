@@ -16,6 +16,9 @@ struct SgdScalars {
 /// n elements: parameters p, gradients g, momentum buffer buf (unused without momentum).
 void sgd_kernel(float* __restrict p, const float* __restrict g, float* __restrict buf, int64_t n,
                 const SgdScalars& s);
+/// The same with gradients float(q[i]) · unit (deterministic mode's reduced integers).
+void sgd_kernel(float* __restrict p, const int32_t* __restrict q, float unit, float* __restrict buf,
+                int64_t n, const SgdScalars& s);
 
 struct AdamWScalars {
   float decay_factor;  // 1 - lr · weight_decay
@@ -26,6 +29,9 @@ struct AdamWScalars {
 
 /// n elements: parameters p, gradients g, first and second moments m and v.
 void adamw_kernel(float* __restrict p, const float* __restrict g, float* __restrict m,
+                  float* __restrict v, int64_t n, const AdamWScalars& s);
+/// The same with gradients float(q[i]) · unit.
+void adamw_kernel(float* __restrict p, const int32_t* __restrict q, float unit, float* __restrict m,
                   float* __restrict v, int64_t n, const AdamWScalars& s);
 
 }  // namespace vflow::engine

@@ -7,6 +7,7 @@
 #include <ATen/Parallel.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -18,8 +19,8 @@ namespace vflow::vnode {
 
 namespace {
 
-constexpr float kScaleF = 68719476736.0f;        // 2^36
-constexpr float kUnitF = 1.0f / 68719476736.0f;  // 2^-36
+constexpr float kScaleF = 68719476736.0f;                // 2^36
+constexpr float kUnitF = FixedPointSum::Reduced::kUnit;  // 2^-36
 constexpr double kUnit = 1.0 / FixedPointSum::kScale;
 constexpr int64_t kChunk = int64_t{1} << 15;  // elements per parallel task
 constexpr int64_t kBlock = 1024;              // split: the unit rescanned for its large values
@@ -302,38 +303,82 @@ double FixedPointSum::split(const torch::Tensor& values, int64_t dense_limit, to
   return seen.result();
 }
 
+namespace {
+
+/// The listed element k's value: (dense + listed) · 2^-36, rounded to float once.
+float listed_float(const int32_t* d, int64_t i, int64_t value) {
+  return static_cast<float>(static_cast<double>(static_cast<int64_t>(d[i]) + value) * kUnit);
+}
+
+/// The first listed position whose index is at least `from` (indices ascending).
+int64_t first_listed(const int64_t* ip, int64_t listed, int64_t from) {
+  return std::lower_bound(ip, ip + listed, from) - ip;
+}
+
+}  // namespace
+
 void FixedPointSum::assemble(const torch::Tensor& dense, const torch::Tensor& index,
-                             const torch::Tensor& value, torch::Tensor& values) {
+                             const torch::Tensor& value, torch::Tensor& values, int64_t from) {
   VFLOW_ASSERT(dense.numel() == values.numel() && dense.scalar_type() == torch::kInt32,
                "assemble from a dense part of another size or type");
   VFLOW_ASSERT(index.device().is_cpu() && value.device().is_cpu() &&
                    index.scalar_type() == torch::kInt64 && value.scalar_type() == torch::kInt64,
                "the listed values must be int64 on the CPU");
-  const int64_t listed = index.numel();
-  if (!fast_path(values) || !dense.device().is_cpu() || !dense.is_contiguous()) {
-    values.copy_(dense.to(torch::kFloat64).mul_(kUnit));
-    if (listed == 0) return;
-    const auto where = index.to(dense.device());
-    const auto t = dense.index_select(0, where).to(torch::kInt64).add_(value.to(dense.device()));
-    values.index_put_({where}, t.to(torch::kFloat64).mul_(kUnit).to(values.scalar_type()));
-    return;
-  }
-  const int32_t* d = dense.data_ptr<int32_t>();
-  float* v = values.data_ptr<float>();
-  for_chunks(values.numel(), [&](int64_t b, int64_t e, int64_t) {
-    assemble_dense(d + b, v + b, e - b);
-    return RangeSeen{};
-  });
+  VFLOW_ASSERT(from >= 0 && from <= values.numel(), "assemble from outside the buffer");
   const auto ic = index.contiguous();
   const auto vc = value.contiguous();
   const int64_t* ip = ic.data_ptr<int64_t>();
   const int64_t* vp = vc.data_ptr<int64_t>();
-  for (int64_t k = 0; k < listed; ++k) {
-    const int64_t i = ip[k];
-    VFLOW_ASSERT(i >= 0 && i < values.numel(), "a listed index outside the buffer");
-    const int64_t t = static_cast<int64_t>(d[i]) + vp[k];
-    v[i] = static_cast<float>(static_cast<double>(t) * kUnit);
+  const int64_t listed = index.numel();
+  // With from > 0, the indices are ascending (as reduce delivers them).
+  const int64_t first = from == 0 ? 0 : first_listed(ip, listed, from);
+  const int64_t n = values.numel() - from;
+  if (!fast_path(values) || !dense.device().is_cpu() || !dense.is_contiguous()) {
+    auto out = values.narrow(0, from, n);
+    const auto part = dense.narrow(0, from, n);
+    out.copy_(part.to(torch::kFloat64).mul_(kUnit));
+    if (first == listed) return;
+    const auto where = (ic.narrow(0, first, listed - first) - from).to(dense.device());
+    const auto t = part.index_select(0, where)
+                       .to(torch::kInt64)
+                       .add_(vc.narrow(0, first, listed - first).to(dense.device()));
+    out.index_put_({where}, t.to(torch::kFloat64).mul_(kUnit).to(values.scalar_type()));
+    return;
   }
+  const int32_t* d = dense.data_ptr<int32_t>();
+  float* v = values.data_ptr<float>();
+  for_chunks(n, [&](int64_t b, int64_t e, int64_t) {
+    assemble_dense(d + from + b, v + from + b, e - b);
+    return RangeSeen{};
+  });
+  for (int64_t k = first; k < listed; ++k) {
+    const int64_t i = ip[k];
+    VFLOW_ASSERT(i >= from && i < values.numel(), "a listed index outside the buffer");
+    v[i] = listed_float(d, i, vp[k]);
+  }
+}
+
+FixedPointSum::Reduced FixedPointSum::reduced(const torch::Tensor& dense,
+                                              const torch::Tensor& index,
+                                              const torch::Tensor& value, int64_t numel) {
+  VFLOW_ASSERT(dense.device().is_cpu() && dense.scalar_type() == torch::kInt32 &&
+                   dense.is_contiguous() && numel >= 0 && numel <= dense.numel(),
+               "a reduced sum read from a dense part that is not int32 on the CPU");
+  VFLOW_ASSERT(index.device().is_cpu() && value.device().is_cpu() &&
+                   index.scalar_type() == torch::kInt64 && value.scalar_type() == torch::kInt64,
+               "the listed values must be int64 on the CPU");
+  const auto ic = index.contiguous();
+  const auto vc = value.contiguous();
+  const int64_t* ip = ic.data_ptr<int64_t>();
+  const int64_t* vp = vc.data_ptr<int64_t>();
+  Reduced r;
+  r.dense = dense.data_ptr<int32_t>();
+  r.numel = numel;
+  const int64_t count = first_listed(ip, index.numel(), numel);
+  r.index.assign(ip, ip + count);
+  r.listed.reserve(static_cast<size_t>(count));
+  for (int64_t k = 0; k < count; ++k) r.listed.push_back(listed_float(r.dense, ip[k], vp[k]));
+  return r;
 }
 
 }  // namespace vflow::vnode

@@ -192,3 +192,66 @@ TEST_CASE("the fused optimizers' checkpoints are LibTorch's: each resumes the ot
   auto fresh_reference = libtorch_optimizer(spec, *fresh_net);
   CHECK(saved(*fresh).size() == saved(*fresh_reference).size());
 }
+
+TEST_CASE(
+    "a fused step from deterministic mode's reduced sum is bitwise the step after assembling it",
+    "[unit]") {
+  const auto variant = GENERATE(Variant{"sgd", 5e-4, 0.9, 0, true}, Variant{"sgd", 0, 0, 0, false},
+                                Variant{"adamw", 0.01, 0, 0, false});
+  const int threads = GENERATE(1, 2);
+  CAPTURE(variant.name, variant.momentum, threads);
+  const int saved_threads = torch::get_num_threads();
+  torch::set_num_threads(threads);
+  auto spec = spec_of(variant.name, variant.weight_decay);
+  spec.momentum = variant.momentum;
+  spec.nesterov = variant.nesterov;
+  // Over two parallel chunks of the update (2^14 elements), so that listed elements
+  // fall at a chunk's edges.
+  const auto make = [] {
+    torch::manual_seed(5);
+    auto net = std::make_shared<torch::nn::Module>();
+    net->register_parameter("w", torch::randn({40000}) * 0.1);
+    net->register_parameter("b", torch::randn({7}) * 0.1);
+    return net;
+  };
+  auto assembled_net = make();
+  auto reduced_net = make();
+  // The trainer's layout: the gradients are the first part of a flat buffer (here with
+  // 5 elements past them, as the packet's table, loss and control word are).
+  vflow::vnode::GradientBuffer buffer(assembled_net->parameters());
+  const int64_t n = 40007;
+  auto assembled = vflow::engine::make_fused_optimizer(spec, assembled_net->parameters());
+  auto direct = vflow::engine::make_fused_optimizer(spec, reduced_net->parameters());
+  auto& fixed = dynamic_cast<vflow::engine::FixedPointStep&>(*direct);
+  for (int k = 0; k < 6; ++k) {
+    torch::manual_seed(100 + k);
+    // Sums of up to 2^30 units, beyond float's 24 bits, so that the conversion rounds.
+    const auto dense = torch::randint(-(int64_t{1} << 30), int64_t{1} << 30, {n + 5},
+                                      torch::TensorOptions(torch::kInt32));
+    const auto index =
+        torch::tensor(std::vector<int64_t>{0, 16383, 16384, 16385, 32768, 39999, n - 1, n + 2});
+    const auto value = torch::tensor(std::vector<int64_t>{int64_t{1} << 40, -(int64_t{3} << 38), 7,
+                                                          int64_t{1} << 33, -(int64_t{5} << 36),
+                                                          int64_t{1} << 41, 12345, 99});
+    auto whole = torch::zeros({n + 5});
+    vflow::vnode::FixedPointSum::assemble(dense, index, value, whole);
+    {
+      torch::NoGradGuard no_grad;
+      const auto params = assembled_net->parameters();
+      params[0].mutable_grad().copy_(whole.narrow(0, 0, 40000));
+      params[1].mutable_grad().copy_(whole.narrow(0, 40000, 7));
+    }
+    assembled->step();
+    fixed.step_fixed_point(vflow::vnode::FixedPointSum::reduced(dense, index, value, n));
+    // assemble from an offset writes only the rest, as the whole one does there.
+    auto tail = torch::full({n + 5}, 7.0f);
+    vflow::vnode::FixedPointSum::assemble(dense, index, value, tail, n);
+    CHECK(torch::equal(tail.narrow(0, n, 5), whole.narrow(0, n, 5)));
+    CHECK(torch::equal(tail.narrow(0, 0, n), torch::full({n}, 7.0f)));
+  }
+  const auto pa = assembled_net->parameters();
+  const auto pr = reduced_net->parameters();
+  for (size_t i = 0; i < pa.size(); ++i) CHECK(torch::equal(pa[i], pr[i]));
+  CHECK(!torch::equal(pa[0], make()->parameters()[0]));
+  torch::set_num_threads(saved_threads);
+}

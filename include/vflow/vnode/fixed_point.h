@@ -18,6 +18,7 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <vector>
 
 namespace vflow::vnode {
 
@@ -50,9 +51,28 @@ class FixedPointSum {
 
   /// `values` = (dense + the listed values at their indices) · 2^-36, rounded to float
   /// once: the inverse of split after the parts were summed over workers. `index` and
-  /// `value` are int64 on the CPU with distinct indices.
+  /// `value` are int64 on the CPU with distinct indices. Only elements from `from` on
+  /// are written.
   static void assemble(const torch::Tensor& dense, const torch::Tensor& index,
-                       const torch::Tensor& value, torch::Tensor& values);
+                       const torch::Tensor& value, torch::Tensor& values, int64_t from = 0);
+
+  /// The summed parts read where they lie, for an update that takes them in place of
+  /// assembled floats (one pass less over the buffer): element i < numel is
+  /// float(dense[i]) · kUnit, except at index[k], where it is listed[k]. Bitwise what
+  /// assemble writes.
+  struct Reduced {
+    static constexpr float kUnit = 1.0f / 68719476736.0f;  // 2^-36
+    const int32_t* dense = nullptr;
+    int64_t numel = 0;
+    std::vector<int64_t> index;  // ascending
+    std::vector<float> listed;
+  };
+
+  /// The first `numel` elements of the summed parts (`dense` int32, contiguous, on the
+  /// CPU; `index` and `value` as for assemble, ascending) as a Reduced that refers to
+  /// `dense`.
+  static Reduced reduced(const torch::Tensor& dense, const torch::Tensor& index,
+                         const torch::Tensor& value, int64_t numel);
 
   /// Zeroes the sum (a step abandoned).
   void clear();
