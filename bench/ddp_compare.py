@@ -4,13 +4,16 @@
 Same model (--model convnet: two 3x3 conv + batch norm blocks with 32/64 channels,
 128 hidden, dropout 0.25; --model mlp-wide: the MLP 784-2048-2048-10, 5.8 M
 parameters, 23 MB of gradient; --model resnet18: CIFAR-style ResNet-18 of width 16,
-on synthetic 3x32x32 images), same data (Fashion-MNIST unless said), same global batch (K
+on synthetic 3x32x32 images; --model bert-mini: vflow's bert preset mini, 4 layers of
+width 256, 4 heads, over sentences of 64 byte tokens: fortunes-langid for vflow and the
+plain loop, random tokens of the same shape for DDP), same data (Fashion-MNIST unless
+said), same global batch (K
 workers x V vnodes x b examples), same SGD. PyTorch DDP (Gloo, K processes) accumulates V
 micro-batches per step with no_sync() and synchronises on the last one. The
 compute-only limit is K plain LibTorch loops (bench/vnode_overhead --child
 plain) running at once with no communication. One intra-op thread per process.
 
-    bench/ddp_compare.py [--build build] [--model convnet|mlp-wide|resnet18] [--workers 2]
+    bench/ddp_compare.py [--build build] [--model convnet|mlp-wide|resnet18|bert-mini] [--workers 2]
                          [--vnodes 4] [--micro-batch 32] [--steps 30] [--repeats 3]
                          [--deterministic] [--bucket-mb MB]
 """
@@ -36,11 +39,17 @@ VFLOW_MODEL = {
     "convnet": "{name: convnet, options: {channels: [32, 64], hidden: 128, dropout: 0.25}}",
     "mlp-wide": "{name: mlp, options: {hidden: [2048, 2048], dropout: 0}}",
     "resnet18": "{name: resnet, options: {depth: 18, width: 16}}",
+    "bert-mini": "{name: bert, options: {preset: mini}}",
+}
+# Data other than Fashion-MNIST, for vflow.
+DATA_SPEC = {
+    "bert-mini": "{name: fortunes-langid, options: {max_length: 64}}",
 }
 # ResNet-18 trains on synthetic 3x32x32 images on every side (as bench/vnode_overhead's
 # plain loop does); the others on Fashion-MNIST.
 SYNTHETIC = {"resnet18": "{name: synthetic, options: {train_size: 8192, test_size: 0, "
                          "shape: [3, 32, 32], classes: 10}}"}
+DATA_SPEC.update(SYNTHETIC)
 
 
 def ddp_worker(rank, world, port, model_name, vnodes, micro, steps, queue):
@@ -57,6 +66,12 @@ def ddp_worker(rank, world, port, model_name, vnodes, micro, steps, queue):
     if model_name in SYNTHETIC:
         x_all = torch.randn(8192, 3, 32, 32)
         y_all = torch.randint(0, 10, (8192,))
+    elif model_name == "bert-mini":
+        # Sentences of 64 byte tokens (vflow's fortunes-langid with max_length 64): a start
+        # token, bytes, no padding. The work of a step does not depend on the token values.
+        x_all = torch.randint(3, 259, (8192, 64))
+        x_all[:, 0] = 1
+        y_all = torch.randint(0, 4, (8192,))
     else:
         with gzip.open(os.path.join(DATA, "train-images-idx3-ubyte.gz")) as f:
             images = np.frombuffer(f.read(), np.uint8, offset=16).reshape(-1, 1, 28, 28)
@@ -126,7 +141,7 @@ def job_args(args):
     `args.micro_batch`, the model, SGD with momentum, and `args.bucket_mb` when set."""
     return [
         "--set", f"semantic.model={VFLOW_MODEL[args.model]}",
-        *(["--set", f"semantic.data={SYNTHETIC[args.model]}"] if args.model in SYNTHETIC else []),
+        *(["--set", f"semantic.data={DATA_SPEC[args.model]}"] if args.model in DATA_SPEC else []),
         "--set", f"semantic.deterministic={'true' if args.deterministic else 'false'}",
         "--set", f"semantic.global_batch={args.workers * args.vnodes * args.micro_batch}",
         "--set", f"semantic.virtual_nodes={args.workers * args.vnodes}",

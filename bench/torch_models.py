@@ -24,7 +24,72 @@ def by_name(name):
         return mlp_wide()
     if name == "resnet18":
         return resnet18(16)
+    if name == "bert-mini":
+        return bert(layers=4, hidden=256, heads=4)
     return convnet()
+
+
+# vflow's byte tokens (data/text.h): ids 0 (padding), 1 (start), 2 (end), then 256 bytes.
+BYTE_VOCAB = 259
+
+
+def bert(layers, hidden, heads, vocab=BYTE_VOCAB, positions=64, classes=4, dropout=0.1):
+    """vflow's `bert` classifier: learned token and position embeddings, layer norm and
+    dropout on them, post-norm blocks (fused QKV projection, GELU feed-forward of 4x
+    width), padding (id 0) masked from every query, a tanh pooler over the first token,
+    dropout, a linear classifier. Defaults are those of the fortunes-langid data
+    (max_length 64, 4 languages)."""
+    import math
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qkv = nn.Linear(hidden, 3 * hidden)
+            self.out = nn.Linear(hidden, hidden)
+            self.up = nn.Linear(hidden, 4 * hidden)
+            self.down = nn.Linear(4 * hidden, hidden)
+            self.norm1 = nn.LayerNorm(hidden)
+            self.norm2 = nn.LayerNorm(hidden)
+            self.dropout = nn.Dropout(dropout)
+
+        def attend(self, x, mask):
+            n, t, width = x.shape
+            head = width // heads
+            qkv = self.qkv(x).view(n, t, 3, heads, head).permute(2, 0, 3, 1, 4)
+            scores = qkv[0] @ qkv[1].transpose(-2, -1) / math.sqrt(head) + mask
+            y = self.dropout(scores.softmax(-1)) @ qkv[2]
+            return self.out(y.transpose(1, 2).reshape(n, t, width))
+
+        def forward(self, x, mask):
+            y = self.norm1(x + self.dropout(self.attend(x, mask)))
+            return self.norm2(y + self.dropout(self.down(F.gelu(self.up(y)))))
+
+    class Bert(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.tokens = nn.Embedding(vocab, hidden)
+            self.positions = nn.Embedding(positions, hidden)
+            self.norm = nn.LayerNorm(hidden)
+            self.dropout = nn.Dropout(dropout)
+            self.blocks = nn.ModuleList(Block() for _ in range(layers))
+            self.pooler = nn.Linear(hidden, hidden)
+            self.classifier = nn.Linear(hidden, classes)
+            nn.init.normal_(self.tokens.weight, 0.0, 0.02)
+            nn.init.normal_(self.positions.weight, 0.0, 0.02)
+
+        def forward(self, tokens):
+            n, t = tokens.shape
+            mask = tokens.eq(0).float().mul(-1e9).view(n, 1, 1, t)
+            x = self.tokens(tokens) + self.positions(torch.arange(t)).unsqueeze(0)
+            x = self.dropout(self.norm(x))
+            for block in self.blocks:
+                x = block(x, mask)
+            return self.classifier(self.dropout(torch.tanh(self.pooler(x[:, 0]))))
+
+    return Bert()
 
 
 def resnet18(width, classes=10, in_channels=3):

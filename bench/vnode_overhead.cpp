@@ -6,7 +6,7 @@
 // steps between them, so drift in the machine's speed affects both alike; the
 // table reports the median over repeated children. Peak RSS: one child per
 // loop, so each process's high-water mark is its own.
-//   vnode_overhead [--model convnet|mlp-wide|resnet18|bert-tiny] [--vnodes 1,2,4,8,16,32]
+//   vnode_overhead [--model convnet|mlp-wide|resnet18|bert-tiny|bert-mini] [--vnodes 1,2,4,8,16,32]
 //                  [--micro-batch 32] [--examples 8192] [--repeats 5] [--device cpu|cuda:0]
 // On a CUDA device the timed blocks end with a device synchronisation, and the memory
 // column is the device memory the process holds at the end (cudaMemGetInfo, which
@@ -62,8 +62,8 @@ std::pair<std::string, std::string> workload(const Config& c) {
                     "28], classes: 10}}}}",
                     kDatasetSize)};
   }
-  if (c.model == "bert-tiny") {
-    return {"{name: bert, options: {preset: tiny}}",
+  if (c.model == "bert-tiny" || c.model == "bert-mini") {
+    return {fmt::format("{{name: bert, options: {{preset: {}}}}}", c.model.substr(5)),
             "{name: fortunes-langid, options: {max_length: 64}}"};
   }
   return {fmt::format("{{name: convnet, options: {{channels: [{}], hidden: 128, dropout: 0.25, "
@@ -270,8 +270,8 @@ int main(int argc, char** argv) {
   app.add_option("--examples", c.examples, "examples per loop per measurement");
   app.add_option("--threads", c.threads, "intra-op threads");
   app.add_option("--channels", c.channels, "ConvNet channels")->delimiter(',');
-  app.add_option("--model", c.model, "convnet, mlp-wide, resnet18 or bert-tiny")
-      ->check(CLI::IsMember({"convnet", "mlp-wide", "resnet18", "bert-tiny"}));
+  app.add_option("--model", c.model, "convnet, mlp-wide, resnet18, bert-tiny or bert-mini")
+      ->check(CLI::IsMember({"convnet", "mlp-wide", "resnet18", "bert-tiny", "bert-mini"}));
   app.add_option("--repeats", repeats, "throughput measurements (processes) per configuration");
   app.add_option("--device", c.device, "cpu, cuda or cuda:K (resources.device)");
   app.add_option("--width", c.width, "resnet18: first-stage channels (64 = ResNet-18)");
