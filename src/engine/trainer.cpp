@@ -177,8 +177,10 @@ struct Trainer::Impl {
   std::unique_ptr<vnode::StepPacket> packet;  // the step's one collective
   std::unique_ptr<vnode::StatefulKernelSet> kernels;
   std::unique_ptr<torch::optim::Optimizer> optimizer;
-  /// Deterministic mode's summed gradient when the update reads it where it lies
-  /// (reduce_packet), for this step's update.
+  /// The optimizer, when its update reads deterministic mode's summed gradient where it
+  /// lies (a fused one on the CPU, with no clipping), else null.
+  FixedPointStep* fixed_point_step = nullptr;
+  /// That summed gradient (reduce_packet), for this step's update.
   std::optional<vnode::FixedPointSum::Reduced> reduced_gradient;
   std::vector<torch::Tensor> ema;  // semantic.ema: the parameters' average, in their order
   std::shared_ptr<comm::Communicator> comm;
@@ -387,7 +389,7 @@ struct Trainer::Impl {
     }
     if (spec.semantic.clip.enabled()) info.grad_norm = clip_gradients();
     if (reduced_gradient) {
-      dynamic_cast<FixedPointStep&>(*optimizer).step_fixed_point(*reduced_gradient);
+      fixed_point_step->step_fixed_point(*reduced_gradient);
       reduced_gradient.reset();
     } else {
       optimizer->step();
@@ -488,11 +490,10 @@ struct Trainer::Impl {
     torch::Tensor index, value;
     check_range(exact->split(flat, comm::SplitSum::dense_limit(world), dense, index, value));
     const auto listed = exact_reduction->reduce(*comm, index, value);
-    // A fused update on the CPU reads the gradients' sums where they lie (bitwise the
-    // same step, one pass less); the rest of the packet is assembled as floats.
-    const int64_t gradients = packet->gradients().numel();
-    if (device.is_cpu() && !spec.semantic.clip.enabled() &&
-        dynamic_cast<FixedPointStep*>(optimizer.get()) != nullptr) {
+    // The update reads the gradients' sums where they lie (bitwise the same step, one
+    // pass less); the rest of the packet is assembled as floats.
+    if (fixed_point_step != nullptr) {
+      const int64_t gradients = packet->gradients().numel();
       vnode::FixedPointSum::assemble(dense, listed.index, listed.value, flat, gradients);
       reduced_gradient =
           vnode::FixedPointSum::reduced(dense, listed.index, listed.value, gradients);
@@ -569,6 +570,9 @@ Trainer::Trainer(JobSpec spec, std::shared_ptr<models::Model> model, data::DataS
         *impl_->packet, static_cast<int64_t>(impl_->spec.resources.bucket_mb * (1 << 20)));
   }
   impl_->optimizer = make_optimizer(impl_->spec.semantic.optimizer, m.parameters());
+  if (impl_->exact && impl_->device.is_cpu() && !impl_->spec.semantic.clip.enabled()) {
+    impl_->fixed_point_step = dynamic_cast<FixedPointStep*>(impl_->optimizer.get());
+  }
   if (impl_->spec.semantic.ema.enabled()) {
     for (const auto& p : m.parameters()) impl_->ema.push_back(p.detach().clone());
   }

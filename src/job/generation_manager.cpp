@@ -63,11 +63,11 @@ void GenerationManager::resume(bool planned) {
 void GenerationManager::adopt_recorded_joiners() {
   const auto now = Clock::now();
   for (const auto& j : control_.joiners()) {
-    if (current_.rank_of(j) >= 0 || exited_.count(j) != 0) {
-      if (current_.rank_of(j) >= 0) control_.remove_joiner(j);  // its generation was published
+    if (current_.rank_of(j) >= 0) {
+      control_.remove_joiner(j);  // its generation was published
       continue;
     }
-    if (contains(joiners_, j)) continue;
+    if (exited_.count(j) != 0 || contains(joiners_, j)) continue;
     joiners_.push_back(j);
     joiner_since_[j] = now;
   }

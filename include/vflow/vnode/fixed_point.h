@@ -61,7 +61,7 @@ class FixedPointSum {
   /// float(dense[i]) · kUnit, except at index[k], where it is listed[k]. Bitwise what
   /// assemble writes.
   struct Reduced {
-    static constexpr float kUnit = 1.0f / 68719476736.0f;  // 2^-36
+    static constexpr float kUnit = static_cast<float>(1.0 / kScale);  // 2^-36, exact
     const int32_t* dense = nullptr;
     int64_t numel = 0;
     std::vector<int64_t> index;  // ascending
