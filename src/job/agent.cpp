@@ -413,6 +413,7 @@ class Agent {
     for (const auto& name : finished) {
       guarded("removing the keys of job " + name, [&] {
         const auto state = jobs_[name].control->done();
+        jobs_[name].candidate->retire();
         const auto removed = jobs_[name].control->store().remove_all("");
         spdlog::info("[agent] job '{}' ended ({}): removed its {} keys", name, state, removed);
       });

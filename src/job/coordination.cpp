@@ -55,14 +55,16 @@ CoordinatorCandidate::CoordinatorCandidate(const std::string& control, const std
                                        "coordinator election of job '" + job + "'");
 }
 
-CoordinatorCandidate::~CoordinatorCandidate() {
+CoordinatorCandidate::~CoordinatorCandidate() { retire(); }
+
+void CoordinatorCandidate::retire() {
   thread_.reset();  // no campaign after this
-  if (leading_) {
-    try {
-      claim_->resign(kCoordinator);
-    } catch (const std::exception& e) {
-      spdlog::warn("[elastic] {} could not give up coordinating job '{}': {}", me_, job_, e.what());
-    }
+  if (!leading_) return;
+  leading_ = false;
+  try {
+    claim_->resign(kCoordinator);
+  } catch (const std::exception& e) {
+    spdlog::warn("[elastic] {} could not give up coordinating job '{}': {}", me_, job_, e.what());
   }
 }
 

@@ -51,6 +51,9 @@ class CoordinatorCandidate {
   GenerationManager* manager() { return manager_.get(); }
   ControlPlane& control() { return control_; }
   const std::string& name() const { return me_; }
+  /// Stops campaigning and gives the claim up (if held): before an ended job's keys are
+  /// removed, so that the claim's removal is not taken for a lost claim. Idempotent.
+  void retire();
 
  private:
   void campaign();

@@ -291,8 +291,10 @@ int launch_on_cluster(const LaunchOptions& options) {
     }
   }
   const bool stopped = stop_sent || control.stop_requested();
-  // A finished job's keys go, so that a long-lived etcd does not collect them.
+  // A finished job's keys go, so that a long-lived etcd does not collect them; the claim
+  // first, so that its removal is not taken for a lost one.
   try {
+    candidate.retire();
     names.remove_all("");
   } catch (const Error& e) {
     spdlog::warn("[launch] the keys of job '{}' could not be removed: {}", options.job, e.what());
