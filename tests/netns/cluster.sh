@@ -84,7 +84,7 @@ until_true() {
 }
 await_agents() { until_true "3 agents" 20 '[[ $(ctl agents 2>/dev/null | grep -c " host ") == 3 ]]'; }
 await_workers() { until_true "$1 workers" 60 "status | grep -qx 'workers $1'"; }
-await_step() { until_true "step $1" 60 "[[ 0\$(status | sed -n 's/^step //p') -ge $1 ]]"; }
+await_step() { until_true "step $1" 60 "[[ 10#0\$(status | sed -n 's/^step //p') -ge $1 ]]"; }
 await_coordinator_change() {  # FROM: until another coordinates
   until_true "a coordinator other than $1" 30 \
     "c=\$(status | sed -n 's/^coordinator //p'); [[ -n \$c && \$c != none && \$c != '$1' ]]"
