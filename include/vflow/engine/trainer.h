@@ -102,8 +102,9 @@ void seed_initialisation(const SemanticSpec& semantic);
 /// local workers leave a core free). The job layer decides auto for a launched worker.
 bool prefetch_enabled(const ResourcesSpec& resources, int64_t local_workers);
 
-/// Applies the resources part to this process: intra-op threads and, for a
-/// deterministic job, LibTorch's deterministic algorithms (cuDNN's too).
+/// Applies the resources part to this process: intra-op threads, a memory allocator that
+/// keeps freed tensors' memory for the next step (glibc), and, for a deterministic job,
+/// LibTorch's deterministic algorithms (cuDNN's too).
 void configure_runtime(const JobSpec& spec);
 
 /// The device this worker trains on: resources.device, where plain "cuda" is the first
