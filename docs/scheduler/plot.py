@@ -72,7 +72,7 @@ def paper():
     print_policy_table([r for r in rows if r["max_workers"] == "demand" and r["rate_per_h"] == 12],
                        "paper, rate 12/h, max workers = demand, mean of 10 seeds")
     fig, ax = plt.subplots(figsize=(6, 4))
-    for policy in ("wfs-elastic", "wfs-srtf", "priority", "srtf", "fifo", "las"):
+    for policy in ("marginal", "wfs-elastic", "wfs-srtf", "priority", "srtf", "fifo", "las"):
         values = []
         for s in range(1, 11):
             values += jobs(os.path.join(RUNS, "paper", "f1", "r12", f"s{s}"), policy)
@@ -100,7 +100,7 @@ def gavel():
         print_policy_table([r for r in rows if r["rate_per_h"] == rate],
                            f"Gavel shape, 36 V100 + 36 P100 + 36 K80, {rate} jobs/h, jobs 4000-4999")
     fig, ax = plt.subplots(figsize=(6, 4))
-    for policy in ("wfs-elastic", "wfs-srtf", "priority", "srtf", "las", "gavel", "fifo"):
+    for policy in ("marginal", "wfs-elastic", "wfs-srtf", "priority", "srtf", "las", "gavel", "fifo"):
         cdf(ax, jobs(os.path.join(RUNS, "gavel", "r1.5"), policy, (4000, 5000)), policy)
     finish(ax, fig, "JCT (s)", "Gavel-shape workload, 1.5 jobs/h, 108 GPUs, jobs 4000-4999",
            "gavel_jct_cdf.png")
@@ -110,6 +110,43 @@ def gavel():
         ax.step([x / 3600 for x in t], u, where="post", label=policy, linewidth=0.6)
     finish(ax, fig, "time (h)", "devices allocated, 1.5 jobs/h", "gavel_utilization.png",
            ylabel="fraction allocated", log=False)
+
+
+NON_ELASTIC = ("fifo", "priority", "srtf", "las", "gavel")
+
+
+def against_baselines():
+    """The marginal policy against the best non-elastic policy, setting by setting: the mean
+    JCT over seeds, and the worst single seed against the best non-elastic policy of that seed."""
+    settings = []
+    for f in ("f1", "f2"):
+        for rate in (6, 12, 18, 24):
+            settings.append((f"paper, {rate} jobs/h, max workers {'= demand' if f == 'f1' else '2x demand'}",
+                             [summary(os.path.join(RUNS, "paper", f, f"r{rate}", f"s{s}")) for s in range(1, 11)]))
+    for rate in (1, 1.5, 2):
+        settings.append((f"Gavel shape, {rate} jobs/h",
+                         [summary(os.path.join(RUNS, "gavel-seeds", f"r{rate}", f"s{s}")) for s in range(1, 11)]))
+    for name in sorted(os.listdir(os.path.join(RUNS, "philly"))):
+        jobs_, devices, load = name.split("-")
+        settings.append((f"Philly style, {jobs_[1:]} jobs, {devices[1:]} devices, load {load[1:]}",
+                         [summary(os.path.join(RUNS, "philly", name, f"s{s}")) for s in range(1, 11)]))
+    rows = []
+    print("### marginal against the best non-elastic policy (10 seeds each)")
+    print("| setting | marginal mean JCT (s) | best non-elastic, mean JCT (s) | marginal vs it | worst seed | vs priority |")
+    print("|---|---|---|---|---|---|")
+    for label, seeds in settings:
+        mean = {p: statistics.mean(s[p]["jct"]["mean_s"] for s in seeds) for p in seeds[0]}
+        best = min((p for p in NON_ELASTIC if p in mean), key=lambda p: mean[p])
+        worst = max(s["marginal"]["jct"]["mean_s"] / min(s[p]["jct"]["mean_s"] for p in NON_ELASTIC if p in s)
+                    for s in seeds)
+        rows.append({"setting": label, "marginal_mean_jct_s": mean["marginal"], "best_non_elastic": best,
+                     "best_mean_jct_s": mean[best], "change": mean["marginal"] / mean[best] - 1,
+                     "worst_seed_change": worst - 1, "change_vs_priority": mean["marginal"] / mean["priority"] - 1})
+        print(f"| {label} | {mean['marginal']:.0f} | {best} {mean[best]:.0f} | "
+              f"{100 * (mean['marginal'] / mean[best] - 1):+.1f}% | {100 * (worst - 1):+.1f}% | "
+              f"{100 * (mean['marginal'] / mean['priority'] - 1):+.1f}% |")
+    print()
+    write_csv("marginal_results.csv", rows)
 
 
 def print_policy_table(rows, title):
@@ -148,3 +185,4 @@ def finish(ax, fig, xlabel, title, name, ylabel="fraction of jobs", log=True):
 if __name__ == "__main__":
     paper()
     gavel()
+    against_baselines()

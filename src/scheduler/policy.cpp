@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <queue>
 
 #include "vflow/core/error.h"
 
@@ -225,6 +226,144 @@ class ElasticWfsPolicy : public Policy {
   PolicyOptions options_;
 };
 
+// Elastic shortest remaining time by marginal gain (the water-filling floor that AFS and
+// Pollux build on): every device goes, one at a time, to the job whose completion it
+// advances most, counted as the fraction of the job's remaining work one more worker does
+// per second, times the job's weight. A job's first grant is its minimum worker count at
+// once. With linear scaling this is SRTF at up to each job's maximum; with diminishing
+// returns, a device that a long job's next worker would barely use goes to the next job.
+// A running job stays on its type (a move is a checkpoint-restart); a waiting one starts
+// on the type where its first grant gains most.
+class MarginalPolicy : public Policy {
+ public:
+  std::string name() const override { return "marginal"; }
+  bool elastic() const override { return true; }
+  Allocation allocate(const Cluster& cluster, const std::vector<JobView>& active, double) override {
+    const int n_types = cluster.num_types();
+    std::vector<int> free(n_types);
+    for (int t = 0; t < n_types; ++t) free[t] = cluster.type(t).count;
+    std::vector<int> types(active.size(), -1), workers(active.size(), 0);
+    // Gain per device of growing job i on type t from its current workers by `step`.
+    const auto gain = [&](size_t i, int t, int step) {
+      const Job& job = *active[i].job;
+      const double left = std::max(active[i].remaining_work, 1e-9 * job.total_work);
+      const int now = workers[i];
+      return (job.rate(t, now + step) - (now > 0 ? job.rate(t, now) : 0.0)) / (left * step);
+    };
+    struct Grant {
+      double gain;
+      size_t job;
+      int type, step;
+    };
+    // Highest gain first; ties to the lower job id, then the lower type.
+    const auto later = [&](const Grant& a, const Grant& b) {
+      if (a.gain != b.gain) return a.gain < b.gain;
+      if (active[a.job].job->id != active[b.job].job->id) {
+        return active[a.job].job->id > active[b.job].job->id;
+      }
+      return a.type > b.type;
+    };
+    // Grants devices by gain: each job of `homes` its minimum there first, then one worker
+    // at a time to whichever job (these and those already running) gains most.
+    const auto grant = [&](const std::vector<int>& homes) {
+      std::priority_queue<Grant, std::vector<Grant>, decltype(later)> grants(later);
+      const auto offer_next = [&](size_t i) {
+        const Job& job = *active[i].job;
+        const int t = types[i];
+        if (workers[i] < std::min(job.max_workers, cluster.type(t).count)) {
+          grants.push({gain(i, t, 1), i, t, 1});
+        }
+      };
+      for (size_t i = 0; i < active.size(); ++i) {
+        const int min = active[i].job->min_workers;
+        if (workers[i] > 0) {
+          offer_next(i);
+        } else if (homes[i] >= 0) {
+          grants.push({gain(i, homes[i], min), i, homes[i], min});
+        }
+      }
+      while (!grants.empty()) {
+        const Grant g = grants.top();
+        grants.pop();
+        if (free[g.type] < g.step) continue;  // no room left there for this grant
+        types[g.job] = g.type;
+        workers[g.job] += g.step;
+        free[g.type] -= g.step;
+        offer_next(g.job);
+      }
+    };
+    grant(place(cluster, active));
+    // A job left out where it was placed tries the devices left on other types.
+    grant(place_in_leftovers(cluster, active, workers, free));
+    return to_allocation(active, types, workers);
+  }
+
+ private:
+  // For each job without workers, in SRTF order, the type whose free devices would run it
+  // fastest (its own type first if it was running), -1 where none has room for its minimum.
+  static std::vector<int> place_in_leftovers(const Cluster& cluster,
+                                             const std::vector<JobView>& active,
+                                             const std::vector<int>& workers,
+                                             std::vector<int> free) {
+    std::vector<int> home(active.size(), -1);
+    for (size_t i : priority_order(Priority::kSrtf, active)) {
+      const Job& job = *active[i].job;
+      if (workers[i] > 0) continue;
+      const auto in_free = [&](int t) {
+        return job.rate(t, std::clamp(free[t], job.min_workers, job.demand));
+      };
+      int best = -1;
+      for (int t = 0; t < cluster.num_types(); ++t) {
+        if (free[t] < job.min_workers) continue;
+        if (t == active[i].device_type && active[i].workers > 0) {
+          best = t;
+          break;
+        }
+        if (best < 0 || in_free(t) > in_free(best)) best = t;
+      }
+      if (best < 0) continue;
+      home[i] = best;
+      free[best] -= std::min(free[best], job.demand);
+    }
+    return home;
+  }
+
+  // The device type each job competes on, -1 for none: in SRTF order, like `srtf`'s
+  // placement, the fastest type with room for the job's demand, else the one where the room
+  // left runs it fastest, else its fastest type. A running job stays unless a type with
+  // room for its demand would run it kMigrationGain times as fast.
+  static std::vector<int> place(const Cluster& cluster, const std::vector<JobView>& active) {
+    const int n_types = cluster.num_types();
+    std::vector<int> room(n_types), home(active.size(), -1);
+    for (int t = 0; t < n_types; ++t) room[t] = cluster.type(t).count;
+    for (size_t i : priority_order(Priority::kSrtf, active)) {
+      const Job& job = *active[i].job;
+      const auto best_of = [&](const auto& fits, const auto& speed) {
+        int best = -1;
+        for (int t = 0; t < n_types; ++t) {
+          if (fits(t) && (best < 0 || speed(t) > speed(best))) best = t;
+        }
+        return best;
+      };
+      const auto at_demand = [&](int t) { return job.rate(t, job.demand); };
+      const auto in_room = [&](int t) {
+        return job.rate(t, std::clamp(room[t], job.min_workers, job.demand));
+      };
+      int best = best_of([&](int t) { return room[t] >= job.demand; }, at_demand);
+      const int now = active[i].workers > 0 ? active[i].device_type : -1;
+      if (now >= 0 && (best < 0 || at_demand(best) < kMigrationGain * at_demand(now))) best = now;
+      if (best < 0) best = best_of([&](int t) { return room[t] >= job.min_workers; }, in_room);
+      if (best < 0) {
+        best = best_of([&](int t) { return job.min_workers <= cluster.type(t).count; }, at_demand);
+      }
+      if (best < 0) continue;
+      home[i] = best;
+      room[best] -= std::min(room[best], job.demand);
+    }
+    return home;
+  }
+};
+
 }  // namespace
 
 std::vector<int> weighted_water_fill(const std::vector<double>& weights, const std::vector<int>& lo,
@@ -294,11 +433,12 @@ std::vector<size_t> priority_order(Priority priority, const std::vector<JobView>
 }
 
 std::vector<std::string> policy_names() {
-  return {"wfs-elastic", "wfs-fifo", "wfs-sjf", "wfs-srtf", "fifo",
-          "priority",    "srtf",     "las",     "gavel"};
+  return {"marginal", "wfs-elastic", "wfs-fifo", "wfs-sjf", "wfs-srtf",
+          "fifo",     "priority",    "srtf",     "las",     "gavel"};
 }
 
 std::unique_ptr<Policy> make_policy(const std::string& name, const PolicyOptions& options) {
+  if (name == "marginal") return std::make_unique<MarginalPolicy>();
   if (name == "wfs-elastic") {
     return std::make_unique<ElasticWfsPolicy>(name, Priority::kWeights, options);
   }

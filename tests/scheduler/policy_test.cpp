@@ -65,6 +65,58 @@ TEST_CASE("elastic WFS-SRTF favours the job with less work left", "[unit][schedu
   CHECK(w[0] + w[1] == 8);
 }
 
+TEST_CASE("the marginal policy runs the job nearest completion as wide as it can use",
+          "[unit][scheduler]") {
+  const Cluster cluster({{"gpu", 8}});
+  // Linear scaling: every device advances job 1 (100 steps left) ten times as much as job 0,
+  // so job 1 gets its maximum, 6, and job 0 the rest.
+  std::vector<Job> jobs = {linear_job(0, 0, 1000, 4, 1, 8), linear_job(1, 0, 100, 4, 1, 6)};
+  auto policy = make_policy("marginal");
+  CHECK(policy->elastic());
+  CHECK(workers_of(policy->allocate(cluster, views_of(jobs), 0), 2) == std::vector<int>{2, 6});
+  // A minimum that does not fit beside the first job's maximum waits. Weights do not count:
+  // the policy minimises the mean completion time.
+  jobs[0].min_workers = 4;
+  jobs[0].weight = 20;
+  CHECK(workers_of(policy->allocate(cluster, views_of(jobs), 0), 2) == std::vector<int>{0, 6});
+  // With 5000 steps left job 1 is the longer one: job 0 takes every device.
+  auto views = views_of(jobs);
+  views[1].remaining_work = 5000;
+  CHECK(workers_of(policy->allocate(cluster, views, 0), 2) == std::vector<int>{8, 0});
+}
+
+TEST_CASE("the marginal policy spreads devices where a job's next worker gains little",
+          "[unit][scheduler]") {
+  const Cluster cluster({{"gpu", 8}});
+  std::vector<Job> jobs = {linear_job(0, 0, 100, 8, 1, 8), linear_job(1, 0, 200, 8, 1, 8)};
+  // Amdahl with p = 0.5: 1 worker 1 step/s, 2 workers 1.33, 8 workers 1.78. Job 0's second
+  // worker adds 0.0033 of its work a second, job 1's first 0.005: job 1 runs too.
+  for (auto& job : jobs) job.throughput = {ThroughputCurve::amdahl(1.0, 0.5)};
+  const auto w = workers_of(make_policy("marginal")->allocate(cluster, views_of(jobs), 0), 2);
+  CHECK(w[0] >= 1);
+  CHECK(w[1] >= 1);
+  CHECK(w[0] + w[1] == 8);
+  CHECK(w[0] >= w[1]);
+}
+
+TEST_CASE("the marginal policy keeps a running job on its type and starts others on the fastest",
+          "[unit][scheduler]") {
+  const Cluster cluster({{"fast", 4}, {"slow", 4}});
+  std::vector<Job> jobs = {linear_job(0, 0, 100, 2, 1, 4), linear_job(1, 0, 1000, 2, 1, 4)};
+  for (auto& job : jobs) {
+    job.throughput = {ThroughputCurve::linear(2.0), ThroughputCurve::linear(1.0)};
+  }
+  auto views = views_of(jobs);
+  views[1].device_type = 1;  // job 1 runs on the slow type
+  views[1].workers = 2;
+  const auto allocation = make_policy("marginal")->allocate(cluster, views, 0);
+  REQUIRE(allocation.assignments.size() == 2);
+  CHECK(allocation.assignments[0].device_type == 0);
+  CHECK(allocation.assignments[0].workers == 4);
+  CHECK(allocation.assignments[1].device_type == 1);
+  CHECK(allocation.assignments[1].workers == 4);
+}
+
 TEST_CASE("non-elastic policies run jobs at exactly their demand", "[unit][scheduler]") {
   const Cluster cluster({{"gpu", 8}});
   // Time at demand: job 0 25 s, job 1 50 s, job 2 25 s.
