@@ -44,6 +44,20 @@ Allocation to_allocation(const std::vector<JobView>& active, const std::vector<i
   return out;
 }
 
+// The device type that `fits` and runs the job fastest by `speed` (ties to the lower type),
+// -1 where none fits.
+template <typename Fits, typename Speed>
+int fastest_type(const Cluster& cluster, const Fits& fits, const Speed& speed) {
+  int best = -1;
+  for (int t = 0; t < cluster.num_types(); ++t) {
+    if (fits(t) && (best < 0 || speed(t) > speed(best))) best = t;
+  }
+  return best;
+}
+
+// The type a running job runs on, -1 for a waiting one.
+int running_type(const JobView& v) { return v.workers > 0 ? v.device_type : -1; }
+
 // Non-elastic placement in the given order: each job runs at exactly its demand on one type
 // or waits. Running jobs stay on their type when it has room. `keep_running`: running jobs
 // are placed first and never preempted. `strict`: stop at the first job that does not fit
@@ -64,15 +78,11 @@ Allocation place_at_demand(const Cluster& cluster, const std::vector<JobView>& a
   for (size_t i : order) {
     if (workers[i] > 0) continue;
     const Job& job = *active[i].job;
-    int best = -1;
-    for (int t = 0; t < cluster.num_types(); ++t) {
-      if (free[t] < job.demand) continue;
-      if (t == active[i].device_type && active[i].workers > 0) {
-        best = t;
-        break;
-      }
-      if (best < 0 || job.rate(t, job.demand) > job.rate(best, job.demand)) best = t;
-    }
+    const auto fits = [&](int t) { return free[t] >= job.demand; };
+    const int now = running_type(active[i]);
+    const int best = now >= 0 && fits(now) ? now : fastest_type(cluster, fits, [&](int t) {
+      return job.rate(t, job.demand);
+    });
     if (best < 0) {
       if (strict) break;
       continue;
@@ -227,13 +237,13 @@ class ElasticWfsPolicy : public Policy {
 };
 
 // Elastic shortest remaining time by marginal gain (the water-filling floor that AFS and
-// Pollux build on): every device goes, one at a time, to the job whose completion it
+// Pollux build on), for mean JCT, so weights do not count: each job is given a type in SRTF
+// order (`place`), then every device goes, one at a time, to the job whose completion it
 // advances most, counted as the fraction of the job's remaining work one more worker does
-// per second, times the job's weight. A job's first grant is its minimum worker count at
-// once. With linear scaling this is SRTF at up to each job's maximum; with diminishing
-// returns, a device that a long job's next worker would barely use goes to the next job.
-// A running job stays on its type (a move is a checkpoint-restart); a waiting one starts
-// on the type where its first grant gains most.
+// per second. A job's first grant is its minimum worker count at once. With linear scaling
+// this is SRTF at up to each job's maximum; with diminishing returns, a device that a long
+// job's next worker would barely use goes to the next job. A job left without devices on
+// its type then tries the devices left on the others (`place_in_leftovers`).
 class MarginalPolicy : public Policy {
  public:
   std::string name() const override { return "marginal"; }
@@ -292,35 +302,30 @@ class MarginalPolicy : public Policy {
         offer_next(g.job);
       }
     };
-    grant(place(cluster, active));
+    const auto order = priority_order(Priority::kSrtf, active);
+    grant(place(cluster, active, order));
     // A job left out where it was placed tries the devices left on other types.
-    grant(place_in_leftovers(cluster, active, workers, free));
+    grant(place_in_leftovers(cluster, active, order, workers, free));
     return to_allocation(active, types, workers);
   }
 
  private:
-  // For each job without workers, in SRTF order, the type whose free devices would run it
+  // For each job without workers, in SRTF `order`, the type whose free devices would run it
   // fastest (its own type first if it was running), -1 where none has room for its minimum.
   static std::vector<int> place_in_leftovers(const Cluster& cluster,
                                              const std::vector<JobView>& active,
+                                             const std::vector<size_t>& order,
                                              const std::vector<int>& workers,
                                              std::vector<int> free) {
     std::vector<int> home(active.size(), -1);
-    for (size_t i : priority_order(Priority::kSrtf, active)) {
+    for (size_t i : order) {
       const Job& job = *active[i].job;
       if (workers[i] > 0) continue;
-      const auto in_free = [&](int t) {
+      const auto fits = [&](int t) { return free[t] >= job.min_workers; };
+      const int now = running_type(active[i]);
+      const int best = now >= 0 && fits(now) ? now : fastest_type(cluster, fits, [&](int t) {
         return job.rate(t, std::clamp(free[t], job.min_workers, job.demand));
-      };
-      int best = -1;
-      for (int t = 0; t < cluster.num_types(); ++t) {
-        if (free[t] < job.min_workers) continue;
-        if (t == active[i].device_type && active[i].workers > 0) {
-          best = t;
-          break;
-        }
-        if (best < 0 || in_free(t) > in_free(best)) best = t;
-      }
+      });
       if (best < 0) continue;
       home[i] = best;
       free[best] -= std::min(free[best], job.demand);
@@ -328,33 +333,29 @@ class MarginalPolicy : public Policy {
     return home;
   }
 
-  // The device type each job competes on, -1 for none: in SRTF order, like `srtf`'s
+  // The device type each job competes on, -1 for none: in SRTF `order`, like `srtf`'s
   // placement, the fastest type with room for the job's demand, else the one where the room
   // left runs it fastest, else its fastest type. A running job stays unless a type with
   // room for its demand would run it kMigrationGain times as fast.
-  static std::vector<int> place(const Cluster& cluster, const std::vector<JobView>& active) {
-    const int n_types = cluster.num_types();
-    std::vector<int> room(n_types), home(active.size(), -1);
-    for (int t = 0; t < n_types; ++t) room[t] = cluster.type(t).count;
-    for (size_t i : priority_order(Priority::kSrtf, active)) {
+  static std::vector<int> place(const Cluster& cluster, const std::vector<JobView>& active,
+                                const std::vector<size_t>& order) {
+    std::vector<int> room(cluster.num_types()), home(active.size(), -1);
+    for (int t = 0; t < cluster.num_types(); ++t) room[t] = cluster.type(t).count;
+    for (size_t i : order) {
       const Job& job = *active[i].job;
-      const auto best_of = [&](const auto& fits, const auto& speed) {
-        int best = -1;
-        for (int t = 0; t < n_types; ++t) {
-          if (fits(t) && (best < 0 || speed(t) > speed(best))) best = t;
-        }
-        return best;
-      };
       const auto at_demand = [&](int t) { return job.rate(t, job.demand); };
-      const auto in_room = [&](int t) {
-        return job.rate(t, std::clamp(room[t], job.min_workers, job.demand));
-      };
-      int best = best_of([&](int t) { return room[t] >= job.demand; }, at_demand);
-      const int now = active[i].workers > 0 ? active[i].device_type : -1;
+      int best = fastest_type(
+          cluster, [&](int t) { return room[t] >= job.demand; }, at_demand);
+      const int now = running_type(active[i]);
       if (now >= 0 && (best < 0 || at_demand(best) < kMigrationGain * at_demand(now))) best = now;
-      if (best < 0) best = best_of([&](int t) { return room[t] >= job.min_workers; }, in_room);
       if (best < 0) {
-        best = best_of([&](int t) { return job.min_workers <= cluster.type(t).count; }, at_demand);
+        best = fastest_type(
+            cluster, [&](int t) { return room[t] >= job.min_workers; },
+            [&](int t) { return job.rate(t, std::clamp(room[t], job.min_workers, job.demand)); });
+      }
+      if (best < 0) {
+        best = fastest_type(
+            cluster, [&](int t) { return job.min_workers <= cluster.type(t).count; }, at_demand);
       }
       if (best < 0) continue;
       home[i] = best;
