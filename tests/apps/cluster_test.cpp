@@ -13,17 +13,15 @@ using namespace vflow::testing;
 namespace {
 
 const std::string kAgent = VFLOW_AGENT_BINARY;
-// A deterministic job that logs every step; each test sets its steps.
-const std::string kClusterJob =
-    kJob + kDeterministic + " --set resources.timeout_s=10" + " --set output.logging.every_steps=1";
-
-/// The cluster job, `steps` long. A test's steps are about twice what its disturbances took
-/// on 2 cores, so that the job is still training when the last one comes; were it done
-/// first, the test's script would say TIMEOUT. Measured in two runs each: the loaded agents'
-/// test was done with them at step 1293-1484; on three namespaced hosts, the elastic
+/// The cluster job: deterministic, logging every step, `steps` long. A test's steps are about twice
+/// what its disturbances took on 2 cores, so that the job is still training when the last one
+/// comes; were it done first, the test's script would say TIMEOUT. Measured in two runs each: the
+/// loaded agents' test was done with them at step 1293-1484; on three namespaced hosts, the elastic
 /// scenario at 1449-1877 and the host cut at 429-616.
 std::string cluster_job(int steps) {
-  return kClusterJob + " --set semantic.steps=" + std::to_string(steps);
+  return kJob + kDeterministic +
+         " --set resources.timeout_s=10 --set output.logging.every_steps=1 --set semantic.steps=" +
+         std::to_string(steps);
 }
 
 std::string undisturbed_fingerprint(const std::string& job) {
