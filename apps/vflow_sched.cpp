@@ -72,6 +72,10 @@ int main(int argc, char** argv) {
   simulate->add_option("--baseline", options.baseline, "policy the table's changes refer to");
   simulate->add_option("--resize-pause", options.config.sim.resize_pause_s, "seconds");
   simulate->add_option("--restart", options.config.sim.restart_s, "seconds");
+  simulate
+      ->add_option("--interval", options.config.sim.decision_interval_s,
+                   "decide only every this many seconds (0: at every event)")
+      ->check(CLI::NonNegativeNumber);
   simulate->add_option("--max-workers-factor", options.config.bind.max_workers_factor,
                        "elastic jobs may grow to ceil(demand * f) workers");
   simulate->add_option("--measure", measure, "job-id window FROM:TO for JCT statistics");
@@ -106,6 +110,9 @@ int main(int argc, char** argv) {
     if (simulate->count("--resize-pause"))
       options.config.sim.resize_pause_s = flags.sim.resize_pause_s;
     if (simulate->count("--restart")) options.config.sim.restart_s = flags.sim.restart_s;
+    if (simulate->count("--interval")) {
+      options.config.sim.decision_interval_s = flags.sim.decision_interval_s;
+    }
     if (simulate->count("--max-workers-factor")) {
       options.config.bind.max_workers_factor = flags.bind.max_workers_factor;
     }

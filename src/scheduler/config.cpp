@@ -53,6 +53,8 @@ void load_config(const std::string& path, SchedulerConfig& config) {
       r.get_double("resize_pause_s", config.sim.resize_pause_s, 0, kUnbounded);
   config.sim.restart_s = r.get_double("restart_s", config.sim.restart_s, 0, kUnbounded);
   config.sim.startup_s = r.get_double("startup_s", config.sim.startup_s, 0, kUnbounded);
+  config.sim.decision_interval_s =
+      r.get_double("decision_interval_s", config.sim.decision_interval_s, 0, kUnbounded);
   config.bind.min_workers = static_cast<int>(
       r.get_int("min_workers", config.bind.min_workers, 1, std::numeric_limits<int>::max()));
   config.bind.max_workers_factor =

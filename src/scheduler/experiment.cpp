@@ -80,8 +80,8 @@ ExperimentResult run_experiment(const ExperimentOptions& options,
     if (log && result.workload.jobs.size() >= 1000) {
       sim.on_progress = [&](const SimProgress& p) {
         if (p.finished % std::max(1, p.total / 10) == 0) {
-          log(fmt::format("  {}: {}/{} jobs done, t = {:.0f} s", name, p.finished, p.total,
-                          p.now_s));
+          log(fmt::format("  {}: {}/{} jobs done, t = {:.0f} s, {} active, {:.1f} s host time",
+                          name, p.finished, p.total, p.now_s, p.active, p.host_s));
         }
       };
     }

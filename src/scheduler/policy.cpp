@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <limits>
 #include <numeric>
 #include <queue>
 
@@ -38,6 +40,7 @@ double priority_key(Priority priority, const JobView& v, const PolicyOptions& op
 Allocation to_allocation(const std::vector<JobView>& active, const std::vector<int>& types,
                          const std::vector<int>& workers) {
   Allocation out;
+  out.assignments.reserve(active.size());
   for (size_t i = 0; i < active.size(); ++i) {
     if (workers[i] > 0) out.assignments.push_back({active[i].job->id, types[i], workers[i]});
   }
@@ -49,14 +52,101 @@ Allocation to_allocation(const std::vector<JobView>& active, const std::vector<i
 template <typename Fits, typename Speed>
 int fastest_type(const Cluster& cluster, const Fits& fits, const Speed& speed) {
   int best = -1;
+  double best_speed = 0;
   for (int t = 0; t < cluster.num_types(); ++t) {
-    if (fits(t) && (best < 0 || speed(t) > speed(best))) best = t;
+    if (!fits(t)) continue;
+    const double v = speed(t);
+    if (best < 0 || v > best_speed) best = t, best_speed = v;
   }
   return best;
 }
 
 // The type a running job runs on, -1 for a waiting one.
 int running_type(const JobView& v) { return v.workers > 0 ? v.device_type : -1; }
+
+// Policies visit jobs in priority order, out of memory order: fetching the job a few
+// places ahead hides most of the wait for it in a large simulation.
+inline void fetch_ahead(const std::vector<JobView>& active, const std::vector<size_t>& order,
+                        size_t k) {
+  constexpr size_t kAhead = 8;
+  if (k + kAhead < order.size()) __builtin_prefetch(active[order[k + kAhead]].job);
+}
+
+// Sorts active jobs by (priority key, id), starting from the order of its previous call: a
+// simulation at scale ranks thousands of active jobs at every decision, and from one
+// decision to the next few of them change places. The jobs still active keep their last
+// order and are insertion-sorted (few moves), the new ones are sorted apart and merged in;
+// past 8 moves a job it sorts afresh. (key, id) is a strict order, so the result is the
+// same as a plain sort's.
+class Ranking {
+ public:
+  std::vector<size_t> order(Priority priority, const std::vector<JobView>& active,
+                            const PolicyOptions& options) {
+    fresh_.resize(active.size());
+    constexpr size_t kAhead = 8;                  // jobs lie far apart: fetch ahead
+    for (size_t i = 0; i < active.size(); ++i) {  // in id order, each job read once
+      if (i + kAhead < active.size()) __builtin_prefetch(active[i + kAhead].job);
+      const int id = active[i].job->id;
+      fresh_[i] = {priority_key(priority, active[i], options), id, static_cast<uint32_t>(i)};
+      if (static_cast<size_t>(id) >= index_of_.size()) index_of_.resize(id + 1, -1);
+      index_of_[id] = static_cast<int>(i);
+    }
+    ranks_.clear();
+    for (int id : last_) {  // still active, in their last order
+      if (int& i = index_of_[id]; i >= 0) ranks_.push_back(fresh_[i]), i = -1;
+    }
+    const auto kept = static_cast<std::ptrdiff_t>(ranks_.size());
+    for (const Rank& r : fresh_) {  // new since the last call
+      if (int& i = index_of_[r.id]; i >= 0) ranks_.push_back(r), i = -1;
+    }
+    const auto middle = ranks_.begin() + kept;
+    if (!insertion_sort(ranks_.begin(), middle, 8 * ranks_.size() + 16)) {
+      std::sort(ranks_.begin(), middle, less);
+    }
+    std::sort(middle, ranks_.end(), less);
+    fresh_.resize(ranks_.size());
+    std::merge(ranks_.begin(), middle, middle, ranks_.end(), fresh_.begin(), less);
+    last_.resize(fresh_.size());
+    std::vector<size_t> out(fresh_.size());
+    for (size_t k = 0; k < fresh_.size(); ++k) {
+      last_[k] = fresh_[k].id;
+      out[k] = fresh_[k].index;
+    }
+    return out;
+  }
+
+ private:
+  struct Rank {
+    double key;
+    int id;
+    uint32_t index;
+  };
+  static bool less(const Rank& a, const Rank& b) {
+    return a.key != b.key ? a.key < b.key : a.id < b.id;
+  }
+  // false, range left partly sorted, once more than `budget` elements have been moved.
+  template <typename It>
+  static bool insertion_sort(It first, It last, size_t budget) {
+    for (It i = first; i != last; ++i) {
+      const Rank r = *i;
+      It j = i;
+      for (; j != first && less(r, *(j - 1)); --j) {  // *j is the hole
+        if (budget-- == 0) {
+          *j = r;  // every element stays in the range
+          return false;
+        }
+        *j = *(j - 1);
+      }
+      *j = r;
+    }
+    return true;
+  }
+
+  std::vector<Rank> fresh_;    // this call's ranks by index, then merged in order
+  std::vector<Rank> ranks_;    // kept ones in their last order, then the new ones
+  std::vector<int> last_;      // job ids in the last order
+  std::vector<int> index_of_;  // job id -> index into `active` during a call, else -1
+};
 
 // Non-elastic placement in the given order: each job runs at exactly its demand on one type
 // or waits. Running jobs stay on their type when it has room. `keep_running`: running jobs
@@ -75,7 +165,9 @@ Allocation place_at_demand(const Cluster& cluster, const std::vector<JobView>& a
       free[types[i]] -= workers[i];
     }
   }
-  for (size_t i : order) {
+  for (size_t k = 0; k < order.size(); ++k) {
+    fetch_ahead(active, order, k);
+    const size_t i = order[k];
     if (workers[i] > 0) continue;
     const Job& job = *active[i].job;
     const auto fits = [&](int t) { return free[t] >= job.demand; };
@@ -108,7 +200,7 @@ class NonElasticPolicy : public Policy {
   bool elastic() const override { return false; }
   double round_s() const override { return round_s_; }
   Allocation allocate(const Cluster& cluster, const std::vector<JobView>& active, double) override {
-    return place_at_demand(cluster, active, priority_order(priority_, active, options_),
+    return place_at_demand(cluster, active, ranking_.order(priority_, active, options_),
                            !preemptive_, strict_);
   }
 
@@ -119,6 +211,7 @@ class NonElasticPolicy : public Policy {
   bool strict_;
   double round_s_;
   PolicyOptions options_;
+  Ranking ranking_;
 };
 
 // Gavel-style heterogeneity-aware max-min fairness, approximated by Gavel's round-based
@@ -169,19 +262,13 @@ class ElasticWfsPolicy : public Policy {
   std::string name() const override { return name_; }
   bool elastic() const override { return true; }
   Allocation allocate(const Cluster& cluster, const std::vector<JobView>& active, double) override {
-    const std::vector<size_t> order = priority_order(priority_, active, options_);
+    const std::vector<size_t> order = ranking_.order(priority_, active, options_);
     std::vector<int> types(active.size(), -1), workers(active.size(), 0);
     const auto placed = place(cluster, active, order, types);
     for (int t = 0; t < cluster.num_types(); ++t) {
-      std::vector<double> w;
-      std::vector<int> lo, hi;
-      for (size_t i : placed[t]) {
-        w.push_back(share_weight(active[i]));
-        lo.push_back(active[i].job->min_workers);
-        hi.push_back(std::min(active[i].job->max_workers, cluster.type(t).count));
-      }
-      const auto shares = weighted_water_fill(w, lo, hi, cluster.type(t).count);
-      for (size_t k = 0; k < placed[t].size(); ++k) workers[placed[t][k]] = shares[k];
+      const Placed& p = placed[t];
+      const auto shares = weighted_water_fill(p.weight, p.lo, p.hi, cluster.type(t).count);
+      for (size_t k = 0; k < p.jobs.size(); ++k) workers[p.jobs[k]] = shares[k];
     }
     return to_allocation(active, types, workers);
   }
@@ -199,16 +286,30 @@ class ElasticWfsPolicy : public Policy {
     }
   }
 
-  // Per type, the indices of the jobs placed there, in priority order.
-  std::vector<std::vector<size_t>> place(const Cluster& cluster, const std::vector<JobView>& active,
-                                         const std::vector<size_t>& order,
-                                         std::vector<int>& types) const {
+  // The jobs placed on one type in priority order, with their share weights and bounds.
+  struct Placed {
+    std::vector<size_t> jobs;
+    std::vector<double> weight;
+    std::vector<int> lo, hi;
+  };
+
+  // Per type, the jobs placed there. Reads each job once, in priority order.
+  std::vector<Placed> place(const Cluster& cluster, const std::vector<JobView>& active,
+                            const std::vector<size_t>& order, std::vector<int>& types) const {
     const int n_types = cluster.num_types();
     std::vector<int> min_room(n_types);
     std::vector<double> weight_sum(n_types, 0.0);
     for (int t = 0; t < n_types; ++t) min_room[t] = cluster.type(t).count;
-    std::vector<std::vector<size_t>> placed(n_types);
-    for (size_t i : order) {
+    std::vector<Placed> placed(n_types);
+    for (auto& p : placed) {
+      p.jobs.reserve(order.size());
+      p.weight.reserve(order.size());
+      p.lo.reserve(order.size());
+      p.hi.reserve(order.size());
+    }
+    for (size_t k = 0; k < order.size(); ++k) {
+      fetch_ahead(active, order, k);
+      const size_t i = order[k];
       const Job& job = *active[i].job;
       const double w = share_weight(active[i]);
       int best = -1;
@@ -226,7 +327,11 @@ class ElasticWfsPolicy : public Policy {
       types[i] = best;
       min_room[best] -= job.min_workers;
       weight_sum[best] += w;
-      placed[best].push_back(i);
+      Placed& p = placed[best];
+      p.jobs.push_back(i);
+      p.weight.push_back(w);
+      p.lo.push_back(job.min_workers);
+      p.hi.push_back(std::min(job.max_workers, cluster.type(best).count));
     }
     return placed;
   }
@@ -234,6 +339,7 @@ class ElasticWfsPolicy : public Policy {
   std::string name_;
   Priority priority_;
   PolicyOptions options_;
+  Ranking ranking_;
 };
 
 // Elastic shortest remaining time by marginal gain (the water-filling floor that AFS and
@@ -253,59 +359,117 @@ class MarginalPolicy : public Policy {
     std::vector<int> free(n_types);
     for (int t = 0; t < n_types; ++t) free[t] = cluster.type(t).count;
     std::vector<int> types(active.size(), -1), workers(active.size(), 0);
-    // Gain per device of growing job i on type t from its current workers by `step`.
-    const auto gain = [&](size_t i, int t, int step) {
+    // Gain per device of growing job i on type t from `from` workers by `step`: the share of
+    // its remaining work that the step adds per second.
+    const auto left = [&](size_t i) {
+      return std::max(active[i].remaining_work, 1e-9 * active[i].job->total_work);
+    };
+    const auto gain = [&](size_t i, int t, int from, int step) {
       const Job& job = *active[i].job;
-      const double left = std::max(active[i].remaining_work, 1e-9 * job.total_work);
-      const int now = workers[i];
-      return (job.rate(t, now + step) - (now > 0 ? job.rate(t, now) : 0.0)) / (left * step);
+      return (job.rate(t, from + step) - job.rate(t, from)) / (left(i) * step);
     };
     struct Grant {
       double gain;
       size_t job;
       int type, step;
     };
-    // Highest gain first; ties to the lower job id, then the lower type.
-    const auto later = [&](const Grant& a, const Grant& b) {
+    // Highest gain first; ties to the lower job id (`active` is in id order), then the lower
+    // type.
+    const auto later = [](const Grant& a, const Grant& b) {
       if (a.gain != b.gain) return a.gain < b.gain;
-      if (active[a.job].job->id != active[b.job].job->id) {
-        return active[a.job].job->id > active[b.job].job->id;
-      }
-      return a.type > b.type;
+      return a.job != b.job ? a.job > b.job : a.type > b.type;
     };
+    std::vector<Grant> items;
     // Grants devices by gain: each job of `homes` its minimum there first, then one worker
-    // at a time to whichever job (these and those already running) gains most.
+    // at a time to whichever job (these and those already running) gains most. Grants on
+    // one type never compete with another's, so each type is settled on its own: where
+    // every job's bound fits, each gets it (the order does not matter); where every grant is
+    // one worker, by selection (`take_best`); otherwise one grant at a time from a heap.
     const auto grant = [&](const std::vector<int>& homes) {
-      std::priority_queue<Grant, std::vector<Grant>, decltype(later)> grants(later);
-      const auto offer_next = [&](size_t i) {
-        const Job& job = *active[i].job;
-        const int t = types[i];
-        if (workers[i] < std::min(job.max_workers, cluster.type(t).count)) {
-          grants.push({gain(i, t, 1), i, t, 1});
-        }
-      };
+      // Per type, the jobs that compete there and are below their bound; per job, its bound.
+      std::vector<std::vector<size_t>> on(n_types);
+      for (auto& jobs : on) jobs.reserve(active.size());
+      std::vector<int> bound(active.size(), 0);
       for (size_t i = 0; i < active.size(); ++i) {
-        const int min = active[i].job->min_workers;
-        if (workers[i] > 0) {
-          offer_next(i);
-        } else if (homes[i] >= 0) {
-          grants.push({gain(i, homes[i], min), i, homes[i], min});
+        const int t = workers[i] > 0 ? types[i] : homes[i];
+        if (t < 0) continue;
+        bound[i] = std::min(active[i].job->max_workers, cluster.type(t).count);
+        if (workers[i] < bound[i]) on[t].push_back(i);
+      }
+      // The job's next grant on type t.
+      const auto next_of = [&](size_t i, int t) {
+        const int step = workers[i] > 0 ? 1 : active[i].job->min_workers;
+        return Grant{gain(i, t, workers[i], step), i, t, step};
+      };
+      // Where every grant on type t is one worker, the grants one at a time from the heap
+      // would take: the free[t] first by (level, job), a grant's level being the lowest gain
+      // of the job's grants up to it. A job's next grant enters the heap only once the one
+      // before it is taken, so a grant that gains more than one before it is taken right
+      // after that one, at its level. False where a job's first grant is its minimum > 1.
+      const auto take_best = [&](int t, long wanted) {
+        items.clear();
+        items.reserve(wanted);
+        for (size_t i : on[t]) {
+          const Job& job = *active[i].job;
+          if (workers[i] == 0 && job.min_workers != 1) return false;
+          const double remaining = left(i);
+          const ThroughputCurve& curve = (*job.throughput)[t];  // job.rate(t, ·)
+          double rate = curve.at(workers[i]);
+          double level = std::numeric_limits<double>::infinity();
+          for (int w = workers[i]; w < bound[i]; ++w) {
+            const double more = curve.at(w + 1);
+            level = std::min(level, (more - rate) / remaining);  // as gain(i, t, w, 1)
+            items.push_back({level, i, t, 1});
+            rate = more;
+          }
+        }
+        const auto best_first = [&](const Grant& a, const Grant& b) { return later(b, a); };
+        const auto end = items.begin() + free[t];
+        std::nth_element(items.begin(), end, items.end(), best_first);
+        for (auto it = items.begin(); it != end; ++it) types[it->job] = t, ++workers[it->job];
+        free[t] = 0;
+        return true;
+      };
+      std::vector<Grant> offers;
+      for (int t = 0; t < n_types; ++t) {
+        long wanted = 0;
+        for (size_t i : on[t]) wanted += bound[i] - workers[i];
+        if (wanted <= free[t]) {
+          for (size_t i : on[t]) {
+            free[t] -= bound[i] - workers[i];
+            types[i] = t;
+            workers[i] = bound[i];
+          }
+        } else if (!take_best(t, wanted)) {
+          for (size_t i : on[t]) offers.push_back(next_of(i, t));
         }
       }
+      std::priority_queue<Grant, std::vector<Grant>, decltype(later)> grants(later,
+                                                                             std::move(offers));
       while (!grants.empty()) {
-        const Grant g = grants.top();
+        Grant g = grants.top();
         grants.pop();
-        if (free[g.type] < g.step) continue;  // no room left there for this grant
-        types[g.job] = g.type;
-        workers[g.job] += g.step;
-        free[g.type] -= g.step;
-        offer_next(g.job);
+        // The job keeps the devices coming while its next grant still comes first: the
+        // same sequence as one grant per pop, with a heap operation per job, not per device.
+        while (free[g.type] >= g.step) {  // else no room left there for this grant
+          types[g.job] = g.type;
+          workers[g.job] += g.step;
+          free[g.type] -= g.step;
+          if (workers[g.job] == bound[g.job]) break;
+          g = next_of(g.job, g.type);
+          if (!grants.empty() && later(g, grants.top())) {
+            grants.push(g);
+            break;
+          }
+        }
       }
     };
-    const auto order = priority_order(Priority::kSrtf, active);
+    const auto order = ranking_.order(Priority::kSrtf, active, {});
     grant(place(cluster, active, order));
     // A job left out where it was placed tries the devices left on other types.
-    grant(place_in_leftovers(cluster, active, order, workers, free));
+    if (std::any_of(free.begin(), free.end(), [](int f) { return f > 0; })) {
+      grant(place_in_leftovers(cluster, active, order, workers, free));
+    }
     return to_allocation(active, types, workers);
   }
 
@@ -318,7 +482,9 @@ class MarginalPolicy : public Policy {
                                              const std::vector<int>& workers,
                                              std::vector<int> free) {
     std::vector<int> home(active.size(), -1);
-    for (size_t i : order) {
+    for (size_t k = 0; k < order.size(); ++k) {
+      fetch_ahead(active, order, k);
+      const size_t i = order[k];
       const Job& job = *active[i].job;
       if (workers[i] > 0) continue;
       const auto fits = [&](int t) { return free[t] >= job.min_workers; };
@@ -341,9 +507,13 @@ class MarginalPolicy : public Policy {
                                 const std::vector<size_t>& order) {
     std::vector<int> room(cluster.num_types()), home(active.size(), -1);
     for (int t = 0; t < cluster.num_types(); ++t) room[t] = cluster.type(t).count;
-    for (size_t i : order) {
+    std::vector<double> demand_rates(cluster.num_types());
+    for (size_t k = 0; k < order.size(); ++k) {
+      fetch_ahead(active, order, k);
+      const size_t i = order[k];
       const Job& job = *active[i].job;
-      const auto at_demand = [&](int t) { return job.rate(t, job.demand); };
+      for (int t = 0; t < cluster.num_types(); ++t) demand_rates[t] = job.rate(t, job.demand);
+      const auto at_demand = [&](int t) { return demand_rates[t]; };
       int best = fastest_type(
           cluster, [&](int t) { return room[t] >= job.demand; }, at_demand);
       const int now = running_type(active[i]);
@@ -363,6 +533,8 @@ class MarginalPolicy : public Policy {
     }
     return home;
   }
+
+  Ranking ranking_;
 };
 
 }  // namespace
@@ -382,14 +554,23 @@ std::vector<int> weighted_water_fill(const std::vector<double>& weights, const s
   }
   if (lo_sum > capacity) throw InternalError("water fill: minimums exceed capacity");
   if (hi_sum <= capacity) return hi;
-  // f(l) = sum clamp(l * w_i, lo_i, hi_i) is piecewise linear in l; sweep its breakpoints.
-  std::vector<std::pair<double, long>> events;  // (l, +i+1 starts growing | -(i+1) stops)
-  events.reserve(2 * n);
+  // f(l) = sum clamp(l * w_i, lo_i, hi_i) is piecewise linear in l; sweep its breakpoints
+  // (l, +i+1 when job i starts growing | -(i+1) when it stops), in pair order. Starts are
+  // made in ascending i and stops in descending i, so a stable sort by l alone gives that
+  // order (a few distinct l among many jobs send std::sort into its heapsort); callers pass
+  // jobs in priority order, which often leaves the starts sorted already.
+  std::vector<std::pair<double, long>> events(2 * n);
   for (size_t i = 0; i < n; ++i) {
-    events.emplace_back(lo[i] / weights[i], static_cast<long>(i) + 1);
-    events.emplace_back(hi[i] / weights[i], -static_cast<long>(i) - 1);
+    events[i] = {lo[i] / weights[i], static_cast<long>(i) + 1};
+    events[2 * n - 1 - i] = {hi[i] / weights[i], -static_cast<long>(i) - 1};
   }
-  std::sort(events.begin(), events.end());
+  const auto by_level = [](const auto& a, const auto& b) { return a.first < b.first; };
+  const auto stops = events.begin() + static_cast<std::ptrdiff_t>(n);
+  if (!std::is_sorted(events.begin(), stops, by_level)) {
+    std::stable_sort(events.begin(), stops, by_level);
+  }
+  std::stable_sort(stops, events.end(), by_level);
+  std::inplace_merge(events.begin(), stops, events.end());
   double level = 0, value = static_cast<double>(lo_sum), slope = 0;
   for (const auto& [at, id] : events) {
     const double next = value + slope * (at - level);
@@ -409,28 +590,24 @@ std::vector<int> weighted_water_fill(const std::vector<double>& weights, const s
     remainder[i] = x - shares[i];
     left -= shares[i];
   }
-  std::vector<size_t> by_remainder(n);
-  std::iota(by_remainder.begin(), by_remainder.end(), 0);
-  std::stable_sort(by_remainder.begin(), by_remainder.end(),
-                   [&](size_t a, size_t b) { return remainder[a] > remainder[b]; });
-  for (size_t k = 0; k < n && left > 0; ++k) {
-    const size_t i = by_remainder[k];
-    if (shares[i] < hi[i]) ++shares[i], --left;
+  // One more worker each for the `left` jobs below their bound with the largest remainders,
+  // ties to the lower index: a selection, not a sort.
+  std::vector<size_t> below;
+  for (size_t i = 0; i < n; ++i) {
+    if (shares[i] < hi[i]) below.push_back(i);
   }
+  const auto first = [&](size_t a, size_t b) {
+    return remainder[a] != remainder[b] ? remainder[a] > remainder[b] : a < b;
+  };
+  const size_t more = std::min(below.size(), static_cast<size_t>(std::max(left, 0)));
+  std::nth_element(below.begin(), below.begin() + more, below.end(), first);
+  for (size_t k = 0; k < more; ++k) ++shares[below[k]];
   return shares;
 }
 
 std::vector<size_t> priority_order(Priority priority, const std::vector<JobView>& active,
                                    const PolicyOptions& options) {
-  std::vector<double> key(active.size());
-  for (size_t i = 0; i < active.size(); ++i) key[i] = priority_key(priority, active[i], options);
-  std::vector<size_t> order(active.size());
-  std::iota(order.begin(), order.end(), 0);
-  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    if (key[a] != key[b]) return key[a] < key[b];
-    return active[a].job->id < active[b].job->id;
-  });
-  return order;
+  return Ranking().order(priority, active, options);
 }
 
 std::vector<std::string> policy_names() {

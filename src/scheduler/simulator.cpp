@@ -14,13 +14,14 @@ namespace vflow::scheduler {
 namespace {
 
 // At one instant, completions free devices before arrivals and rounds are seen; all are
-// applied before the single reallocation of that instant.
-enum class EventKind { kCompletion = 0, kArrival = 1, kRound = 2 };
+// applied before the single reallocation of that instant. kDecision: the decision point a
+// decision interval deferred changes to.
+enum class EventKind { kCompletion = 0, kArrival = 1, kRound = 2, kDecision = 3 };
 
 struct Event {
   double time;
   EventKind kind;
-  int job;           // -1 for rounds
+  int job;           // -1 for rounds and decisions
   uint64_t version;  // completions: valid only while it matches the job's version
 };
 
@@ -30,11 +31,12 @@ struct Later {
   }
 };
 
-struct JobState {
-  double remaining = 0;    // steps left at anchor_s
-  double anchor_s = 0;     // time of the last change of (type, workers)
-  double rate = 0;         // steps/s while not paused
-  double pause_until = 0;  // no progress before this time
+struct alignas(64) JobState {  // one cache line: a decision reads every active job's
+  double remaining = 0;        // steps left at anchor_s
+  double anchor_s = 0;         // time of the last change of (type, workers)
+  double rate = 0;             // steps/s while not paused
+  double pause_until = 0;      // no progress before this time
+  double held_s = 0;           // device-seconds held until anchor_s
   int type = -1;
   int workers = 0;
   uint64_t version = 0;
@@ -61,7 +63,7 @@ class Simulation {
   }
 
   SimResult run() {
-    const auto start = std::chrono::steady_clock::now();
+    start_ = std::chrono::steady_clock::now();
     while (!events_.empty()) {
       const double now = events_.top().time;
       bool changed = false;
@@ -70,14 +72,14 @@ class Simulation {
         events_.pop();
         changed |= handle(e, now);
       }
-      if (changed) reallocate(now);
+      if (changed) decide(now);
     }
     if (finished_ != static_cast<int>(workload_.jobs.size())) {
       throw InternalError(fmt::format("simulation stalled: policy {} left {} jobs unfinished",
                                       policy_.name(), workload_.jobs.size() - finished_));
     }
     result_.wall_s =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
     return std::move(result_);
   }
 
@@ -97,8 +99,23 @@ class Simulation {
           events_.push({now + policy_.round_s(), EventKind::kRound, -1, 0});
         }
         return !active_.empty();
+      case EventKind::kDecision:
+        decision_pending_ = false;
+        return true;
     }
     return false;
+  }
+
+  // Reallocates now, or with a decision interval at the next multiple of it (once for all
+  // the changes until then).
+  void decide(double now) {
+    const double interval = options_.decision_interval_s;
+    if (interval <= 0) return reallocate(now);
+    if (decision_pending_) return;
+    const double at = std::ceil(now / interval) * interval;
+    if (at <= now) return reallocate(now);
+    events_.push({at, EventKind::kDecision, -1, 0});
+    decision_pending_ = true;
   }
 
   double productive_s(const JobState& s, double now) const {
@@ -110,7 +127,7 @@ class Simulation {
     const double work = s.rate * productive_s(s, now);
     s.remaining -= work;
     result_.jobs[id].work_done += work;
-    result_.jobs[id].device_seconds += s.workers * (now - s.anchor_s);
+    s.held_s += s.workers * (now - s.anchor_s);
     s.anchor_s = now;
   }
 
@@ -126,6 +143,7 @@ class Simulation {
     s.remaining = 0;
     s.finished = true;
     result_.jobs[id].finish_s = now;
+    result_.jobs[id].device_seconds = s.held_s;
     allocated_ -= s.workers;
     s.workers = 0;
     s.type = -1;
@@ -138,28 +156,35 @@ class Simulation {
   void report_progress(double now) {
     const int total = static_cast<int>(workload_.jobs.size());
     if (!options_.on_progress || finished_ % std::max(1, total / 100) != 0) return;
-    options_.on_progress({finished_, total, now});
+    const double host_s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+    options_.on_progress({finished_, total, now, host_s, active_.size()});
   }
 
   void reallocate(double now) {
     views_.clear();
-    for (int id : active_) {
+    constexpr size_t kAhead = 8;  // active jobs lie far apart in state_: fetch ahead
+    for (size_t n = 0; n < active_.size(); ++n) {
+      if (n + kAhead < active_.size()) __builtin_prefetch(&state_[active_[n + kAhead]]);
+      const int id = active_[n];
       const JobState& s = state_[id];
-      const double held = result_.jobs[id].device_seconds + s.workers * (now - s.anchor_s);
-      views_.push_back({&workload_.jobs[id], s.remaining - s.rate * productive_s(s, now), held,
-                        s.type, s.workers});
+      views_.push_back({&workload_.jobs[id], s.remaining - s.rate * productive_s(s, now),
+                        s.held_s + s.workers * (now - s.anchor_s), s.type, s.workers});
     }
     const Allocation allocation = policy_.allocate(cluster_, views_, now);
     ++result_.allocations;
     check(allocation);
     size_t k = 0;
-    for (int id : active_) {
+    for (size_t n = 0; n < active_.size(); ++n) {
+      const int id = active_[n];
       const auto& as = allocation.assignments;
       const bool assigned = k < as.size() && as[k].job_id == id;
       const int type = assigned ? as[k].device_type : -1;
       const int workers = assigned ? as[k].workers : 0;
       if (assigned) ++k;
-      if (type != state_[id].type || workers != state_[id].workers) apply(id, type, workers, now);
+      if (type != views_[n].device_type || workers != views_[n].workers) {
+        apply(id, type, workers, now);
+      }
     }
     record(now);
   }
@@ -197,7 +222,7 @@ class Simulation {
       if (k == active_.size() || active_[k] != a.job_id) {
         fail(fmt::format("job {} is not active or out of order", a.job_id));
       }
-      const Job& job = workload_.jobs[a.job_id];
+      const Job& job = *views_[k].job;
       const bool bounds_ok = policy_.elastic()
                                  ? a.workers >= job.min_workers && a.workers <= job.max_workers
                                  : a.workers == job.demand;
@@ -241,6 +266,8 @@ class Simulation {
   std::vector<JobView> views_;
   int allocated_ = 0;
   int finished_ = 0;
+  bool decision_pending_ = false;
+  std::chrono::steady_clock::time_point start_;
   SimResult result_;
 };
 
@@ -261,7 +288,8 @@ SimResult simulate(const Cluster& cluster, const Workload& workload, Policy& pol
                    const SimOptions& options) {
   for (size_t i = 0; i < workload.jobs.size(); ++i) {
     const Job& job = workload.jobs[i];
-    if (job.id != static_cast<int>(i) || job.throughput.size() != size_t(cluster.num_types()) ||
+    if (job.id != static_cast<int>(i) || !job.throughput ||
+        job.throughput->size() != size_t(cluster.num_types()) ||
         (i > 0 && job.arrival_s < workload.jobs[i - 1].arrival_s)) {
       throw InternalError("simulate: the workload is not bound to this cluster (bind_workload)");
     }

@@ -29,7 +29,7 @@ ThroughputCurve ThroughputCurve::table(std::vector<std::pair<int, double>> point
   ThroughputCurve curve;
   curve.kind_ = Kind::kTable;
   curve.points_ = std::move(points);
-  return curve;
+  return curve.remember();
 }
 
 ThroughputCurve ThroughputCurve::linear(double one_worker) {
@@ -37,7 +37,7 @@ ThroughputCurve ThroughputCurve::linear(double one_worker) {
   ThroughputCurve curve;
   curve.kind_ = Kind::kLinear;
   curve.one_worker_ = one_worker;
-  return curve;
+  return curve.remember();
 }
 
 ThroughputCurve ThroughputCurve::amdahl(double one_worker, double parallel_fraction) {
@@ -49,11 +49,16 @@ ThroughputCurve ThroughputCurve::amdahl(double one_worker, double parallel_fract
   curve.kind_ = Kind::kAmdahl;
   curve.one_worker_ = one_worker;
   curve.parallel_fraction_ = parallel_fraction;
-  return curve;
+  return curve.remember();
 }
 
-double ThroughputCurve::at(int workers) const {
-  if (workers <= 0) return 0.0;
+ThroughputCurve& ThroughputCurve::remember() {
+  known_.assign(1, 0.0);
+  for (int n = 1; n <= kKnown; ++n) known_.push_back(compute(n));
+  return *this;
+}
+
+double ThroughputCurve::compute(int workers) const {
   const double n = workers;
   switch (kind_) {
     case Kind::kLinear:

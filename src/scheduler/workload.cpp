@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <numeric>
 #include <random>
 
@@ -39,9 +40,8 @@ std::string where(const JobRecord& r, size_t index) {
   return r.origin.empty() ? fmt::format("job {}", index) : r.origin;
 }
 
-std::vector<ThroughputCurve> curves_for(const JobRecord& r, size_t index,
-                                        const ThroughputTable& table, const Cluster& cluster,
-                                        const BindOptions& options) {
+Curves curves_for(const JobRecord& r, size_t index, const ThroughputTable& table,
+                  const Cluster& cluster, const BindOptions& options) {
   std::vector<ThroughputCurve> curves;
   const bool known = table.has_model(r.model);
   for (const auto& type : cluster.types()) {
@@ -57,11 +57,12 @@ std::vector<ThroughputCurve> curves_for(const JobRecord& r, size_t index,
     }
     curves.push_back(*curve);
   }
-  return curves;
+  return make_curves(std::move(curves));
 }
 
+// `curves`: by model, filled as models are met.
 Job bind_one(const JobRecord& r, size_t index, const ThroughputTable& table, const Cluster& cluster,
-             const BindOptions& options) {
+             const BindOptions& options, std::map<std::string, Curves>& curves) {
   int largest = 0;
   for (const auto& t : cluster.types()) largest = std::max(largest, t.count);
   Job job;
@@ -83,7 +84,9 @@ Job bind_one(const JobRecord& r, size_t index, const ThroughputTable& table, con
     throw DataError(fmt::format("{}: min_workers {} > demand {}", where(r, index), job.min_workers,
                                 job.demand));
   }
-  job.throughput = curves_for(r, index, table, cluster, options);
+  Curves& shared = curves[r.model];
+  if (!shared) shared = curves_for(r, index, table, cluster, options);
+  job.throughput = shared;
   for (int t = 0; t < cluster.num_types(); ++t) {
     job.demand_rate = std::max(job.demand_rate, job.rate(t, job.demand));
   }
@@ -108,8 +111,9 @@ Workload bind_workload(const std::vector<JobRecord>& records, const ThroughputTa
                    [&](size_t a, size_t b) { return records[a].arrival_s < records[b].arrival_s; });
   Workload workload;
   workload.jobs.reserve(records.size());
+  std::map<std::string, Curves> curves;
   for (size_t i : order) {
-    workload.jobs.push_back(bind_one(records[i], i, table, cluster, options));
+    workload.jobs.push_back(bind_one(records[i], i, table, cluster, options, curves));
     workload.jobs.back().id = static_cast<int>(workload.jobs.size()) - 1;
   }
   return workload;

@@ -1,6 +1,8 @@
 #include "vflow/scheduler/policy.h"
 
 #include <catch2/catch.hpp>
+#include <random>
+#include <tuple>
 
 #include "support.h"
 #include "vflow/core/error.h"
@@ -91,7 +93,7 @@ TEST_CASE("the marginal policy spreads devices where a job's next worker gains l
   std::vector<Job> jobs = {linear_job(0, 0, 100, 8, 1, 8), linear_job(1, 0, 200, 8, 1, 8)};
   // Amdahl with p = 0.5: 1 worker 1 step/s, 2 workers 1.33, 8 workers 1.78. Job 0's second
   // worker adds 0.0033 of its work a second, job 1's first 0.005: job 1 runs too.
-  for (auto& job : jobs) job.throughput = {ThroughputCurve::amdahl(1.0, 0.5)};
+  for (auto& job : jobs) job.throughput = make_curves({ThroughputCurve::amdahl(1.0, 0.5)});
   const auto w = workers_of(make_policy("marginal")->allocate(cluster, views_of(jobs), 0), 2);
   CHECK(w[0] >= 1);
   CHECK(w[1] >= 1);
@@ -104,7 +106,7 @@ TEST_CASE("the marginal policy keeps a running job on its type and starts others
   const Cluster cluster({{"fast", 4}, {"slow", 4}});
   std::vector<Job> jobs = {linear_job(0, 0, 100, 2, 1, 4), linear_job(1, 0, 1000, 2, 1, 4)};
   for (auto& job : jobs) {
-    job.throughput = {ThroughputCurve::linear(2.0), ThroughputCurve::linear(1.0)};
+    job.throughput = make_curves({ThroughputCurve::linear(2.0), ThroughputCurve::linear(1.0)});
   }
   auto views = views_of(jobs);
   views[1].device_type = 1;  // job 1 runs on the slow type
@@ -136,7 +138,7 @@ TEST_CASE("non-elastic policies run jobs at exactly their demand", "[unit][sched
 TEST_CASE("non-elastic placement prefers the fastest device type", "[unit][scheduler]") {
   const Cluster cluster({{"slow", 4}, {"fast", 4}});
   Job job = linear_job(0, 0, 100, 2, 1, 2);
-  job.throughput = {ThroughputCurve::linear(1.0), ThroughputCurve::linear(3.0)};
+  job.throughput = make_curves({ThroughputCurve::linear(1.0), ThroughputCurve::linear(3.0)});
   std::vector<Job> jobs = {job};
   const auto allocation = make_policy("priority")->allocate(cluster, views_of(jobs), 0);
   REQUIRE(allocation.assignments.size() == 1);
@@ -146,4 +148,70 @@ TEST_CASE("non-elastic placement prefers the fastest device type", "[unit][sched
 TEST_CASE("policy names", "[unit][scheduler]") {
   for (const auto& name : policy_names()) CHECK(make_policy(name)->name() == name);
   CHECK_THROWS_AS(make_policy("round-robin"), vflow::SpecError);
+}
+
+TEST_CASE("a policy's allocation depends on the jobs it sees, not on its earlier decisions",
+          "[unit][scheduler]") {
+  // Policies keep state between decisions to go faster (the previous ranking); a policy that
+  // has decided 300 times must decide as a fresh one would. Jobs mix linear, Amdahl and a
+  // table curve whose gains rise again (4 -> 8 workers), and minimums of 1 and 2.
+  const Cluster cluster({{"a", 6}, {"b", 5}, {"c", 4}});
+  const Curves table = make_curves(
+      {ThroughputCurve::table({{1, 4.4}, {2, 7.9}, {4, 9.5}, {8, 17.3}}),
+       ThroughputCurve::table({{1, 2.4}, {2, 4.4}, {4, 5.2}}), ThroughputCurve::linear(0.5)});
+  const Curves amdahl =
+      make_curves({ThroughputCurve::amdahl(3.0, 0.9), ThroughputCurve::amdahl(2.0, 0.95),
+                   ThroughputCurve::amdahl(1.0, 0.8)});
+  const Curves linear = make_curves(
+      {ThroughputCurve::linear(1.0), ThroughputCurve::linear(1.5), ThroughputCurve::linear(0.7)});
+  std::mt19937 random(7);
+  const auto uniform = [&](int lo, int hi) {
+    return lo + static_cast<int>(random() % static_cast<unsigned>(hi - lo + 1));
+  };
+  std::vector<Job> jobs;
+  for (int id = 0; id < 400; ++id) {
+    const int demand = uniform(1, 4);
+    Job job = linear_job(id, id * 10.0, uniform(100, 5000), demand, uniform(1, std::min(2, demand)),
+                         demand * uniform(1, 2), uniform(0, 3) == 0 ? 5 : 1);
+    job.throughput = id % 3 == 0 ? table : id % 3 == 1 ? amdahl : linear;
+    job.demand_rate = job.rate(0, demand);
+    jobs.push_back(job);
+  }
+  for (const auto& name : policy_names()) {
+    DYNAMIC_SECTION(name) {
+      auto policy = make_policy(name);
+      std::vector<JobView> active;
+      int next = 0;
+      for (int step = 0; step < 300; ++step) {
+        // A few jobs finish, a few arrive (ids ascending), the others advance.
+        for (size_t i = active.size(); i-- > 0;) {
+          if (uniform(0, 9) == 0) active.erase(active.begin() + static_cast<std::ptrdiff_t>(i));
+        }
+        for (int k = uniform(0, 3); k > 0 && next < static_cast<int>(jobs.size()); --k) {
+          active.push_back({&jobs[next], jobs[next].total_work, 0, -1, 0});
+          ++next;
+        }
+        for (auto& v : active) {
+          if (v.workers > 0) v.remaining_work *= 0.9, v.attained_service += 60.0 * v.workers;
+        }
+        const double now = step * 60.0;
+        const Allocation kept = policy->allocate(cluster, active, now);
+        const Allocation fresh = make_policy(name)->allocate(cluster, active, now);
+        REQUIRE(kept.assignments.size() == fresh.assignments.size());
+        for (size_t k = 0; k < kept.assignments.size(); ++k) {
+          const auto& a = kept.assignments[k];
+          const auto& b = fresh.assignments[k];
+          REQUIRE(std::tie(a.job_id, a.device_type, a.workers) ==
+                  std::tie(b.job_id, b.device_type, b.workers));
+        }
+        size_t k = 0;  // the jobs run as allocated
+        for (auto& v : active) {
+          const bool held = k < kept.assignments.size() && kept.assignments[k].job_id == v.job->id;
+          v.device_type = held ? kept.assignments[k].device_type : -1;
+          v.workers = held ? kept.assignments[k].workers : 0;
+          if (held) ++k;
+        }
+      }
+    }
+  }
 }

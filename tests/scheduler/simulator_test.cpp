@@ -80,6 +80,30 @@ TEST_CASE("strict FIFO queues behind the head job", "[unit][scheduler]") {
   CHECK(summarize(r).mean_queueing_s == Approx((0 + 99 + 198) / 3.0));
 }
 
+TEST_CASE("with a decision interval, arrivals and freed devices wait for the next decision",
+          "[unit][scheduler]") {
+  std::vector<Job> jobs = {linear_job(0, 0, 400, 4, 4, 4), linear_job(1, 10, 100, 4, 4, 4)};
+  auto r = run("fifo", jobs, 4, no_pauses());
+  CHECK(r.jobs[1].start_s == Approx(100));
+  CHECK(r.jobs[1].finish_s == Approx(125));
+  SimOptions rounds = no_pauses();
+  rounds.decision_interval_s = 60;
+  r = run("fifo", jobs, 4, rounds);
+  CHECK(r.jobs[0].start_s == Approx(0));  // t = 0 is a multiple: decided at once
+  CHECK(r.jobs[0].finish_s == Approx(100));
+  CHECK(r.jobs[1].start_s == Approx(120));  // job 0's devices idle from 100 to 120
+  CHECK(r.jobs[1].finish_s == Approx(145));
+  CHECK(r.allocations == 4);  // at 0, 60 (job 1 still waits), 120 and 180 (after job 1)
+  // An elastic policy shares at the decision after the arrival, not at the arrival.
+  std::vector<Job> elastic = {linear_job(0, 0, 400, 4, 1, 4), linear_job(1, 10, 100, 4, 1, 4)};
+  r = run("wfs-elastic", elastic, 4, rounds);
+  // Job 0: 4 workers 0-60 (240 steps), then 2; job 1: 2 workers from 60, done at 110;
+  // job 0 has 60 steps left at 110, alone again only from the decision at 120.
+  CHECK(r.jobs[1].finish_s == Approx(110));
+  CHECK(r.jobs[0].finish_s == Approx(120 + 40 / 4.0));
+  CHECK(r.jobs[0].work_done == Approx(400));
+}
+
 TEST_CASE("every job finishes with exactly its work done", "[unit][scheduler]") {
   const Cluster cluster = Cluster::parse("v100:8,p100:8,k80:8");
   const Workload workload = gavel_workload(3, cluster);

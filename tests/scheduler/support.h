@@ -20,7 +20,7 @@ inline Job linear_job(int id, double arrival_s, double work, int demand, int min
   job.min_workers = min_workers;
   job.max_workers = max_workers;
   job.weight = weight;
-  job.throughput = {ThroughputCurve::linear(1.0)};
+  job.throughput = make_curves({ThroughputCurve::linear(1.0)});
   job.demand_rate = demand;
   return job;
 }

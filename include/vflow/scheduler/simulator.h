@@ -19,15 +19,22 @@
 namespace vflow::scheduler {
 
 struct SimProgress {
-  int finished = 0;  ///< jobs completed so far
-  int total = 0;     ///< jobs in the workload
-  double now_s = 0;  ///< simulated time
+  int finished = 0;   ///< jobs completed so far
+  int total = 0;      ///< jobs in the workload
+  double now_s = 0;   ///< simulated time
+  double host_s = 0;  ///< host time spent simulating so far
+  size_t active = 0;  ///< jobs arrived and not finished
 };
 
 struct SimOptions {
   double resize_pause_s = 0.1;  ///< no progress after an elastic resize (measured; see docs)
   double restart_s = 30;        ///< no progress after a resume from preemption or a migration
   double startup_s = 0;         ///< no progress after a job's first start (every policy alike)
+  /// 0: the policy decides at every instant with an arrival, a completion or a round. > 0:
+  /// it decides only at multiples of this many seconds (a round-based scheduler's period),
+  /// once for every change since the last decision; devices a job frees and jobs that
+  /// arrive wait until then. The large-scale simulations use it.
+  double decision_interval_s = 0;
   bool record_timeline = true;  ///< keep the allocated-devices step function
   std::function<void(const SimProgress&)> on_progress;  ///< called each ~1% of jobs finished
 };

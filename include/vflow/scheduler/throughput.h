@@ -26,15 +26,24 @@ class ThroughputCurve {
   static ThroughputCurve amdahl(double one_worker, double parallel_fraction);
 
   /// Steps per second with `workers` workers; 0 for workers <= 0.
-  double at(int workers) const;
+  double at(int workers) const {
+    if (static_cast<size_t>(workers) < known_.size()) return known_[workers];
+    return workers <= 0 ? 0.0 : compute(workers);
+  }
   std::string describe() const;
 
  private:
   enum class Kind { kTable, kLinear, kAmdahl };
+  static constexpr int kKnown = 64;  ///< worker counts whose rates are computed once
+  double compute(int workers) const;
+  ThroughputCurve& remember();  // fills known_; every factory ends with it
   Kind kind_ = Kind::kLinear;
   std::vector<std::pair<int, double>> points_;  // sorted by worker count
   double one_worker_ = 1.0;
   double parallel_fraction_ = 1.0;
+  // at(0..kKnown), as compute() gives them: policies ask for rates at every decision, and
+  // a lookup is several times cheaper than the divisions.
+  std::vector<double> known_;
 };
 
 class ThroughputTable {

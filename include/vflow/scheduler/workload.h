@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -11,20 +12,28 @@
 
 namespace vflow::scheduler {
 
+/// Throughput curves, one per cluster device type. The jobs of one model share theirs: a
+/// million-job workload holds a few curves, and a policy reading them stays in cache.
+using Curves = std::shared_ptr<const std::vector<ThroughputCurve>>;
+inline Curves make_curves(std::vector<ThroughputCurve> curves) {
+  return std::make_shared<const std::vector<ThroughputCurve>>(std::move(curves));
+}
+
+// What policies read at every decision comes first, in 64 bytes; the model's name last.
 struct Job {
   int id = 0;              ///< 0..n-1 in arrival order (ties keep input order)
-  std::string model;       ///< throughput model name
-  double arrival_s = 0;    ///< seconds since the workload's start
-  double total_work = 0;   ///< optimizer steps to run
   int demand = 1;          ///< workers requested; non-elastic policies run exactly this many
   int min_workers = 1;     ///< elastic lower bound, <= demand
   int max_workers = 1;     ///< elastic upper bound, >= demand, <= the largest device type
+  double arrival_s = 0;    ///< seconds since the workload's start
+  double total_work = 0;   ///< optimizer steps to run
   double weight = 1;       ///< priority weight, > 0
   double demand_rate = 0;  ///< steps/s at `demand` on the job's fastest type (time estimates)
-  std::vector<ThroughputCurve> throughput;  ///< one curve per cluster device type
+  Curves throughput;       ///< one curve per cluster device type
+  std::string model;       ///< throughput model name
 
   /// Steps per second with `workers` workers of device type `type`.
-  double rate(int type, int workers) const { return throughput[type].at(workers); }
+  double rate(int type, int workers) const { return (*throughput)[type].at(workers); }
 };
 
 struct Workload {
