@@ -43,6 +43,39 @@ vflow::hetero::DeviceGroup parse_group(const std::string& text) {
   return g;
 }
 
+/// Rows of the scheduler's throughput file (docs/scheduler.md): for each profiled type and
+/// 1 to MAX workers of it, the steps per second of the exact-mode plan over those workers
+/// (which may leave some idle, so a row never falls below the one before).
+void print_throughput(vflow::hetero::PlanRequest request, const std::string& spec) {
+  const auto colon = spec.find(':');
+  const std::string name = spec.substr(0, colon);
+  int64_t max = request.virtual_nodes;
+  if (colon != std::string::npos) {
+    const std::string digits = spec.substr(colon + 1);
+    if (digits.empty() || digits.size() > 6 ||
+        digits.find_first_not_of("0123456789") != std::string::npos || std::stoll(digits) < 1) {
+      throw vflow::SpecError("--throughput: '" + spec +
+                             "': expected NAME or NAME:MAX, MAX 1 to 999999");
+    }
+    max = std::stoll(digits);
+  }
+  if (name.empty() || name.find_first_of(" \t#") != std::string::npos) {
+    throw vflow::SpecError("--throughput: '" + spec + "': the model name must be one word");
+  }
+  std::cout << fmt::format(
+      "# {}: exact-mode plans of {} vnodes x {} from vflow-profile profiles (vnode and optimizer\n"
+      "# times measured; the allreduce measured between 2 workers and taken as the same for "
+      "more)\n",
+      name, request.virtual_nodes, request.global_batch / request.virtual_nodes);
+  for (const auto& [type, profile] : request.profiles) {
+    for (int64_t workers = 1; workers <= max; ++workers) {
+      request.inventory = {{type, workers, 0}};
+      const double seconds = vflow::hetero::plan_exact(request).predicted_step_seconds;
+      std::cout << fmt::format("table  {}  {}  {}  {:.9g}\n", name, type, workers, 1 / seconds);
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -53,7 +86,11 @@ int main(int argc, char** argv) {
   app.add_option("--set", overrides, "override a key (repeatable)");
   app.add_option("--profile", profiles, "a profile file from vflow-profile (repeatable)")
       ->required();
-  app.add_option("--devices", devices, "TYPE:COUNT[:CAP_MIB] (repeatable)")->required();
+  app.add_option("--devices", devices, "TYPE:COUNT[:CAP_MIB] (repeatable)");
+  std::string throughput;
+  app.add_option("--throughput", throughput,
+                 "NAME[:MAX]: print the scheduler's throughput rows of model NAME for 1 to MAX "
+                 "workers (default: the job's vnodes) of each profiled type, instead of a plan");
   bool relaxed = false;
   app.add_flag("--relaxed", relaxed,
                "also plan relaxed mode: a vnode size per device type (changes the result: "
@@ -69,6 +106,11 @@ int main(int argc, char** argv) {
       auto profile = vflow::hetero::load_profile(path);
       request.profiles[profile.device_type] = std::move(profile);
     }
+    if (!throughput.empty()) {
+      print_throughput(request, throughput);
+      return vflow::kExitOk;
+    }
+    if (devices.empty()) throw vflow::SpecError("--devices: required unless --throughput is given");
     for (const auto& d : devices) request.inventory.push_back(parse_group(d));
     const auto plan = vflow::hetero::plan_exact(request);
     const auto base = vflow::hetero::baselines(request);

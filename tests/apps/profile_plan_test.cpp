@@ -1,9 +1,12 @@
 // vflow-profile and vflow-plan as a user runs them: profile two CPU device types, plan a
 // split, and run the printed layout.
 #include <catch2/catch.hpp>
+#include <map>
+#include <sstream>
 
 #include "apps/multiworker_support.h"
 #include "support.h"
+#include "vflow/hetero/profile.h"
 
 using namespace vflow::testing;
 
@@ -47,6 +50,41 @@ TEST_CASE("profiles, a plan and its printed layout run as a job", "[integration]
   CHECK(run.exit_code == 0);
   CHECK_THAT(run.output, Catch::Matchers::Contains("[worker 0]"));  // through the launcher
   CHECK(fingerprints_in(run.output).size() == 1);
+
+  // The same profiles as the scheduler's throughput rows: one worker runs all 12 vnodes of 4
+  // and the optimizer step; more workers never run slower (the plan may leave some idle).
+  const auto rows = run_command(kPlan + kJob + " --profile " + dir.file("fast.yaml") +
+                                " --profile " + dir.file("slow.yaml") + " --throughput convnet:3");
+  INFO(rows.output);
+  REQUIRE(rows.exit_code == 0);
+  std::istringstream in(rows.output);
+  std::map<std::string, std::vector<double>> rates;
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty() || line[0] == '#') continue;
+    std::istringstream fields(line);
+    std::string kind, model, type;
+    int workers = 0;
+    double rate = 0;
+    REQUIRE(fields >> kind >> model >> type >> workers >> rate);
+    CHECK(kind == "table");
+    CHECK(model == "convnet");
+    CHECK(workers == static_cast<int>(rates[type].size()) + 1);
+    rates[type].push_back(rate);
+  }
+  REQUIRE(rates.size() == 2);
+  for (const char* type : {"cpu-1t", "slow"}) {
+    const auto profile = vflow::hetero::load_profile(
+        dir.file(type == std::string("slow") ? "slow.yaml" : "fast.yaml"));
+    REQUIRE(rates[type].size() == 3);
+    CHECK(rates[type][0] ==
+          Approx(1 / (12 * profile.vnode_seconds(4) + profile.optimizer_seconds)).epsilon(1e-6));
+    CHECK(rates[type][1] >= rates[type][0]);
+    CHECK(rates[type][2] >= rates[type][1]);
+  }
+  const auto bad = run_command(kPlan + kJob + " --profile " + dir.file("fast.yaml") +
+                               " --throughput convnet:0 2>&1");
+  CHECK(bad.exit_code == 2);
+  CHECK_THAT(bad.output, Catch::Matchers::Contains("--throughput: 'convnet:0'"));
 }
 
 TEST_CASE("profiling a device this machine lacks is refused clearly", "[integration][hetero]") {
