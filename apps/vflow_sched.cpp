@@ -96,6 +96,9 @@ int main(int argc, char** argv) {
   });
   live->add_option("--jobs", jobs_path, "jobs file (YAML)")->required();
   live->add_option("--policy", live_options.policy, "policy name");
+  live->add_option("--throughput", live_options.throughput,
+                   "throughput file with rows of device type slot for the jobs' models (e.g. "
+                   "from vflow-plan --throughput); default: the fallback curve");
   live->add_option("--out", live_options.out_dir, "results, job logs and checkpoints")->required();
   live->add_option("--train", live_options.train_binary,
                    "vflow-train executable (default: next to vflow-sched)");

@@ -82,6 +82,7 @@ LiveJob read_entry(const std::string& path, const SpecNode& entry) {
   if (job.max_workers < job.demand) r.fail("max_workers", "must be >= demand");
   job.steps = r.has("steps") ? r.get_double("steps", 1, 1, kUnbounded) : spec_steps(job.spec);
   job.args = r.get_string_list("args", {});
+  job.model = r.get_string("model", "");
   r.finish();
   return job;
 }
@@ -188,6 +189,8 @@ class LiveRun {
     jobs_ = jobs;
     std::stable_sort(jobs_.begin(), jobs_.end(),
                      [](const LiveJob& a, const LiveJob& b) { return a.arrival_s < b.arrival_s; });
+    const ThroughputTable table =
+        options.throughput.empty() ? ThroughputTable() : ThroughputTable::load(options.throughput);
     std::set<std::string> names;
     std::vector<JobRecord> records;
     for (const auto& job : jobs_) {
@@ -198,12 +201,16 @@ class LiveRun {
         throw SpecError(fmt::format("{}: demand {} does not fit the pool of {} slots (--slots)",
                                     job.origin, job.demand, options.slots));
       }
-      records.push_back({job.arrival_s, job.name, job.steps, 0, job.demand, job.min_workers,
-                         job.max_workers, job.weight, job.origin});
+      if (!job.model.empty() && !table.has_model(job.model)) {
+        throw SpecError(fmt::format("{}: model: '{}' has no rows in the throughput file '{}'",
+                                    job.origin, job.model, options.throughput));
+      }
+      records.push_back({job.arrival_s, job.model.empty() ? job.name : job.model, job.steps, 0,
+                         job.demand, job.min_workers, job.max_workers, job.weight, job.origin});
     }
-    // Binding checks that every job fits the pool and gives the policies their
-    // estimates; real jobs' speeds are unknown, so they get the fallback curve.
-    workload_ = bind_workload(records, ThroughputTable(), cluster_);
+    // Binding checks that every job fits the pool and gives the policies their estimates:
+    // the throughput file's curve of the job's model, else the fallback curve.
+    workload_ = bind_workload(records, table, cluster_);
     for (const auto dir : {"logs", "checkpoints"}) {
       std::error_code ec;
       fs::create_directories(fs::path(options.out_dir) / dir, ec);
@@ -212,9 +219,13 @@ class LiveRun {
     state_.resize(jobs_.size());
     result_.policy = policy_->name();
     result_.total_devices = options.slots;
-    for (const auto& job : workload_.jobs) {
+    for (const auto& job : workload_.jobs) {  // in jobs_' order: both sorted stably by arrival
       result_.jobs.push_back(job_result_for(job));
-      outcomes_.push_back({job.model, -1, 0, 0, log_path(job.id)});
+      outcomes_.push_back({jobs_[job.id].name, -1, 0, 0, log_path(job.id)});
+      if (options.log && table.has_model(job.model)) {
+        options.log(fmt::format("{}: throughput of model {}: {}", jobs_[job.id].name, job.model,
+                                (*job.throughput)[0].describe()));
+      }
     }
   }
 

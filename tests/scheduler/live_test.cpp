@@ -239,6 +239,68 @@ TEST_CASE("live mode on node agents schedules over their slots and resizes jobs 
   CHECK(result.experiment.summaries.at(0).resizes >= 1);
 }
 
+TEST_CASE("live mode orders jobs by the throughput measured from their profiles",
+          "[multiproc][scheduler]") {
+  // One slot, srtf, two jobs at once: a has 40 steps, b 60. With the fallback curve (1 step/s
+  // for every job) a runs first. With throughput rows, b's made by vflow-plan from a profile
+  // of its own job (tens of steps/s here) and a's written at 0.5 step/s, b's 60 steps take
+  // about a second against a's 80 s: b runs first.
+  TempDir dir;
+  write_text(dir.file("a.yaml"), job_spec(1, 40));
+  write_text(dir.file("b.yaml"), job_spec(2, 60));
+  const auto profile =
+      run_command(std::string(VFLOW_PROFILE_BINARY) + " " + dir.file("b.yaml") +
+                      " --device-type slot --sizes 4 --repeats 2 --out " + dir.file("slot.yaml"),
+                  dir.file("profile.log"));
+  INFO(profile.text);
+  REQUIRE(profile.exit_code == 0);
+  const auto rows = run_command(std::string(VFLOW_PLAN_BINARY) + " " + dir.file("b.yaml") +
+                                    " --profile " + dir.file("slot.yaml") + " --throughput conv:1",
+                                dir.file("rows.tsv"));
+  INFO(rows.text);
+  REQUIRE(rows.exit_code == 0);
+  write_text(dir.file("throughput.tsv"), rows.text + "linear  slow  slot  0.5\n");
+  const auto run = [&](const std::string& throughput, const std::string& out) {
+    write_text(dir.file("jobs.yaml"), throughput.empty()
+                                          ? "- {name: a, spec: a.yaml}\n- {name: b, spec: b.yaml}\n"
+                                          : "- {name: a, spec: a.yaml, model: slow}\n"
+                                            "- {name: b, spec: b.yaml, model: conv}\n");
+    sched::LiveOptions options;
+    options.slots = 1;
+    options.policy = "srtf";
+    options.throughput = throughput;
+    options.train_binary = VFLOW_TRAIN_BINARY;
+    options.out_dir = dir.file(out);
+    std::string progress;
+    options.log = [&](const std::string& line) { progress += line + "\n"; };
+    auto result = sched::run_live(sched::read_live_jobs(dir.file("jobs.yaml")), options);
+    INFO(progress);
+    CHECK(result.all_completed());
+    REQUIRE(result.outcomes.size() == 2);
+    CHECK(result.outcomes[0].name == "a");
+    CHECK(result.outcomes[1].name == "b");
+    if (!throughput.empty()) {
+      CHECK_THAT(progress, Catch::Matchers::Contains("b: throughput of model conv: table("));
+    }
+    const auto& jobs = result.experiment.runs.at(0).jobs;
+    return jobs.at(1).start_s < jobs.at(0).start_s;  // b first
+  };
+  CHECK(run(dir.file("throughput.tsv"), "measured"));
+  CHECK_FALSE(run("", "fallback"));
+  CHECK(processes_left(dir) == 0);
+
+  // A model the file lacks is an error naming the jobs file's line.
+  write_text(dir.file("jobs.yaml"), "- {name: a, spec: a.yaml, model: missing}\n");
+  sched::LiveOptions options;
+  options.slots = 1;
+  options.throughput = dir.file("throughput.tsv");
+  options.train_binary = VFLOW_TRAIN_BINARY;
+  options.out_dir = dir.file("missing");
+  CHECK_THROWS_WITH(sched::run_live(sched::read_live_jobs(dir.file("jobs.yaml")), options),
+                    Catch::Matchers::Contains("jobs.yaml:1") &&
+                        Catch::Matchers::Contains("'missing' has no rows"));
+}
+
 TEST_CASE("vflow-sched live reports a bad jobs file with file:line and exit code 2",
           "[multiproc][scheduler]") {
   TempDir dir;

@@ -36,7 +36,11 @@ struct LiveJob {
   int demand = 1;
   int min_workers = 1;
   int max_workers = 1;
-  double steps = 1;               ///< total steps (remaining-work estimates only)
+  double steps = 1;  ///< total steps (remaining-work estimates only)
+  /// Throughput model: the rows of LiveOptions::throughput for it give the job's steps/s
+  /// by worker count (device type "slot"); empty: the job's name, and the fallback curve
+  /// where the file has no rows for that.
+  std::string model;
   std::vector<std::string> args;  ///< extra vflow-train arguments
   std::string origin;             ///< "file:line" of the job's entry
 };
@@ -52,12 +56,15 @@ struct LiveOptions {
   /// it is 0 (CPU slots, read once at the start).
   std::string control;
   std::string policy = "wfs-elastic";  ///< make_policy name
-  PolicyOptions policy_options;        ///< round lengths, LAS buckets
-  std::string train_binary;            ///< vflow-train executable; required
-  std::string out_dir;                 ///< job logs (logs/NAME.log) and checkpoints; required
-  double poll_s = 0.15;                ///< event-loop period, seconds
-  double stop_grace_s = 30;            ///< after a stop request, SIGKILL the job's processes
-  double connect_timeout_s = 60;       ///< a started job must open its control plane by then
+  /// Throughput file (docs/scheduler.md; e.g. from vflow-plan --throughput over profiles
+  /// of device type "slot"); empty: every job gets the fallback curve.
+  std::string throughput;
+  PolicyOptions policy_options;   ///< round lengths, LAS buckets
+  std::string train_binary;       ///< vflow-train executable; required
+  std::string out_dir;            ///< job logs (logs/NAME.log) and checkpoints; required
+  double poll_s = 0.15;           ///< event-loop period, seconds
+  double stop_grace_s = 30;       ///< after a stop request, SIGKILL the job's processes
+  double connect_timeout_s = 60;  ///< a started job must open its control plane by then
   const std::atomic<bool>* stop_flag = nullptr;  ///< set (e.g. by SIGINT) to stop every job
   std::function<void(const std::string&)> log;   ///< progress lines; optional
 };
