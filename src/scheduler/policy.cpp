@@ -379,7 +379,11 @@ class MarginalPolicy : public Policy {
       if (a.gain != b.gain) return a.gain < b.gain;
       return a.job != b.job ? a.job > b.job : a.type > b.type;
     };
-    std::vector<Grant> items;
+    struct Item {  // one worker for `job` at `level`; 16 bytes, for the selection's speed
+      double level;
+      uint32_t job;
+    };
+    std::vector<Item> items;
     // Grants devices by gain: each job of `homes` its minimum there first, then one worker
     // at a time to whichever job (these and those already running) gains most. Grants on
     // one type never compete with another's, so each type is settled on its own: where
@@ -419,11 +423,13 @@ class MarginalPolicy : public Policy {
           for (int w = workers[i]; w < bound[i]; ++w) {
             const double more = curve.at(w + 1);
             level = std::min(level, (more - rate) / remaining);  // as gain(i, t, w, 1)
-            items.push_back({level, i, t, 1});
+            items.push_back({level, static_cast<uint32_t>(i)});
             rate = more;
           }
         }
-        const auto best_first = [&](const Grant& a, const Grant& b) { return later(b, a); };
+        const auto best_first = [](const Item& a, const Item& b) {  // as `later`, reversed
+          return a.level != b.level ? a.level > b.level : a.job < b.job;
+        };
         const auto end = items.begin() + free[t];
         std::nth_element(items.begin(), end, items.end(), best_first);
         for (auto it = items.begin(); it != end; ++it) types[it->job] = t, ++workers[it->job];
@@ -432,6 +438,7 @@ class MarginalPolicy : public Policy {
       };
       std::vector<Grant> offers;
       for (int t = 0; t < n_types; ++t) {
+        if (free[t] == 0) continue;  // nothing left to grant there
         long wanted = 0;
         for (size_t i : on[t]) wanted += bound[i] - workers[i];
         if (wanted <= free[t]) {
@@ -482,7 +489,8 @@ class MarginalPolicy : public Policy {
                                              const std::vector<int>& workers,
                                              std::vector<int> free) {
     std::vector<int> home(active.size(), -1);
-    for (size_t k = 0; k < order.size(); ++k) {
+    int left = std::accumulate(free.begin(), free.end(), 0);
+    for (size_t k = 0; k < order.size() && left > 0; ++k) {  // minimums are >= 1
       fetch_ahead(active, order, k);
       const size_t i = order[k];
       const Job& job = *active[i].job;
@@ -494,6 +502,7 @@ class MarginalPolicy : public Policy {
       });
       if (best < 0) continue;
       home[i] = best;
+      left -= std::min(free[best], job.demand);
       free[best] -= std::min(free[best], job.demand);
     }
     return home;
