@@ -64,12 +64,14 @@ int fastest_type(const Cluster& cluster, const Fits& fits, const Speed& speed) {
 // The type a running job runs on, -1 for a waiting one.
 int running_type(const JobView& v) { return v.workers > 0 ? v.device_type : -1; }
 
-// Policies visit jobs in priority order, out of memory order: fetching the job a few
-// places ahead hides most of the wait for it in a large simulation.
+// Jobs lie far apart in memory: fetching the job this many places ahead of the one being
+// read hides most of the wait for it in a large simulation.
+constexpr size_t kFetchAhead = 8;
+
+// For a visit of `active` in `order` (priority order, out of memory order), at place k.
 inline void fetch_ahead(const std::vector<JobView>& active, const std::vector<size_t>& order,
                         size_t k) {
-  constexpr size_t kAhead = 8;
-  if (k + kAhead < order.size()) __builtin_prefetch(active[order[k + kAhead]].job);
+  if (k + kFetchAhead < order.size()) __builtin_prefetch(active[order[k + kFetchAhead]].job);
 }
 
 // Sorts active jobs by (priority key, id), starting from the order of its previous call: a
@@ -83,9 +85,8 @@ class Ranking {
   std::vector<size_t> order(Priority priority, const std::vector<JobView>& active,
                             const PolicyOptions& options) {
     fresh_.resize(active.size());
-    constexpr size_t kAhead = 8;                  // jobs lie far apart: fetch ahead
     for (size_t i = 0; i < active.size(); ++i) {  // in id order, each job read once
-      if (i + kAhead < active.size()) __builtin_prefetch(active[i + kAhead].job);
+      if (i + kFetchAhead < active.size()) __builtin_prefetch(active[i + kFetchAhead].job);
       const int id = active[i].job->id;
       fresh_[i] = {priority_key(priority, active[i], options), id, static_cast<uint32_t>(i)};
       if (static_cast<size_t>(id) >= index_of_.size()) index_of_.resize(id + 1, -1);
@@ -502,8 +503,9 @@ class MarginalPolicy : public Policy {
       });
       if (best < 0) continue;
       home[i] = best;
-      left -= std::min(free[best], job.demand);
-      free[best] -= std::min(free[best], job.demand);
+      const int taken = std::min(free[best], job.demand);
+      free[best] -= taken;
+      left -= taken;
     }
     return home;
   }
