@@ -78,6 +78,11 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   simulate->add_option("--max-workers-factor", options.config.bind.max_workers_factor,
                        "elastic jobs may grow to ceil(demand * f) workers");
+  simulate
+      ->add_option("--span-overhead", options.config.bind.span_overhead,
+                   "a step on several device types takes (1 + this) times its slowest type's "
+                   "share (marginal-span; default 0.3)")
+      ->check(CLI::NonNegativeNumber);
   simulate->add_option("--measure", measure, "job-id window FROM:TO for JCT statistics");
   simulate->add_option("--out", out_dir, "write CSV/JSON results into this directory");
 
@@ -118,6 +123,9 @@ int main(int argc, char** argv) {
     }
     if (simulate->count("--max-workers-factor")) {
       options.config.bind.max_workers_factor = flags.bind.max_workers_factor;
+    }
+    if (simulate->count("--span-overhead")) {
+      options.config.bind.span_overhead = flags.bind.span_overhead;
     }
     if (devices > 0) options.config.cluster = std::to_string(devices);
     if (!cluster.empty()) options.config.cluster = cluster;

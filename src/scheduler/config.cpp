@@ -59,6 +59,10 @@ void load_config(const std::string& path, SchedulerConfig& config) {
       r.get_int("min_workers", config.bind.min_workers, 1, std::numeric_limits<int>::max()));
   config.bind.max_workers_factor =
       r.get_double("max_workers_factor", config.bind.max_workers_factor, 1, kUnbounded);
+  config.bind.vnodes_per_worker = static_cast<int>(r.get_int(
+      "vnodes_per_worker", config.bind.vnodes_per_worker, 1, std::numeric_limits<int>::max()));
+  config.bind.span_overhead =
+      r.get_double("span_overhead", config.bind.span_overhead, 0, kUnbounded);
   config.bind.fallback_parallel_fraction =
       r.get_double("fallback_parallel_fraction", config.bind.fallback_parallel_fraction, 0, 1);
   config.policy.las_round_s = r.get_double("las_round_s", config.policy.las_round_s, 0, kUnbounded);

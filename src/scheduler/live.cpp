@@ -306,6 +306,10 @@ class LiveRun {
     }
     const Allocation allocation = policy_->allocate(cluster_, views, now);
     ++result_.allocations;
+    if (!allocation.spans.empty()) {  // one device type (slot): nothing to span
+      throw InternalError(
+          fmt::format("policy {} spans device types in live mode", policy_->name()));
+    }
     std::map<int, int> workers;
     int total = 0;
     for (const auto& a : allocation.assignments) {

@@ -54,6 +54,7 @@ Summary summarize(const SimResult& result, const MetricsOptions& options) {
     s.resizes += job.resizes;
     s.migrations += job.migrations;
     s.preemptions += job.preemptions;
+    s.spanned_jobs += job.spanned_s > 0;
     if (job.id < options.measure_from || job.id >= to) continue;
     jcts.push_back(job.jct_s());
     by_weight[job.weight].push_back(job.jct_s());
@@ -72,12 +73,13 @@ Summary summarize(const SimResult& result, const MetricsOptions& options) {
 
 void write_jobs_csv(const SimResult& result, std::ostream& out) {
   out << "id,model,weight,demand,arrival_s,start_s,finish_s,jct_s,queueing_s,total_work,"
-         "work_done,device_seconds,resizes,migrations,preemptions\n";
+         "work_done,device_seconds,resizes,migrations,preemptions,spanned_s\n";
   for (const auto& j : result.jobs) {
     out << fmt::format(
-        "{},{},{:g},{},{:.3f},{:.3f},{:.3f},{:.3f},{:.3f},{:.6g},{:.6g},{:.3f},{},{},{}\n", j.id,
-        j.model, j.weight, j.demand, j.arrival_s, j.start_s, j.finish_s, j.jct_s(), j.queueing_s(),
-        j.total_work, j.work_done, j.device_seconds, j.resizes, j.migrations, j.preemptions);
+        "{},{},{:g},{},{:.3f},{:.3f},{:.3f},{:.3f},{:.3f},{:.6g},{:.6g},{:.3f},{},{},{},{:.3f}\n",
+        j.id, j.model, j.weight, j.demand, j.arrival_s, j.start_s, j.finish_s, j.jct_s(),
+        j.queueing_s(), j.total_work, j.work_done, j.device_seconds, j.resizes, j.migrations,
+        j.preemptions, j.spanned_s);
   }
 }
 
@@ -100,9 +102,10 @@ std::string summaries_json(const std::vector<Summary>& summaries) {
     out += fmt::format(
         "  {{\"policy\": \"{}\", \"jct\": {}, \"jct_by_weight\": {{{}}}, \"makespan_s\": {:.3f}, "
         "\"utilization\": {:.6f}, \"mean_queueing_s\": {:.3f}, \"resizes\": {}, "
-        "\"migrations\": {}, \"preemptions\": {}, \"wall_s\": {:.4f}}}{}\n",
+        "\"migrations\": {}, \"preemptions\": {}, \"spanned_jobs\": {}, \"wall_s\": {:.4f}}}{}\n",
         s.policy, stats_json(s.jct), classes, s.makespan_s, s.utilization, s.mean_queueing_s,
-        s.resizes, s.migrations, s.preemptions, s.wall_s, i + 1 < summaries.size() ? "," : "");
+        s.resizes, s.migrations, s.preemptions, s.spanned_jobs, s.wall_s,
+        i + 1 < summaries.size() ? "," : "");
   }
   return out + "]\n";
 }
@@ -112,16 +115,17 @@ std::string comparison_table(const std::vector<Summary>& summaries, const std::s
   for (const auto& s : summaries) {
     if (s.policy == baseline) base = &s;
   }
-  std::string out = fmt::format("{:<12} {:>10} {:>10} {:>10} {:>11} {:>6} {:>10} {:>8} {:>8} {:>8}",
-                                "policy", "mean JCT", "median", "p99", "makespan", "util",
-                                "queueing", "resizes", "migrate", "preempt");
+  std::string out =
+      fmt::format("{:<13} {:>10} {:>10} {:>10} {:>11} {:>6} {:>10} {:>8} {:>8} {:>8} {:>7}",
+                  "policy", "mean JCT", "median", "p99", "makespan", "util", "queueing", "resizes",
+                  "migrate", "preempt", "spanned");
   if (base != nullptr) out += fmt::format(" {:>8} {:>8}", "dJCT", "dUtil");
   out += "\n";
   for (const auto& s : summaries) {
     out += fmt::format(
-        "{:<12} {:>10.0f} {:>10.0f} {:>10.0f} {:>11.0f} {:>6.3f} {:>10.0f} {:>8} {:>8} {:>8}",
+        "{:<13} {:>10.0f} {:>10.0f} {:>10.0f} {:>11.0f} {:>6.3f} {:>10.0f} {:>8} {:>8} {:>8} {:>7}",
         s.policy, s.jct.mean_s, s.jct.median_s, s.jct.p99_s, s.makespan_s, s.utilization,
-        s.mean_queueing_s, s.resizes, s.migrations, s.preemptions);
+        s.mean_queueing_s, s.resizes, s.migrations, s.preemptions, s.spanned_jobs);
     if (base != nullptr) {
       out += fmt::format(" {:>+7.1f}% {:>+7.1f}%", 100 * (s.jct.mean_s / base->jct.mean_s - 1),
                          100 * (s.utilization / base->utilization - 1));

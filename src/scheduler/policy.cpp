@@ -356,10 +356,21 @@ class MarginalPolicy : public Policy {
   std::string name() const override { return "marginal"; }
   bool elastic() const override { return true; }
   Allocation allocate(const Cluster& cluster, const std::vector<JobView>& active, double) override {
+    std::vector<int> types, workers, free;
+    settle(cluster, active, types, workers, free);
+    return to_allocation(active, types, workers);
+  }
+
+ protected:
+  // The allocation on one type per job: types[i], workers[i] (0: none) for active[i], and the
+  // devices left free per type.
+  void settle(const Cluster& cluster, const std::vector<JobView>& active, std::vector<int>& types,
+              std::vector<int>& workers, std::vector<int>& free) {
     const int n_types = cluster.num_types();
-    std::vector<int> free(n_types);
+    free.resize(n_types);
     for (int t = 0; t < n_types; ++t) free[t] = cluster.type(t).count;
-    std::vector<int> types(active.size(), -1), workers(active.size(), 0);
+    types.assign(active.size(), -1);
+    workers.assign(active.size(), 0);
     // Gain per device of growing job i on type t from `from` workers by `step`: the share of
     // its remaining work that the step adds per second.
     const auto left = [&](size_t i) {
@@ -478,7 +489,6 @@ class MarginalPolicy : public Policy {
     if (std::any_of(free.begin(), free.end(), [](int f) { return f > 0; })) {
       grant(place_in_leftovers(cluster, active, order, workers, free));
     }
-    return to_allocation(active, types, workers);
   }
 
  private:
@@ -546,6 +556,99 @@ class MarginalPolicy : public Policy {
   }
 
   Ranking ranking_;
+};
+
+// `marginal`, then jobs may span device types: the devices still free after it (every job
+// that could start has started) go, by the same gain (Delta rate per remaining step and
+// device), to running jobs below their bound as workers of other types, with the rate of
+// the exact-mode split over the types (Job::mixed_rate), whose cross-type synchronisation
+// cost makes a slow type's first workers a loss for a job on a fast type. A grant may be
+// several workers at once (the first workers of a type can lose what more of them gain).
+// Heterogeneity-aware placement as VirtualFlow's extension of Gavel has it, inside one job.
+class SpanningPolicy : public MarginalPolicy {
+ public:
+  std::string name() const override { return "marginal-span"; }
+  Allocation allocate(const Cluster& cluster, const std::vector<JobView>& active, double) override {
+    std::vector<int> types, workers, free;
+    settle(cluster, active, types, workers, free);
+    Allocation out = to_allocation(active, types, workers);
+    if (std::all_of(free.begin(), free.end(), [](int f) { return f == 0; })) return out;
+    const int n_types = cluster.num_types();
+    struct Candidate {
+      size_t job;
+      int room;     // workers it may still gain (all types)
+      double rate;  // at its counts
+      double left;  // remaining steps
+    };
+    std::vector<Candidate> cands;
+    std::vector<int> counts;  // n_types per candidate
+    for (size_t i = 0; i < active.size(); ++i) {
+      const Job& job = *active[i].job;
+      const int room = std::min(job.max_workers, job.vnodes) - workers[i];
+      if (workers[i] == 0 || room <= 0) continue;
+      const double left = std::max(active[i].remaining_work, 1e-9 * job.total_work);
+      cands.push_back({i, room, job.rate(types[i], workers[i]), left});
+      counts.resize(counts.size() + n_types, 0);
+      counts[counts.size() - n_types + types[i]] = workers[i];
+    }
+    struct Offer {
+      double gain;
+      size_t cand;
+      int type, step;
+      bool operator<(const Offer& o) const {  // the heap's top is the best offer
+        if (gain != o.gain) return gain < o.gain;
+        if (cand != o.cand) return cand > o.cand;
+        return type != o.type ? type > o.type : step > o.step;
+      }
+    };
+    // The candidate's best grant on the free devices, if any gains.
+    const auto best_offer = [&](size_t c, Offer& best) {
+      const Candidate& k = cands[c];
+      const Job& job = *active[k.job].job;
+      int* mine = &counts[c * n_types];
+      bool found = false;
+      for (int u = 0; u < n_types; ++u) {
+        if (u == types[k.job]) continue;
+        const int held = mine[u];
+        for (int step = 1; step <= std::min(free[u], k.room); ++step) {
+          mine[u] = held + step;
+          const double gain = (job.mixed_rate(mine, n_types) - k.rate) / (k.left * step);
+          const Offer o{gain, c, u, step};
+          if (gain > 0 && (!found || best < o)) best = o, found = true;
+        }
+        mine[u] = held;
+      }
+      return found;
+    };
+    std::priority_queue<Offer> offers;
+    Offer o{};
+    for (size_t c = 0; c < cands.size(); ++c) {
+      if (best_offer(c, o)) offers.push(o);
+    }
+    while (!offers.empty()) {
+      const Offer top = offers.top();
+      offers.pop();
+      Candidate& k = cands[top.cand];
+      if (top.step > free[top.type] || top.step > k.room) {  // others took devices since
+        if (best_offer(top.cand, o)) offers.push(o);
+        continue;
+      }
+      int* mine = &counts[top.cand * n_types];
+      mine[top.type] += top.step;
+      free[top.type] -= top.step;
+      k.room -= top.step;
+      k.rate = active[k.job].job->mixed_rate(mine, n_types);
+      if (best_offer(top.cand, o)) offers.push(o);
+    }
+    for (size_t c = 0; c < cands.size(); ++c) {
+      const size_t i = cands[c].job;
+      for (int u = 0; u < n_types; ++u) {
+        const int n = counts[c * n_types + u];
+        if (u != types[i] && n > 0) out.spans.push_back({active[i].job->id, u, n});
+      }
+    }
+    return out;
+  }
 };
 
 }  // namespace
@@ -622,12 +725,13 @@ std::vector<size_t> priority_order(Priority priority, const std::vector<JobView>
 }
 
 std::vector<std::string> policy_names() {
-  return {"marginal", "wfs-elastic", "wfs-fifo", "wfs-sjf", "wfs-srtf",
-          "fifo",     "priority",    "srtf",     "las",     "gavel"};
+  return {"marginal", "marginal-span", "wfs-elastic", "wfs-fifo", "wfs-sjf", "wfs-srtf",
+          "fifo",     "priority",      "srtf",        "las",      "gavel"};
 }
 
 std::unique_ptr<Policy> make_policy(const std::string& name, const PolicyOptions& options) {
   if (name == "marginal") return std::make_unique<MarginalPolicy>();
+  if (name == "marginal-span") return std::make_unique<SpanningPolicy>();
   if (name == "wfs-elastic") {
     return std::make_unique<ElasticWfsPolicy>(name, Priority::kWeights, options);
   }

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <queue>
 #include <tuple>
+#include <unordered_map>
 
 #include "vflow/core/error.h"
 
@@ -42,6 +43,7 @@ struct alignas(64) JobState {  // one cache line: a decision reads every active 
   uint64_t version = 0;
   bool ever_ran = false;
   bool finished = false;
+  bool spanning = false;  // on several device types: workers per type in Simulation::spans_
 };
 
 class Simulation {
@@ -128,6 +130,7 @@ class Simulation {
     s.remaining -= work;
     result_.jobs[id].work_done += work;
     s.held_s += s.workers * (now - s.anchor_s);
+    if (s.spanning) result_.jobs[id].spanned_s += now - s.anchor_s;
     s.anchor_s = now;
   }
 
@@ -147,6 +150,7 @@ class Simulation {
     allocated_ -= s.workers;
     s.workers = 0;
     s.type = -1;
+    if (s.spanning) spans_.erase(id), s.spanning = false;
     ++s.version;
     active_.erase(std::lower_bound(active_.begin(), active_.end(), id));
     ++finished_;
@@ -169,27 +173,42 @@ class Simulation {
       const int id = active_[n];
       const JobState& s = state_[id];
       views_.push_back({&workload_.jobs[id], s.remaining - s.rate * productive_s(s, now),
-                        s.held_s + s.workers * (now - s.anchor_s), s.type, s.workers});
+                        s.held_s + s.workers * (now - s.anchor_s), s.type, s.workers,
+                        s.spanning ? spans_.at(id).data() : nullptr});
     }
     const Allocation allocation = policy_.allocate(cluster_, views_, now);
     ++result_.allocations;
     check(allocation);
-    size_t k = 0;
+    const auto& as = allocation.assignments;
+    const auto& spans = allocation.spans;
+    size_t k = 0, m = 0;
     for (size_t n = 0; n < active_.size(); ++n) {
       const int id = active_[n];
-      const auto& as = allocation.assignments;
       const bool assigned = k < as.size() && as[k].job_id == id;
       const int type = assigned ? as[k].device_type : -1;
-      const int workers = assigned ? as[k].workers : 0;
+      int workers = assigned ? as[k].workers : 0;
       if (assigned) ++k;
-      if (type != views_[n].device_type || workers != views_[n].workers) {
-        apply(id, type, workers, now);
+      if (m < spans.size() && spans[m].job_id == id) {  // on several types
+        counts_.assign(cluster_.num_types(), 0);
+        counts_[type] = workers;
+        for (; m < spans.size() && spans[m].job_id == id; ++m) {
+          counts_[spans[m].device_type] = spans[m].workers;
+          workers += spans[m].workers;
+        }
+        const JobState& s = state_[id];
+        if (type != s.type || !s.spanning || spans_.at(id) != counts_) {
+          apply(id, type, workers, &counts_, now);
+        }
+      } else if (type != views_[n].device_type || workers != views_[n].workers ||
+                 views_[n].counts != nullptr) {
+        apply(id, type, workers, nullptr, now);
       }
     }
     record(now);
   }
 
-  void apply(int id, int type, int workers, double now) {
+  // `counts`: workers per type when the job runs on several, else nullptr.
+  void apply(int id, int type, int workers, const std::vector<int>* counts, double now) {
     advance(id, now);
     JobState& s = state_[id];
     JobResult& r = result_.jobs[id];
@@ -206,7 +225,15 @@ class Simulation {
     allocated_ += workers - s.workers;
     s.type = workers > 0 ? type : -1;
     s.workers = workers;
-    s.rate = workers > 0 ? workload_.jobs[id].rate(type, workers) : 0;
+    const Job& job = workload_.jobs[id];
+    if (counts != nullptr) {
+      spans_[id] = *counts;
+      s.spanning = true;
+      s.rate = job.mixed_rate(counts->data(), cluster_.num_types());
+    } else {
+      if (s.spanning) spans_.erase(id), s.spanning = false;
+      s.rate = workers > 0 ? job.rate(type, workers) : 0;
+    }
     ++s.version;
     if (workers > 0) {
       const double done_at = std::max(now, s.pause_until) + s.remaining / s.rate;
@@ -216,21 +243,46 @@ class Simulation {
 
   void check(const Allocation& allocation) const {
     std::vector<int> used(cluster_.num_types(), 0);
-    size_t k = 0;
+    const auto& spans = allocation.spans;
+    if (!spans.empty() && !policy_.elastic()) fail("a non-elastic policy spans device types");
+    size_t k = 0, m = 0;
+    const auto valid_type = [&](int t) { return t >= 0 && t < cluster_.num_types(); };
     for (const auto& a : allocation.assignments) {
       while (k < active_.size() && active_[k] < a.job_id) ++k;
       if (k == active_.size() || active_[k] != a.job_id) {
         fail(fmt::format("job {} is not active or out of order", a.job_id));
       }
-      const Job& job = *views_[k].job;
-      const bool bounds_ok = policy_.elastic()
-                                 ? a.workers >= job.min_workers && a.workers <= job.max_workers
-                                 : a.workers == job.demand;
-      if (a.device_type < 0 || a.device_type >= cluster_.num_types() || !bounds_ok) {
+      if (m < spans.size() && spans[m].job_id < a.job_id) {
+        fail(fmt::format("job {} spans types without an assignment", spans[m].job_id));
+      }
+      if (!valid_type(a.device_type) || a.workers < 1) {
         fail(fmt::format("job {} gets {} workers of type {}", a.job_id, a.workers, a.device_type));
       }
       used[a.device_type] += a.workers;
+      int total = a.workers;
+      for (int last = -1; m < spans.size() && spans[m].job_id == a.job_id; ++m) {
+        const Assignment& extra = spans[m];
+        if (!valid_type(extra.device_type) || extra.device_type == a.device_type ||
+            extra.workers < 1 || extra.device_type <= last) {
+          fail(fmt::format("job {} spans with {} workers of type {}", a.job_id, extra.workers,
+                           extra.device_type));
+        }
+        last = extra.device_type;
+        used[extra.device_type] += extra.workers;
+        total += extra.workers;
+      }
+      const Job& job = *views_[k].job;
+      const bool bounds_ok = policy_.elastic()
+                                 ? total >= job.min_workers && total <= job.max_workers
+                                 : total == job.demand;
+      if (!bounds_ok) {
+        fail(fmt::format("job {} gets {} workers in all (bounds {}..{}, demand {})", a.job_id,
+                         total, job.min_workers, job.max_workers, job.demand));
+      }
       ++k;
+    }
+    if (m != spans.size()) {
+      fail(fmt::format("job {} spans types without an assignment", spans[m].job_id));
     }
     for (int t = 0; t < cluster_.num_types(); ++t) {
       if (used[t] > cluster_.type(t).count) {
@@ -264,6 +316,8 @@ class Simulation {
   std::priority_queue<Event, std::vector<Event>, Later> events_;
   std::vector<int> active_;  // arrived, unfinished job ids, ascending
   std::vector<JobView> views_;
+  std::unordered_map<int, std::vector<int>> spans_;  // workers per type of jobs on several
+  std::vector<int> counts_;                          // scratch for reallocate
   int allocated_ = 0;
   int finished_ = 0;
   bool decision_pending_ = false;

@@ -84,6 +84,8 @@ Job bind_one(const JobRecord& r, size_t index, const ThroughputTable& table, con
     throw DataError(fmt::format("{}: min_workers {} > demand {}", where(r, index), job.min_workers,
                                 job.demand));
   }
+  job.vnodes = std::max(job.max_workers, options.vnodes_per_worker * job.demand);
+  job.span_overhead = options.span_overhead;
   Curves& shared = curves[r.model];
   if (!shared) shared = curves_for(r, index, table, cluster, options);
   job.throughput = shared;
@@ -99,6 +101,40 @@ Job bind_one(const JobRecord& r, size_t index, const ThroughputTable& table, con
 }
 
 }  // namespace
+
+double Job::mixed_rate(const int* counts, int num_types) const {
+  int used = -1, types = 0, held = 0;
+  for (int t = 0; t < num_types; ++t) {
+    if (counts[t] > 0) used = t, ++types, held += counts[t];
+  }
+  if (types <= 1) return used < 0 ? 0.0 : rate(used, counts[used]);
+  // Each type starts with one vnode per worker; every further vnode goes where the slowest
+  // time grows least (ties to the lower type), which minimises the largest k_t * step_t.
+  constexpr int kMaxTypes = 16;
+  if (num_types > kMaxTypes || held > vnodes) {
+    throw InternalError(
+        fmt::format("mixed_rate: {} workers of {} types for {} vnodes (at most {} "
+                    "types, and a worker per vnode at most)",
+                    held, num_types, vnodes, kMaxTypes));
+  }
+  double step[kMaxTypes], load[kMaxTypes];
+  int held_by[kMaxTypes];
+  for (int t = 0; t < num_types; ++t) {
+    step[t] = counts[t] > 0 ? 1.0 / rate(t, counts[t]) : 0.0;
+    held_by[t] = counts[t];
+    load[t] = held_by[t] * step[t];
+  }
+  for (int v = held; v < vnodes; ++v) {
+    int best = -1;
+    for (int t = 0; t < num_types; ++t) {
+      if (counts[t] > 0 && (best < 0 || load[t] + step[t] < load[best] + step[best])) best = t;
+    }
+    load[best] = ++held_by[best] * step[best];
+  }
+  double slowest = 0;
+  for (int t = 0; t < num_types; ++t) slowest = std::max(slowest, load[t]);
+  return vnodes / (slowest * (1 + span_overhead));
+}
 
 Workload bind_workload(const std::vector<JobRecord>& records, const ThroughputTable& table,
                        const Cluster& cluster, const BindOptions& options) {

@@ -1,6 +1,7 @@
 #include "vflow/scheduler/policy.h"
 
 #include <catch2/catch.hpp>
+#include <map>
 #include <random>
 #include <tuple>
 
@@ -119,6 +120,45 @@ TEST_CASE("the marginal policy keeps a running job on its type and starts others
   CHECK(allocation.assignments[1].workers == 4);
 }
 
+TEST_CASE("marginal-span adds workers of other types where the split over them gains",
+          "[unit][scheduler]") {
+  // Job 0 wants 4 workers; only 2 fast ones exist. On 2 fast it runs at 4 steps/s; with 2
+  // slow ones too, 8 vnodes split 6 / 2 (Job::mixed_rate) give 8 / 1.5 = 5.33 before the
+  // cross-type overhead. One slow worker alone gives 4.57 before it.
+  const Cluster cluster({{"fast", 2}, {"slow", 2}});
+  std::vector<Job> jobs = {linear_job(0, 0, 100, 4, 1, 4)};
+  jobs[0].throughput = make_curves({ThroughputCurve::linear(2.0), ThroughputCurve::linear(1.0)});
+  jobs[0].vnodes = 8;
+  const auto spans_at = [&](double overhead) {
+    jobs[0].span_overhead = overhead;
+    const auto a = make_policy("marginal-span")->allocate(cluster, views_of(jobs), 0);
+    REQUIRE(a.assignments.size() == 1);
+    CHECK(a.assignments[0].device_type == 0);
+    CHECK(a.assignments[0].workers == 2);
+    return a.spans;
+  };
+  const auto with_both = spans_at(0.0);
+  REQUIRE(with_both.size() == 1);
+  CHECK(with_both[0].job_id == 0);
+  CHECK(with_both[0].device_type == 1);
+  CHECK(with_both[0].workers == 2);
+  // Overhead 0.2: one slow worker loses (4.57 / 1.2 = 3.81 < 4), two gain (4.44): the grant
+  // is both at once.
+  const auto two_at_once = spans_at(0.2);
+  REQUIRE(two_at_once.size() == 1);
+  CHECK(two_at_once[0].workers == 2);
+  CHECK(spans_at(0.5).empty());  // 3.56 < 4: it stays on the fast type
+  // The plain marginal policy never spans.
+  CHECK(make_policy("marginal")->allocate(cluster, views_of(jobs), 0).spans.empty());
+  // A waiting job that fits on the slow type gets it first.
+  jobs[0].span_overhead = 0;
+  jobs.push_back(linear_job(1, 0, 1000, 2, 1, 2));
+  jobs[1].throughput = jobs[0].throughput;
+  const auto shared = make_policy("marginal-span")->allocate(cluster, views_of(jobs), 0);
+  CHECK(shared.spans.empty());
+  CHECK(workers_of(shared, 2) == std::vector<int>{2, 2});
+}
+
 TEST_CASE("non-elastic policies run jobs at exactly their demand", "[unit][scheduler]") {
   const Cluster cluster({{"gpu", 8}});
   // Time at demand: job 0 25 s, job 1 50 s, job 2 25 s.
@@ -175,12 +215,16 @@ TEST_CASE("a policy's allocation depends on the jobs it sees, not on its earlier
                          demand * uniform(1, 2), uniform(0, 3) == 0 ? 5 : 1);
     job.throughput = id % 3 == 0 ? table : id % 3 == 1 ? amdahl : linear;
     job.demand_rate = job.rate(0, demand);
+    job.vnodes = 4 * job.max_workers;  // so that marginal-span can split jobs over types
+    job.span_overhead = 0.1;
     jobs.push_back(job);
   }
   for (const auto& name : policy_names()) {
     DYNAMIC_SECTION(name) {
       auto policy = make_policy(name);
       std::vector<JobView> active;
+      std::map<int, std::vector<int>> counts;  // workers per type of jobs on several types
+      size_t spanned = 0;
       int next = 0;
       for (int step = 0; step < 300; ++step) {
         // A few jobs finish, a few arrive (ids ascending), the others advance.
@@ -204,14 +248,35 @@ TEST_CASE("a policy's allocation depends on the jobs it sees, not on its earlier
           REQUIRE(std::tie(a.job_id, a.device_type, a.workers) ==
                   std::tie(b.job_id, b.device_type, b.workers));
         }
-        size_t k = 0;  // the jobs run as allocated
+        REQUIRE(kept.spans.size() == fresh.spans.size());
+        for (size_t k = 0; k < kept.spans.size(); ++k) {
+          const auto& a = kept.spans[k];
+          const auto& b = fresh.spans[k];
+          REQUIRE(std::tie(a.job_id, a.device_type, a.workers) ==
+                  std::tie(b.job_id, b.device_type, b.workers));
+        }
+        spanned += kept.spans.size();
+        size_t k = 0, m = 0;  // the jobs run as allocated
         for (auto& v : active) {
           const bool held = k < kept.assignments.size() && kept.assignments[k].job_id == v.job->id;
           v.device_type = held ? kept.assignments[k].device_type : -1;
           v.workers = held ? kept.assignments[k].workers : 0;
+          v.counts = nullptr;
           if (held) ++k;
+          if (m < kept.spans.size() && kept.spans[m].job_id == v.job->id) {
+            std::vector<int>& per_type = counts[v.job->id];
+            per_type.assign(cluster.num_types(), 0);
+            per_type[v.device_type] = v.workers;
+            for (; m < kept.spans.size() && kept.spans[m].job_id == v.job->id; ++m) {
+              per_type[kept.spans[m].device_type] = kept.spans[m].workers;
+              v.workers += kept.spans[m].workers;
+            }
+            v.counts = per_type.data();
+          }
         }
       }
+      // The spanning policy must have split jobs over types here, or its check above is empty.
+      if (name == "marginal-span") CHECK(spanned > 0);
     }
   }
 }

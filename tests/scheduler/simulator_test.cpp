@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include "support.h"
+#include "vflow/core/error.h"
 #include "vflow/scheduler/metrics.h"
 
 using namespace vflow::scheduler;
@@ -287,4 +288,78 @@ TEST_CASE("weighted fair shares never starve a job whose minimum fits, and follo
       for (const auto& j : r.jobs) CHECK(j.finish_s > 0);
     }
   }
+}
+
+TEST_CASE("jobs spanning device types keep capacity and bounds and finish their work",
+          "[unit][scheduler]") {
+  // The simulator checks every allocation (capacity per type, each job's bounds over all its
+  // types) and throws on a bad one; here it runs marginal-span on Gavel-shape workloads with
+  // room to grow (max workers 2x demand, vnodes 4x demand) on a small typed cluster.
+  const Cluster typed = Cluster::parse("v100:8,p100:8,k80:8");
+  const auto table = ThroughputTable::load(VFLOW_SOURCE_DIR "/data/scheduler/gavel_throughput.tsv");
+  auto span = make_policy("marginal-span");
+  long spanned = 0;
+  for (uint64_t seed = 1; seed <= 5; ++seed) {
+    INFO("seed " << seed);
+    SyntheticOptions s;
+    s.num_jobs = 200;
+    s.jobs_per_hour = 3;
+    s.seed = seed;
+    s.models = table.models();
+    BindOptions bind;
+    bind.max_workers_factor = 2;
+    const Workload workload = bind_workload(generate_synthetic(s), table, typed, bind);
+    const SimResult r = simulate(typed, workload, *span);
+    for (const auto& job : r.jobs) {
+      REQUIRE(job.work_done == Approx(job.total_work).epsilon(1e-6));
+      REQUIRE(job.spanned_s <= job.jct_s() + 1e-6);
+      spanned += job.spanned_s > 0;
+    }
+  }
+  CHECK(spanned > 0);  // else this checked nothing about spans
+}
+
+namespace {
+
+// Returns one fixed allocation, to see the simulator refuse it.
+class FixedPolicy : public Policy {
+ public:
+  explicit FixedPolicy(Allocation allocation) : allocation_(std::move(allocation)) {}
+  std::string name() const override { return "fixed"; }
+  bool elastic() const override { return true; }
+  Allocation allocate(const Cluster&, const std::vector<JobView>& active, double) override {
+    return active.empty() ? Allocation{} : allocation_;
+  }
+
+ private:
+  Allocation allocation_;
+};
+
+}  // namespace
+
+TEST_CASE("the simulator refuses spans that break capacity, bounds or order", "[unit][scheduler]") {
+  const Cluster cluster = Cluster::parse("a:2,b:2");
+  Job job = linear_job(0, 0, 100, 2, 1, 4);
+  job.throughput = make_curves({ThroughputCurve::linear(1.0), ThroughputCurve::linear(1.0)});
+  job.vnodes = 4;
+  const Workload workload{{job}};
+  using Catch::Matchers::Contains;
+  const auto refused = [&](Allocation a, const Workload& w, const std::string& why) {
+    FixedPolicy policy(std::move(a));
+    CHECK_THROWS_WITH(simulate(cluster, w, policy), Contains(why));
+  };
+  refused({{{0, 0, 1}}, {{0, 1, 3}}}, workload, "type b over capacity");
+  refused({{{0, 0, 2}}, {{0, 0, 1}}}, workload, "spans with 1 workers of type 0");  // own type
+  refused({{{0, 0, 2}}, {{0, 1, 1}, {0, 1, 1}}}, workload, "spans with 1 workers of type 1");
+  refused({{}, {{0, 1, 2}}}, workload, "spans types without an assignment");
+  Job small = job;
+  small.max_workers = 3;
+  refused({{{0, 0, 2}}, {{0, 1, 2}}}, Workload{{small}}, "4 workers in all (bounds 1..3");
+  // Within bounds it runs: 2 + 2 workers, 4 vnodes, rate 4 / (1 + overhead 0): 25 s.
+  FixedPolicy fine({{{0, 0, 2}}, {{0, 1, 2}}});
+  SimOptions o;
+  o.resize_pause_s = o.restart_s = 0;
+  const SimResult r = simulate(cluster, workload, fine, o);
+  CHECK(r.jobs[0].finish_s == Approx(25.0));
+  CHECK(r.jobs[0].spanned_s == Approx(25.0));
 }

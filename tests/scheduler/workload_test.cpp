@@ -4,6 +4,7 @@
 #include <cmath>
 #include <map>
 
+#include "vflow/core/error.h"
 #include "vflow/scheduler/throughput.h"
 
 using namespace vflow::scheduler;
@@ -68,4 +69,45 @@ TEST_CASE("generator is deterministic for a seed", "[unit][scheduler]") {
   CHECK(same);
   CHECK(differs);
   for (const auto& r : a) CHECK((r.weight == 1 || r.weight == 5 || r.weight == 10));
+}
+
+TEST_CASE("a job's rate on several device types is the exact-mode split of its vnodes",
+          "[unit][scheduler]") {
+  Job job;
+  job.throughput = make_curves({ThroughputCurve::linear(2.0), ThroughputCurve::linear(1.0)});
+  job.vnodes = 3;
+  const int one_each[] = {1, 1};
+  // A step of the whole batch takes 0.5 s on a fast worker, 1 s on a slow one. Two of three
+  // vnodes on the fast one: both types take 1/3 s, rate 3, the sum of the two.
+  CHECK(job.mixed_rate(one_each, 2) == Approx(3.0));
+  job.vnodes = 2;  // one vnode each: the slow worker takes 1/2 s, no gain over the fast alone
+  CHECK(job.mixed_rate(one_each, 2) == Approx(2.0));
+  job.vnodes = 3;
+  job.span_overhead = 0.5;  // the synchronisation across types: 1.5x the step
+  CHECK(job.mixed_rate(one_each, 2) == Approx(2.0));
+  const int fast_only[] = {3, 0};  // on one type: its curve, no overhead
+  CHECK(job.mixed_rate(fast_only, 2) == Approx(6.0));
+  // 8 vnodes over 2 fast and 2 slow workers: 6 and 2 vnodes, 1.5 s and 1 s; 8 / 1.5.
+  job.vnodes = 8;
+  job.span_overhead = 0;
+  const int two_each[] = {2, 2};
+  CHECK(job.mixed_rate(two_each, 2) == Approx(8.0 / 1.5));
+  const int too_many[] = {6, 3};  // more workers than vnodes
+  CHECK_THROWS_AS(job.mixed_rate(too_many, 2), vflow::InternalError);
+}
+
+TEST_CASE("binding gives each job its vnodes and the span overhead", "[unit][scheduler]") {
+  const Cluster cluster = Cluster::parse("a:8,b:8");
+  JobRecord r;
+  r.demand = 2;
+  r.duration_s = 100;
+  BindOptions bind;
+  bind.max_workers_factor = 4;
+  bind.span_overhead = 0.25;
+  Workload w = bind_workload({r}, ThroughputTable(), cluster, bind);
+  CHECK(w.jobs[0].vnodes == 8);  // max(max_workers 8, 4 x demand 2)
+  CHECK(w.jobs[0].span_overhead == 0.25);
+  bind.vnodes_per_worker = 1;
+  w = bind_workload({r}, ThroughputTable(), cluster, bind);
+  CHECK(w.jobs[0].vnodes == 8);  // never fewer than max_workers
 }

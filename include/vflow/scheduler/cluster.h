@@ -1,5 +1,5 @@
-// A cluster of typed devices (e.g. 36 V100 + 36 P100 + 36 K80). The scheduler never
-// places one job across device types: a job's workers all share one type.
+// A cluster of typed devices (e.g. 36 V100 + 36 P100 + 36 K80). A job's workers share one
+// type, except where a policy spans types (Allocation::spans, the marginal-span policy).
 #pragma once
 
 #include <string>

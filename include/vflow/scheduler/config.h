@@ -6,6 +6,8 @@
 //   startup_s: 0
 //   min_workers: 1
 //   max_workers_factor: 1
+//   vnodes_per_worker: 4       # a job's vnodes: max(max_workers, this * demand)
+//   span_overhead: 0.3         # marginal-span: a step on several types takes 1.3x longer
 //   fallback_parallel_fraction: 0.95
 //   las_round_s: 300
 //   las_thresholds: [3600, 36000]

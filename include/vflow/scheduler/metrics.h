@@ -31,6 +31,7 @@ struct Summary {
   long resizes = 0;                          ///< over all jobs
   long migrations = 0;                       ///< over all jobs
   long preemptions = 0;                      ///< over all jobs
+  long spanned_jobs = 0;                     ///< jobs that ran on several device types
   double wall_s = 0;                         ///< simulation host time
 };
 

@@ -18,7 +18,10 @@ struct JobView {
   double remaining_work = 0;    ///< steps left
   double attained_service = 0;  ///< device-seconds held so far
   int device_type = -1;         ///< current type, -1 when not running
-  int workers = 0;              ///< current worker count, 0 when not running
+  int workers = 0;              ///< current worker count (all types), 0 when not running
+  /// Workers per device type while the job runs on several types (device_type is then the
+  /// type of its assignment), nullptr otherwise.
+  const int* counts = nullptr;
 };
 
 struct Assignment {
@@ -30,6 +33,10 @@ struct Assignment {
 /// Jobs absent from `assignments` get no devices. Sorted by job id.
 struct Allocation {
   std::vector<Assignment> assignments;
+  /// Further workers of other device types for jobs of `assignments` (elastic policies only;
+  /// a job's worker bounds apply to its total). Sorted by (job id, device type); never the
+  /// type of the job's assignment.
+  std::vector<Assignment> spans;
 };
 
 class Policy {
@@ -60,8 +67,9 @@ struct PolicyOptions {
   double gavel_round_s = 360;  ///< Gavel-style policy: round length, seconds
 };
 
-/// Names: wfs-elastic (user weights), wfs-fifo, wfs-sjf, wfs-srtf; fifo, priority, srtf, las,
-/// gavel. Throws vflow::SpecError on an unknown name.
+/// Names: marginal, marginal-span (jobs may span device types), wfs-elastic (user weights),
+/// wfs-fifo, wfs-sjf, wfs-srtf; fifo, priority, srtf, las, gavel. Throws vflow::SpecError on an
+/// unknown name.
 std::unique_ptr<Policy> make_policy(const std::string& name, const PolicyOptions& options = {});
 /// Every name make_policy accepts, the elastic ones first.
 std::vector<std::string> policy_names();

@@ -1,10 +1,11 @@
 // Event-driven cluster simulator. Events: job arrivals, job completions and, for policies
 // with rounds, periodic reallocations. All events at one instant are applied together, then
 // the policy is asked once for a new allocation; only jobs whose (type, workers) changed are
-// touched. Between events a job progresses at its throughput(workers, type), except during a
-// pause: resize_pause_s after an elastic resize on the same type, restart_s after a
-// preemption (on resume) or a move to another device type, startup_s at the first start.
-// The simulator has no randomness: a workload and a policy give one result.
+// touched (a job on several device types: when its workers on any type change). Between events a
+// job progresses at its throughput(workers, type), except during a pause: resize_pause_s after an
+// elastic resize on the same type, restart_s after a preemption (on resume) or a move to another
+// device type, startup_s at the first start. The simulator has no randomness: a workload and a
+// policy give one result.
 #pragma once
 
 #include <cstdint>
@@ -53,6 +54,7 @@ struct JobResult {
   int resizes = 0;            ///< worker-count changes on the same type while running
   int migrations = 0;         ///< moves to another device type while running
   int preemptions = 0;        ///< times the job lost all its devices before finishing
+  double spanned_s = 0;       ///< seconds the job held devices of several types
   double jct_s() const { return finish_s - arrival_s; }
   double queueing_s() const { return start_s - arrival_s; }
 };

@@ -21,19 +21,28 @@ inline Curves make_curves(std::vector<ThroughputCurve> curves) {
 
 // What policies read at every decision comes first, in 64 bytes; the model's name last.
 struct Job {
-  int id = 0;              ///< 0..n-1 in arrival order (ties keep input order)
-  int demand = 1;          ///< workers requested; non-elastic policies run exactly this many
-  int min_workers = 1;     ///< elastic lower bound, <= demand
-  int max_workers = 1;     ///< elastic upper bound, >= demand, <= the largest device type
-  double arrival_s = 0;    ///< seconds since the workload's start
-  double total_work = 0;   ///< optimizer steps to run
-  double weight = 1;       ///< priority weight, > 0
-  double demand_rate = 0;  ///< steps/s at `demand` on the job's fastest type (time estimates)
-  Curves throughput;       ///< one curve per cluster device type
-  std::string model;       ///< throughput model name
+  int id = 0;                ///< 0..n-1 in arrival order (ties keep input order)
+  int demand = 1;            ///< workers requested; non-elastic policies run exactly this many
+  int min_workers = 1;       ///< elastic lower bound, <= demand
+  int max_workers = 1;       ///< elastic upper bound, >= demand, <= the largest device type
+  double arrival_s = 0;      ///< seconds since the workload's start
+  double total_work = 0;     ///< optimizer steps to run
+  double weight = 1;         ///< priority weight, > 0
+  double demand_rate = 0;    ///< steps/s at `demand` on the job's fastest type (time estimates)
+  Curves throughput;         ///< one curve per cluster device type
+  std::string model;         ///< throughput model name
+  int vnodes = 1;            ///< virtual nodes, >= max_workers: the unit of a split over types
+  double span_overhead = 0;  ///< a step on several device types takes (1 + this) times longer
 
   /// Steps per second with `workers` workers of device type `type`.
   double rate(int type, int workers) const { return (*throughput)[type].at(workers); }
+  /// Steps per second on counts[t] workers of each device type t (`num_types` entries, their
+  /// sum in 1..vnodes): the exact-mode split of the vnodes over the types. Type t's workers
+  /// hold k_t >= counts[t] vnodes and take k_t / vnodes of their whole-batch step time
+  /// 1 / rate(t, counts[t]); the k_t minimise the slowest type's time, and on more than one
+  /// type the step takes (1 + span_overhead) times that (the synchronisation across types
+  /// that one type's curve does not hold). On one type it is rate(t, counts[t]).
+  double mixed_rate(const int* counts, int num_types) const;
 };
 
 struct Workload {
@@ -46,6 +55,8 @@ struct BindOptions {
   double fallback_parallel_fraction = 0.95;  ///< Amdahl p for models the table does not know
   double fallback_one_worker = 1.0;          ///< steps/s of one worker for unknown models
   int reference_type = 0;                    ///< device type that durations are measured on
+  int vnodes_per_worker = 4;                 ///< Job::vnodes = max(max_workers, this * demand)
+  double span_overhead = 0.3;  ///< Job::span_overhead of every job (docs/scheduler.md)
 };
 
 /// Resolves throughput curves, converts durations to steps and sorts by arrival. A model the
