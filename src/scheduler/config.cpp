@@ -11,6 +11,9 @@ namespace vflow::scheduler {
 namespace {
 
 constexpr double kUnbounded = std::numeric_limits<double>::max();
+// A job's vnodes are this times its demand: the split over types is exact to one vnode, and
+// its cost grows with their number.
+constexpr int64_t kMaxVnodesPerWorker = 1024;
 
 std::string cluster_text(const SpecNode& node) {
   if (node.is_scalar()) return node.value();
@@ -59,8 +62,8 @@ void load_config(const std::string& path, SchedulerConfig& config) {
       r.get_int("min_workers", config.bind.min_workers, 1, std::numeric_limits<int>::max()));
   config.bind.max_workers_factor =
       r.get_double("max_workers_factor", config.bind.max_workers_factor, 1, kUnbounded);
-  config.bind.vnodes_per_worker = static_cast<int>(r.get_int(
-      "vnodes_per_worker", config.bind.vnodes_per_worker, 1, std::numeric_limits<int>::max()));
+  config.bind.vnodes_per_worker = static_cast<int>(
+      r.get_int("vnodes_per_worker", config.bind.vnodes_per_worker, 1, kMaxVnodesPerWorker));
   config.bind.span_overhead =
       r.get_double("span_overhead", config.bind.span_overhead, 0, kUnbounded);
   config.bind.fallback_parallel_fraction =

@@ -213,8 +213,11 @@ class Simulation {
     JobState& s = state_[id];
     JobResult& r = result_.jobs[id];
     if (s.workers > 0 && workers > 0) {
-      ++(type == s.type ? r.resizes : r.migrations);
-      s.pause_until = now + (type == s.type ? options_.resize_pause_s : options_.restart_s);
+      // A job keeps running where it already had workers: a resize, also when the type of
+      // its assignment becomes one it spanned; else it restarts on another type.
+      const bool stays = type == s.type || (s.spanning && spans_.at(id)[type] > 0);
+      ++(stays ? r.resizes : r.migrations);
+      s.pause_until = now + (stays ? options_.resize_pause_s : options_.restart_s);
     } else if (workers > 0) {
       s.pause_until = now + (s.ever_ran ? options_.restart_s : options_.startup_s);
       if (!s.ever_ran) r.start_s = now;
@@ -272,12 +275,14 @@ class Simulation {
         total += extra.workers;
       }
       const Job& job = *views_[k].job;
+      const bool spans_ok = total == a.workers || total <= job.vnodes;  // a worker per vnode
       const bool bounds_ok = policy_.elastic()
-                                 ? total >= job.min_workers && total <= job.max_workers
+                                 ? total >= job.min_workers && total <= job.max_workers && spans_ok
                                  : total == job.demand;
       if (!bounds_ok) {
-        fail(fmt::format("job {} gets {} workers in all (bounds {}..{}, demand {})", a.job_id,
-                         total, job.min_workers, job.max_workers, job.demand));
+        fail(fmt::format("job {} gets {} workers in all (bounds {}..{}, demand {}, vnodes {})",
+                         a.job_id, total, job.min_workers, job.max_workers, job.demand,
+                         job.vnodes));
       }
       ++k;
     }

@@ -108,17 +108,25 @@ double Job::mixed_rate(const int* counts, int num_types) const {
     if (counts[t] > 0) used = t, ++types, held += counts[t];
   }
   if (types <= 1) return used < 0 ? 0.0 : rate(used, counts[used]);
+  if (held > vnodes) {
+    throw InternalError(
+        fmt::format("mixed_rate: {} workers for {} vnodes (at most one a vnode)", held, vnodes));
+  }
   // Each type starts with one vnode per worker; every further vnode goes where the slowest
   // time grows least (ties to the lower type), which minimises the largest k_t * step_t.
-  constexpr int kMaxTypes = 16;
-  if (num_types > kMaxTypes || held > vnodes) {
-    throw InternalError(
-        fmt::format("mixed_rate: {} workers of {} types for {} vnodes (at most {} "
-                    "types, and a worker per vnode at most)",
-                    held, num_types, vnodes, kMaxTypes));
+  constexpr int kOnStack = 16;
+  double step_on_stack[kOnStack], load_on_stack[kOnStack];
+  int held_on_stack[kOnStack];
+  std::vector<double> step_on_heap, load_on_heap;  // clusters of more types
+  std::vector<int> held_on_heap;
+  if (num_types > kOnStack) {
+    step_on_heap.resize(num_types), load_on_heap.resize(num_types);
+    held_on_heap.resize(num_types);
   }
-  double step[kMaxTypes], load[kMaxTypes];
-  int held_by[kMaxTypes];
+  const bool heap = num_types > kOnStack;
+  double* step = heap ? step_on_heap.data() : step_on_stack;
+  double* load = heap ? load_on_heap.data() : load_on_stack;
+  int* held_by = heap ? held_on_heap.data() : held_on_stack;
   for (int t = 0; t < num_types; ++t) {
     step[t] = counts[t] > 0 ? 1.0 / rate(t, counts[t]) : 0.0;
     held_by[t] = counts[t];

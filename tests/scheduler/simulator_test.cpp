@@ -1,5 +1,6 @@
 #include "vflow/scheduler/simulator.h"
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 
 #include "support.h"
@@ -336,6 +337,57 @@ class FixedPolicy : public Policy {
 };
 
 }  // namespace
+
+namespace {
+
+// Returns allocations[k] at its k-th decision (the last one after that), for the jobs that
+// are active.
+class ScriptedPolicy : public Policy {
+ public:
+  explicit ScriptedPolicy(std::vector<Allocation> allocations)
+      : allocations_(std::move(allocations)) {}
+  std::string name() const override { return "scripted"; }
+  bool elastic() const override { return true; }
+  Allocation allocate(const Cluster&, const std::vector<JobView>& active, double) override {
+    Allocation a = allocations_[std::min(calls_++, allocations_.size() - 1)];
+    const auto gone = [&](const Assignment& x) {
+      return std::none_of(active.begin(), active.end(),
+                          [&](const JobView& v) { return v.job->id == x.job_id; });
+    };
+    a.assignments.erase(std::remove_if(a.assignments.begin(), a.assignments.end(), gone),
+                        a.assignments.end());
+    a.spans.erase(std::remove_if(a.spans.begin(), a.spans.end(), gone), a.spans.end());
+    return a;
+  }
+
+ private:
+  std::vector<Allocation> allocations_;
+  size_t calls_ = 0;
+};
+
+}  // namespace
+
+TEST_CASE("a spanning job that keeps workers of its new main type is resized, not migrated",
+          "[unit][scheduler]") {
+  const Cluster cluster = Cluster::parse("a:2,b:2");
+  Job job = linear_job(0, 0, 1000, 2, 1, 4);
+  job.throughput = make_curves({ThroughputCurve::linear(1.0), ThroughputCurve::linear(1.0)});
+  job.vnodes = 4;
+  Job other = linear_job(1, 10, 100, 2, 2, 2);  // arrives at 10 s: a second decision
+  other.throughput = job.throughput;
+  const Workload workload{{job, other}};
+  // 2 of a and 2 of b; then job 1 takes type a and job 0 keeps its 2 of b (now its main
+  // type); then 2 of b and 2 of a again. It keeps workers of its main type: resizes.
+  ScriptedPolicy policy({{{{0, 0, 2}}, {{0, 1, 2}}},    // both types, main a
+                         {{{0, 1, 2}, {1, 0, 2}}, {}},  // b only, which it held
+                         {{{0, 1, 2}}, {{0, 0, 2}}}});  // both again, main b
+  const SimResult r = simulate(cluster, workload, policy);
+  CHECK(r.jobs[0].migrations == 0);
+  CHECK(r.jobs[0].resizes == 2);
+  // Moving to a type it had no workers of is a migration.
+  ScriptedPolicy moving({{{{0, 0, 2}}, {}}, {{{0, 1, 2}, {1, 0, 2}}, {}}});
+  CHECK(simulate(cluster, workload, moving).jobs[0].migrations == 1);
+}
 
 TEST_CASE("the simulator refuses spans that break capacity, bounds or order", "[unit][scheduler]") {
   const Cluster cluster = Cluster::parse("a:2,b:2");

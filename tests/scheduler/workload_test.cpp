@@ -94,6 +94,13 @@ TEST_CASE("a job's rate on several device types is the exact-mode split of its v
   CHECK(job.mixed_rate(two_each, 2) == Approx(8.0 / 1.5));
   const int too_many[] = {6, 3};  // more workers than vnodes
   CHECK_THROWS_AS(job.mixed_rate(too_many, 2), vflow::InternalError);
+  // Any number of types: 17 here, one worker on the first and one on the last.
+  Job wide;
+  wide.throughput = make_curves(std::vector<ThroughputCurve>(17, ThroughputCurve::linear(1.0)));
+  wide.vnodes = 4;
+  std::vector<int> ends(17, 0);
+  ends.front() = ends.back() = 1;
+  CHECK(wide.mixed_rate(ends.data(), 17) == Approx(2.0));
 }
 
 TEST_CASE("binding gives each job its vnodes and the span overhead", "[unit][scheduler]") {
