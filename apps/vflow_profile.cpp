@@ -39,24 +39,6 @@ int64_t peak_bytes(const torch::Device& device) {
   return peak_rss_bytes();
 }
 
-/// The name a device type gets when none is given: cpu-<threads>t[-q<quota>], or
-/// cuda-<the GPU's name> (spaces as dashes).
-std::string default_device_type(const vflow::engine::JobSpec& spec, const torch::Device& device,
-                                double cpu_quota) {
-  if (device.is_cuda()) {
-    const auto status = vflow::comm::nccl_status();
-    const auto index = static_cast<size_t>(device.index());
-    std::string name = index < status.device_names.size() ? status.device_names[index] : "";
-    std::replace(name.begin(), name.end(), ' ', '-');
-    return name.empty() ? "cuda" : "cuda-" + name;
-  }
-  const auto threads = spec.resources.threads > 0
-                           ? spec.resources.threads
-                           : static_cast<int64_t>(std::thread::hardware_concurrency());
-  return cpu_quota > 0 ? fmt::format("cpu-{}t-q{}", threads, cpu_quota)
-                       : fmt::format("cpu-{}t", threads);
-}
-
 /// One vnode of `size` per step: the step's compute time is the vnode's cost.
 vflow::hetero::DeviceProfile::Point measure(vflow::engine::JobSpec spec, int64_t size, int repeats,
                                             double* optimizer_seconds) {
@@ -150,7 +132,12 @@ int main(int argc, char** argv) {
     spec.resources.device = vflow::job::place_on_this_host(spec.resources).device;
     spdlog::set_level(spdlog::level::warn);
     const auto on = vflow::engine::worker_device(spec.resources);
-    if (device_type.empty()) device_type = default_device_type(spec, on, cpu_quota);
+    if (device_type.empty()) {
+      const std::string gpu =
+          on.is_cuda() ? vflow::comm::cuda_device_name(std::max<int>(0, on.index())) : "";
+      device_type =
+          vflow::hetero::default_device_type(on.is_cuda(), gpu, spec.resources.threads, cpu_quota);
+    }
     if (cpu_quota > 0) vflow::hetero::apply_cpu_quota(cpu_quota, "vflow-" + device_type);
     std::sort(sizes.begin(), sizes.end());
     vflow::hetero::DeviceProfile profile;

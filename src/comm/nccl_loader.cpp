@@ -87,6 +87,11 @@ void prepare_nccl_environment() {
   }
 }
 
+std::string cuda_device_name(int index) {
+  const auto names = nccl_status().device_names;
+  return index >= 0 && static_cast<size_t>(index) < names.size() ? names[index] : std::string();
+}
+
 NcclStatus nccl_status() {
   NcclStatus status;
   const auto& b = backend();

@@ -160,6 +160,17 @@ class SpecSchema {
           return list;
         });
   }
+  /// A list of strings; a single string counts as a list of one.
+  Key texts(std::string key, std::vector<std::string> T::*m, std::string doc) {
+    return add(
+        std::move(key), std::move(doc),
+        [m](OptionReader& r, const std::string& k, T& v) { v.*m = r.get_string_list(k, v.*m); },
+        [m](const T& v) {
+          SpecNode list = SpecNode::sequence();
+          for (const auto& x : v.*m) list.append(SpecNode::scalar(x));
+          return list;
+        });
+  }
   /// A map of options that another reader checks (a model's or data set's factory). An
   /// absent map keeps its place, so that errors about its defaults name where it would be.
   Key options(std::string key, SpecNode T::*m, std::string doc) {

@@ -319,6 +319,10 @@ const SpecSchema<ResourcesSpec::Worker>& worker_schema() {
     s.integer("threads", &W::threads, 0, 4096, "its intra-op threads; 0 = `resources.threads`");
     s.real("cpu_quota", &W::cpu_quota, 0, 4096,
            "cores it may use (a cgroup of its own, cpu controller); 0 = no limit");
+    s.text("device_type", &W::device_type,
+           "its device type's name, matched against `resources.profiles`; absent = the name "
+           "`vflow-profile` gives its device, threads and quota (`cpu-1t-q0.5`)")
+        .shown([](const W& w) { return !w.device_type.empty(); });
     return s;
   }();
   return schema;
@@ -392,6 +396,18 @@ const SpecSchema<ResourcesSpec>& resources_schema() {
            "(docs/heterogeneous.md). Later generations re-plan the vnode counts by the speeds "
            "the workers measured; workers that join later use `resources.device`")
         .shown([](const R& res) { return !res.layout.empty(); });
+    s.texts("profiles", &R::profiles,
+            "device profiles (`vflow-profile` files, paths relative to the working directory): "
+            "when the job changes size, a worker not yet measured counts at its device type's "
+            "profiled time per vnode instead of as fast as the fastest member; each must have "
+            "been measured with this job's model, and at vnodes as large as this job's "
+            "(docs/heterogeneous.md)")
+        .shown([](const R& res) { return !res.profiles.empty(); });
+    s.text("device_type", &R::device_type,
+           "the device type name of workers that take `resources.*` (those that join later, and "
+           "every worker of a job without a `layout`), matched against `profiles`; absent = "
+           "the name `vflow-profile` gives them (`cpu-<threads>t`, `cuda-<GPU name>`)")
+        .shown([](const R& res) { return !res.device_type.empty(); });
     return s;
   }();
   return schema;

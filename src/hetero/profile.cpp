@@ -2,8 +2,10 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <thread>
 
 #include "core/output_file.h"
 #include "vflow/core/error.h"
@@ -109,6 +111,17 @@ void save_profile(const DeviceProfile& p, const std::string& path) {
   if (const std::string error = core::write_file_atomically(path, text); !error.empty()) {
     throw Error(fmt::format("{}: cannot write the profile: {}", path, error));
   }
+}
+
+std::string default_device_type(bool cuda, std::string gpu_name, int64_t threads,
+                                double cpu_quota) {
+  if (cuda) {
+    std::replace(gpu_name.begin(), gpu_name.end(), ' ', '-');
+    return gpu_name.empty() ? "cuda" : "cuda-" + gpu_name;
+  }
+  if (threads <= 0) threads = static_cast<int64_t>(std::thread::hardware_concurrency());
+  return cpu_quota > 0 ? fmt::format("cpu-{}t-q{}", threads, cpu_quota)
+                       : fmt::format("cpu-{}t", threads);
 }
 
 }  // namespace vflow::hetero

@@ -19,6 +19,7 @@ namespace {
 // Store keys of the protocol (docs/elasticity.md). Generation data lives under
 // "elastic/<id>/", apart from "gen/<id>/", the communicator's own prefix.
 const char* const kLimits = "job/limits";
+const char* const kProfiled = "job/profiled";  // seconds per vnode by device type
 const char* const kTarget = "job/target";
 const char* const kStep = "job/step";
 const char* const kDone = "job/done";
@@ -367,6 +368,23 @@ std::optional<double> ControlPlane::speed(const std::string& member) {
   } catch (const std::exception&) {
     return std::nullopt;  // not written by a worker of this version: ignore it
   }
+}
+
+void ControlPlane::publish_device_type(const std::string& member, const std::string& type) {
+  set("type/" + member, type);
+}
+
+std::optional<std::string> ControlPlane::device_type(const std::string& member) {
+  return get("type/" + member);
+}
+
+void ControlPlane::publish_profiled(const std::map<std::string, double>& seconds_per_vnode) {
+  set(kProfiled, records::encode_profiled(seconds_per_vnode));
+}
+
+std::map<std::string, double> ControlPlane::profiled() {
+  const auto text = get(kProfiled);
+  return text ? records::decode_profiled(*text, kProfiled) : std::map<std::string, double>{};
 }
 
 void ControlPlane::mark_done(const std::string& state) {

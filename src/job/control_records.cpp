@@ -5,6 +5,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <sstream>
+#include <stdexcept>
 
 #include "vflow/core/error.h"
 #include "vflow/core/spec_node.h"
@@ -158,20 +159,48 @@ RegroupAnswer decode_regroup_answer(const std::string& text, const std::string& 
 }
 
 std::string encode_job_record(const JobRecord& r) {
-  return fmt::format("{} {} {} {}", r.timeout.count(), r.replace_failed ? 1 : 0, r.planned ? 1 : 0,
-                     r.device);
+  return fmt::format("{} {} {}", r.timeout.count(), r.replace_failed ? 1 : 0, r.device);
 }
 
 JobRecord decode_job_record(const std::string& text, const std::string& key) {
   const auto parts = split(text, ' ');
-  if (parts.size() != 4) bad_record(key, text, "a job record");
+  if (parts.size() != 3) bad_record(key, text, "a job record");
   JobRecord r;
   r.timeout = std::chrono::milliseconds(decode_int(parts[0], key));
   r.replace_failed = decode_flag(parts[1], key, text);
-  r.planned = decode_flag(parts[2], key, text);
-  r.device = parts[3];
+  r.device = parts[2];
   if (r.timeout.count() < 1) bad_record(key, text, "a job record (a positive timeout)");
   return r;
+}
+
+std::string encode_profiled(const std::map<std::string, double>& seconds_per_vnode) {
+  std::string text;
+  for (const auto& [type, seconds] : seconds_per_vnode) {
+    text += fmt::format("{:.9g} {}\n", seconds, type);
+  }
+  return text;
+}
+
+std::map<std::string, double> decode_profiled(const std::string& text, const std::string& key) {
+  std::map<std::string, double> out;
+  for (const auto& line : split(text, '\n')) {
+    if (line.empty()) continue;
+    const auto space = line.find(' ');
+    if (space == std::string::npos || space + 1 == line.size()) {
+      bad_record(key, text, "profiled times ('<seconds> <device type>' lines)");
+    }
+    double seconds = 0;
+    try {
+      size_t used = 0;
+      seconds = std::stod(line.substr(0, space), &used);
+      if (used != space) throw std::invalid_argument(line);
+    } catch (const std::exception&) {
+      bad_record(key, text, "profiled times ('<seconds> <device type>' lines)");
+    }
+    if (!(seconds > 0)) bad_record(key, text, "profiled times (seconds > 0)");
+    out[line.substr(space + 1)] = seconds;
+  }
+  return out;
 }
 
 Placement decode_placement(const std::string& text, const std::string& key) {

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -33,10 +34,14 @@ std::string regroup_answer(const std::vector<std::string>& offers);
 /// What a settled regroup answer ("shrink", "grow <n>", "fresh") means.
 RegroupAnswer decode_regroup_answer(const std::string& text, const std::string& key);
 
-/// "<timeout ms> <replace_failed 0/1> <planned 0/1> <device>" (the spec, version and
-/// directory have keys of their own).
+/// "<timeout ms> <replace_failed 0/1> <device>" (the spec, version and directory have keys
+/// of their own).
 std::string encode_job_record(const JobRecord& record);
 JobRecord decode_job_record(const std::string& text, const std::string& key);
+
+/// One line "<seconds> <device type>" per type (a type's name may hold spaces).
+std::string encode_profiled(const std::map<std::string, double>& seconds_per_vnode);
+std::map<std::string, double> decode_profiled(const std::string& text, const std::string& key);
 
 /// "<agent> <slot>" (ControlPlane::place writes it).
 Placement decode_placement(const std::string& text, const std::string& key);

@@ -136,7 +136,7 @@ bool CoordinatorCandidate::tick() {
     // Whole or not at all: a takeover that fails half-way (the store is struggling, which
     // is often why the coordinator changed) is tried again at the next tick.
     auto manager = std::make_unique<GenerationManager>(control_, options, source_);
-    manager->resume(record->planned);
+    manager->resume();
     manager_ = std::move(manager);
   }
   manager_->tick();

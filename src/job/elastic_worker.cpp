@@ -171,6 +171,7 @@ ElasticOutcome run_elastic_worker(const engine::JobSpec& spec,
          name = ControlPlane::liveness_name(me), ttl] { s->heartbeat(name, ttl); },
         ttl / 4, "renewing worker " + me + "'s liveness");
   }
+  if (!options.device_type.empty()) control.publish_device_type(me, options.device_type);
   const auto trainer = engine::make_trainer(spec, nullptr, /*elastic=*/true);
   trainer->set_stop_flag(options.stop_flag);
   if (options.prepare) options.prepare(*trainer);
@@ -187,8 +188,8 @@ ElasticOutcome run_elastic_worker(const engine::JobSpec& spec,
       control.request_leave(me);
       leave_sent = true;
     }
-    // Every worker reports its measured per-vnode time now and then; a job that started
-    // with a planned split re-plans by them on a resize.
+    // Every worker reports its measured per-vnode time now and then; the coordinator
+    // splits the vnodes by them on a resize.
     const auto now = Clock::now();
     if (now - last_speed > std::chrono::seconds(1) && t.seconds_per_vnode() > 0) {
       try {

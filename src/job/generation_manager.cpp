@@ -31,15 +31,15 @@ GenerationManager::GenerationManager(ControlPlane& control, ElasticOptions optio
 void GenerationManager::start(const std::vector<std::string>& members,
                               std::vector<int64_t> vnodes) {
   first_vnodes_ = std::move(vnodes);
-  planned_ = !first_vnodes_.empty();
   control_.publish_limits(options_.limits);
+  if (!options_.profiled.empty()) control_.publish_profiled(options_.profiled);
   target_ = static_cast<int64_t>(members.size());
   control_.set_target(target_);
   for (const auto& m : members) add_joiner(m);
 }
 
-void GenerationManager::resume(bool planned) {
-  planned_ = planned;
+void GenerationManager::resume() {
+  options_.profiled = control_.profiled();
   const int64_t latest = control_.latest_generation();
   if (latest > 0) current_ = control_.generation(latest);
   target_ = control_.target();
@@ -169,13 +169,7 @@ void GenerationManager::publish(std::vector<std::string> members, std::string do
   next.transfer_state = transfer;
   next.stop = stop;
   next.vnodes = std::move(vnodes);
-  if (next.vnodes.empty() && planned_ && next.members.size() > 1) {
-    // A job that started with a planned split re-plans over the new members by the
-    // per-vnode times they measured (joiners not yet measured count as the fastest).
-    std::vector<double> times;
-    for (const auto& m : next.members) times.push_back(control_.speed(m).value_or(0));
-    next.vnodes = hetero::plan_by_speed(times, options_.limits.virtual_nodes);
-  }
+  if (next.vnodes.empty() && next.members.size() > 1) next.vnodes = plan(next.members);
   const auto published = control_.publish(next);
   if (records_differ(published, next)) {
     spdlog::warn("[elastic] generation {} was decided already (by another coordinator): {}",
@@ -184,6 +178,26 @@ void GenerationManager::publish(std::vector<std::string> members, std::string do
     spdlog::info("[elastic] published {}", next.describe());
   }
   adopt(published);
+}
+
+std::vector<int64_t> GenerationManager::plan(const std::vector<std::string>& members) {
+  std::vector<double> times;
+  std::string sources;
+  for (const auto& m : members) {
+    double t = control_.speed(m).value_or(0);
+    std::string source = "measured";
+    if (!(t > 0)) {
+      const auto type = control_.device_type(m);
+      const auto profiled = type ? options_.profiled.find(*type) : options_.profiled.end();
+      t = profiled != options_.profiled.end() ? profiled->second : 0;
+      source = t > 0 ? "profile of " + *type : "not known: as the fastest";
+    }
+    times.push_back(t);
+    sources += fmt::format("{}{} {:.4g} s ({})", sources.empty() ? "" : ", ", m, t, source);
+  }
+  auto vnodes = hetero::plan_by_speed(times, options_.limits.virtual_nodes);
+  if (!vnodes.empty()) spdlog::info("[elastic] split by time per vnode: {}", sources);
+  return vnodes;
 }
 
 void GenerationManager::adopt(const Generation& published) {

@@ -171,7 +171,6 @@ int launch_on_cluster(const LaunchOptions& options) {
   record.device = options.device;
   record.timeout = options.timeout;
   record.replace_failed = options.elastic.replace_failed;
-  record.planned = !options.vnodes.empty();
   std::unique_ptr<AgentPlacement> agents;
   if (!options.local)
     agents = std::make_unique<AgentPlacement>(options.control, control, record, options.timeout);

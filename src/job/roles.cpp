@@ -4,13 +4,17 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <map>
 
+#include "vflow/comm/nccl.h"
 #include "vflow/core/address.h"
 #include "vflow/core/exit_code.h"
 #include "vflow/core/process.h"
 #include "vflow/engine/job.h"
 #include "vflow/hetero/cpu_quota.h"
+#include "vflow/hetero/profile.h"
 #include "vflow/job/control_store.h"
 #include "vflow/job/elastic_worker.h"
 #include "vflow/job/environment.h"
@@ -45,9 +49,19 @@ std::string quota_group(const ElasticWorkerEnvironment& env) {
   return fmt::format("vflow-{}-{}", env.store_port, env.member);
 }
 
+/// What a worker's layout entry says of its device type: the name it gives, and the CPU
+/// quota that the default name counts.
+struct LayoutType {
+  std::string name;
+  double cpu_quota = 0;
+};
+
 /// A worker of a planned layout gets its own device, threads and CPU quota from the
-/// launcher.
-engine::JobSpec apply_worker_layout(engine::JobSpec spec, const ElasticWorkerEnvironment& env) {
+/// launcher; `type` what its entry says of its device type (joiners have no entry: theirs
+/// is resources.device_type).
+engine::JobSpec apply_worker_layout(engine::JobSpec spec, const ElasticWorkerEnvironment& env,
+                                    LayoutType& type) {
+  type = {spec.resources.device_type, 0};
   const char* text = std::getenv(kLayoutEntryVar);
   if (!text || !*text) return spec;
   const auto entry = engine::parse_layout_entry(text, kLayoutEntryVar);
@@ -57,7 +71,52 @@ engine::JobSpec apply_worker_layout(engine::JobSpec spec, const ElasticWorkerEnv
     hetero::apply_cpu_quota(entry.cpu_quota, quota_group(env));
     spdlog::info("[hetero] worker {} limited to {} cores", env.member, entry.cpu_quota);
   }
+  type = {entry.device_type, entry.cpu_quota};
   return spec;
+}
+
+/// The worker's device type name: the one its layout entry (or resources.device_type)
+/// gives, else the name vflow-profile gives its device, threads and quota.
+std::string worker_device_type(const engine::JobSpec& spec, const LayoutType& type) {
+  if (!type.name.empty()) return type.name;
+  const auto device = engine::worker_device(spec.resources);
+  // The GPU's name only for a CUDA worker: asking loads the NCCL backend.
+  const std::string gpu =
+      device.is_cuda() ? comm::cuda_device_name(std::max<int>(0, device.index())) : "";
+  return hetero::default_device_type(device.is_cuda(), gpu, spec.resources.threads, type.cpu_quota);
+}
+
+/// Seconds per vnode of the job's vnode size by device type, from resources.profiles.
+std::map<std::string, double> profiled_seconds(const engine::JobSpec& spec) {
+  std::map<std::string, double> out;
+  if (spec.resources.profiles.empty()) return out;
+  const int64_t size =
+      spec.semantic.global_batch / std::max<int64_t>(1, spec.semantic.virtual_nodes);
+  const std::string model = spec.model_digest();
+  for (const auto& path : spec.resources.profiles) {
+    const auto profile = hetero::load_profile(path);
+    const auto refuse = [&](const std::string& why) {
+      throw SpecError(fmt::format("resources.profiles: {}: {}", path, why));
+    };
+    if (profile.model != model) {
+      refuse(
+          fmt::format("measured with model {}, but this job's model is {}; profile this job "
+                      "(vflow-profile)",
+                      profile.model.empty() ? "(unknown)" : profile.model, model));
+    }
+    double seconds = 0;
+    try {
+      seconds = profile.vnode_seconds(size);
+    } catch (const Error& e) {
+      refuse(e.what());
+    }
+    if (!out.emplace(profile.device_type, seconds).second) {
+      refuse(fmt::format("device type {} has a profile already", profile.device_type));
+    }
+    spdlog::info("[hetero] {}: {:.4g} s per vnode of {} examples", profile.device_type, seconds,
+                 size);
+  }
+  return out;
 }
 
 /// A worker that joins a job on a cluster store by itself (vflow-train --control URL --job
@@ -75,7 +134,8 @@ ElasticWorkerEnvironment volunteer_environment(const RoleOptions& options) {
 RoleOutcome run_elastic_worker_role(const engine::JobSpec& job, const RoleOptions& options) {
   const auto launched = elastic_worker_from_environment();
   const auto env = launched ? *launched : volunteer_environment(options);
-  engine::JobSpec spec = apply_worker_layout(job, env);
+  LayoutType type;
+  engine::JobSpec spec = apply_worker_layout(job, env, type);
   spec.resources = place_on_this_host(spec.resources);
   struct Release {  // the worker's CPU-quota group, if any, goes with it
     std::string name;
@@ -88,6 +148,7 @@ RoleOutcome run_elastic_worker_role(const engine::JobSpec& job, const RoleOption
   worker.job = env.job;
   worker.volunteer = !launched;
   worker.member = env.member;
+  worker.device_type = worker_device_type(spec, type);
   worker.timeout = timeout_of(spec);
   worker.stop_flag = options.stop_flag;
   worker.leave_flag = options.leave_flag;
@@ -123,6 +184,7 @@ RoleOutcome run_launcher_role(const engine::JobSpec& spec, const RoleOptions& op
   launch.timeout = timeout_of(spec);
   launch.elastic.limits = limits_of(spec);
   launch.elastic.replace_failed = spec.resources.replace_failed;
+  launch.elastic.profiled = profiled_seconds(spec);
   for (const auto& w : spec.resources.layout) {
     launch.vnodes.push_back(w.vnodes);
     launch.worker_env.push_back(

@@ -45,6 +45,18 @@ std::string kill_rank(int rank, const std::string& signal) {
          " worker .* pid //p')";
 }
 
+/// The vnodes of each of the 3 workers of generation 2 (empty when not found); they sum to
+/// the job's 12.
+std::vector<int64_t> second_generation_split(const std::string& output) {
+  std::smatch m;
+  const std::regex published(
+      R"(published generation 2: 3 worker\(s\).*holding \[(\d+),(\d+),(\d+)\])");
+  if (!std::regex_search(output, m, published)) return {};
+  std::vector<int64_t> split{std::stoll(m[1]), std::stoll(m[2]), std::stoll(m[3])};
+  CHECK(split[0] + split[1] + split[2] == 12);
+  return split;
+}
+
 }  // namespace
 
 TEST_CASE("a job resized 2 -> 3 -> 1 -> 4 ends with the undisturbed fingerprint",
@@ -229,7 +241,10 @@ TEST_CASE("a failed worker is replaced when resources.replace_failed is set",
   INFO(r.output);
   CHECK_THAT(r.output, Catch::Matchers::Contains("exit=0"));
   CHECK_THAT(r.output, !Catch::Matchers::Contains("TIMEOUT") && !Catch::Matchers::Contains("GONE"));
-  CHECK_THAT(r.output, Catch::Matchers::Contains("2 worker(s) [0,2], state from 0"));
+  // The replacement is split by speed with the survivor (the split is in between).
+  CHECK(std::regex_search(
+      r.output,
+      std::regex(R"(2 worker\(s\) \[0,2\]( holding \[\d+,\d+\] vnodes)?, state from 0)")));
   CHECK(fingerprints_in(r.output) == std::set<std::string>{reference_fingerprint()});
 }
 
@@ -435,6 +450,56 @@ TEST_CASE("relaxed vnode sizes over a planned uneven split keep the one-worker f
   CHECK(fingerprints_in(even.output) != fingerprints_in(alone.output));
 }
 
+TEST_CASE("a joiner not yet measured counts at its device type's profiled time on a resize",
+          "[multiproc][elastic][hetero]") {
+  // Two workers at a quarter of a core each; the joiner at full speed, of the device type
+  // profiled here (cpu-1t). As fast as the fastest member measured, the old rule, it would
+  // get a third of the vnodes; by its profile it gets the most.
+  const std::string larger = " --set semantic.global_batch=480 --set semantic.steps=300";
+  const auto reference = reference_fingerprint(larger);
+  TempDir dir;
+  const auto profile =
+      run_command(std::string(VFLOW_PROFILE_BINARY) + kLongJob + larger +
+                  " --sizes 40 --repeats 3 --out " + dir.file("cpu.yaml") + " 2>&1");
+  INFO(profile.output);
+  REQUIRE(profile.exit_code == 0);
+  const auto r = elastic_job(
+      dir, 2,
+      larger + " --set resources.profiles=" + dir.file("cpu.yaml") +
+          " --set 'resources.layout=[{vnodes: 6, cpu_quota: 0.25}, {vnodes: 6, cpu_quota: 0.25}]'",
+      "await_step 30; $CTL resize $A 3; await_workers 3");
+  INFO(r.output);
+  CHECK_THAT(r.output, Catch::Matchers::Contains("exit=0"));
+  CHECK_THAT(r.output, Catch::Matchers::Contains("(profile of cpu-1t)"));
+  const auto split = second_generation_split(r.output);
+  REQUIRE(split.size() == 3);
+  const int64_t first = split[0], second = split[1], joiner = split[2];
+  CHECK(joiner > first);
+  CHECK(joiner > second);
+  CHECK(fingerprints_in(r.output) == std::set<std::string>{reference});
+  CHECK(nothing_left(dir));
+}
+
+TEST_CASE("a job's profiles are checked before any worker starts", "[integration][hetero]") {
+  TempDir dir;
+  write_file(dir.file("other.yaml"),
+             "device_type: cpu-1t\nmodel: 0123456789abcdef\npoints:\n"
+             "  - {vnode_size: 100, seconds: 0.01}\n");
+  const auto other = run_command(kTrain + kLongJob + " --workers 2 --set resources.profiles=" +
+                                 dir.file("other.yaml") + " 2>&1");
+  INFO(other.output);
+  CHECK(other.exit_code == 2);
+  CHECK_THAT(other.output,
+             Catch::Matchers::Contains("resources.profiles: " + dir.file("other.yaml") +
+                                       ": measured with model 0123456789abcdef"));
+  CHECK_THAT(other.output, !Catch::Matchers::Contains("published generation"));
+  const auto missing = run_command(kTrain + kLongJob + " --workers 2 --set resources.profiles=" +
+                                   dir.file("none.yaml") + " 2>&1");
+  INFO(missing.output);
+  CHECK(missing.exit_code == 2);
+  CHECK_THAT(missing.output, Catch::Matchers::Contains(dir.file("none.yaml")));
+}
+
 TEST_CASE("a job that started with a planned split re-plans it by measured speed on a resize",
           "[multiproc][elastic][hetero]") {
   // Vnodes of 40 examples, so that a quarter of a core is clearly slower per vnode.
@@ -448,12 +513,9 @@ TEST_CASE("a job that started with a planned split re-plans it by measured speed
       "await_step 30; $CTL resize $A 3; await_workers 3");
   INFO(r.output);
   CHECK_THAT(r.output, Catch::Matchers::Contains("exit=0"));
-  const std::regex published(
-      R"(published generation 2: 3 worker\(s\).*holding \[(\d+),(\d+),(\d+)\])");
-  std::smatch m;
-  REQUIRE(std::regex_search(r.output, m, published));
-  const int64_t fast = std::stoll(m[1]), slow = std::stoll(m[2]), joiner = std::stoll(m[3]);
-  CHECK(fast + slow + joiner == 12);
+  const auto split = second_generation_split(r.output);
+  REQUIRE(split.size() == 3);
+  const int64_t fast = split[0], slow = split[1], joiner = split[2];
   CHECK(slow < fast);  // the tenth-of-a-core worker holds fewer vnodes than the others
   CHECK(slow < joiner);
   CHECK(fingerprints_in(r.output) == std::set<std::string>{reference});

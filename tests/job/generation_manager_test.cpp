@@ -12,14 +12,28 @@
 
 using namespace std::chrono_literals;
 
+namespace {
+
+/// A coordinator's store and a client of it, and options for a job of 12 vnodes.
+struct Job {
+  vflow::job::Coordinator coordinator{"127.0.0.1", 0, 5s};
+  vflow::job::ControlPlane control{
+      vflow::job::connect_embedded_store("127.0.0.1", coordinator.port(), 5s)};
+  vflow::job::ElasticOptions options = [] {
+    vflow::job::ElasticOptions o;
+    o.limits = {12, 1, 12};
+    o.timeout = 5s;
+    return o;
+  }();
+};
+
+}  // namespace
+
 TEST_CASE("a coordinator taking over announces what its predecessor decided and keeps its joiners",
           "[unit]") {
-  vflow::job::Coordinator coordinator("127.0.0.1", 0, 5s);
-  vflow::job::ControlPlane control(
-      vflow::job::connect_embedded_store("127.0.0.1", coordinator.port(), 5s));
-  vflow::job::ElasticOptions options;
-  options.limits = {12, 1, 12};
-  options.timeout = 5s;
+  Job job;
+  auto& control = job.control;
+  auto& options = job.options;
   options.cluster = true;
   {
     vflow::job::GenerationManager first(control, options, nullptr);
@@ -47,7 +61,7 @@ TEST_CASE("a coordinator taking over announces what its predecessor decided and 
   CHECK(control.latest_generation() == 1);
 
   vflow::job::GenerationManager next(control, options, nullptr);
-  next.resume(false);
+  next.resume();
   CHECK(next.current().id == 2);
   CHECK(next.current().members == std::vector<std::string>{"0", "1", "2"});
   CHECK(control.latest_generation() == 2);  // announced: the workers see it now
@@ -57,4 +71,50 @@ TEST_CASE("a coordinator taking over announces what its predecessor decided and 
   vflow::job::Generation other = decided;
   other.members = {"1", "0"};
   CHECK(control.publish(other).members == decided.members);
+}
+
+TEST_CASE(
+    "a resize splits the vnodes by measured speeds, and by profiles for members not yet "
+    "measured, also after a coordinator takes over",
+    "[unit]") {
+  Job job;
+  auto& control = job.control;
+  auto& options = job.options;
+  options.profiled = {{"fast type", 0.01}};
+  const auto join = [&](const std::string& member, const char* type) {
+    control.volunteer(member);  // a worker started elsewhere: it raises the target by one
+    control.publish_device_type(member, type);
+    control.mark_ready(member, 1);
+  };
+  const auto establish = [&](const vflow::job::Generation& g) {
+    for (const auto& m : g.members) control.mark_joined(g.id, m);
+  };
+  vflow::job::GenerationManager first(control, options, nullptr);
+  first.start({"0", "1"});
+  for (const auto* m : {"0", "1"}) control.mark_ready(m, 1);
+  first.tick();
+  REQUIRE(first.current().id == 1);
+  CHECK(first.current().vnodes.empty());  // no layout: the first generation splits evenly
+  establish(first.current());
+  control.publish_speed("0", 0.04);  // both measured at 40 ms per vnode
+  control.publish_speed("1", 0.04);
+  join("2", "fast type");  // not measured yet; its type's profile says 10 ms
+  first.tick();
+  REQUIRE(first.current().id == 2);
+  // As fast as the fastest member (the rule without a profile) it would get [4, 4, 4].
+  CHECK(first.current().vnodes == std::vector<int64_t>{2, 2, 8});
+  CHECK(control.profiled() == options.profiled);
+  establish(first.current());
+
+  // A coordinator taking over plans with the profiles the store holds.
+  vflow::job::ElasticOptions bare = options;
+  bare.profiled.clear();
+  vflow::job::GenerationManager next(control, bare, nullptr);
+  next.resume();
+  join("3", "fast type");
+  join("4", "unprofiled type");  // neither measured nor profiled: as the fastest
+  next.tick();
+  REQUIRE(next.current().id == 3);
+  CHECK(next.current().members == std::vector<std::string>{"0", "1", "2", "3", "4"});
+  CHECK(next.current().vnodes == std::vector<int64_t>{1, 1, 4, 3, 3});
 }

@@ -26,6 +26,8 @@ struct NcclStatus {
 };
 
 NcclStatus nccl_status();
+/// The name of CUDA device `index` (e.g. "NVIDIA H200"), empty when not known.
+std::string cuda_device_name(int index);
 
 /// Sets the NCCL variables vflow relies on (NCCL_MULTI_RANK_GPU_ENABLE=1, for two ranks on
 /// one GPU with NCCL 2.30 and later) unless the user set them. The backend's loader calls

@@ -117,13 +117,20 @@ struct ResourcesSpec {
   int64_t memory_limit_mb = 0;
   /// One worker of a planned first generation (vflow-plan prints them).
   struct Worker {
-    int64_t vnodes = 0;    ///< vnodes this worker holds (exact mode: equal vnode sizes)
-    std::string device;    ///< cpu | cuda | cuda:K; empty = resources.device
-    int64_t threads = 0;   ///< its intra-op threads; 0 = resources.threads
-    double cpu_quota = 0;  ///< cores it may use (cgroup cpu controller); 0 = no limit
+    int64_t vnodes = 0;       ///< vnodes this worker holds (exact mode: equal vnode sizes)
+    std::string device;       ///< cpu | cuda | cuda:K; empty = resources.device
+    int64_t threads = 0;      ///< its intra-op threads; 0 = resources.threads
+    double cpu_quota = 0;     ///< cores it may use (cgroup cpu controller); 0 = no limit
+    std::string device_type;  ///< its device type's name (profiles); empty = the default name
   };
   /// Per-worker settings of the first generation, in rank order; empty = even split.
   std::vector<Worker> layout;
+  /// Device profiles (vflow-profile files) by which a resize splits the vnodes over workers
+  /// not yet measured, matched by device type.
+  std::vector<std::string> profiles;
+  /// The device type name of workers that take resources.* (joiners, and every worker of a
+  /// job without a layout); empty = the default name (hetero::default_device_type).
+  std::string device_type;
 };
 
 struct EvaluationSpec {

@@ -34,6 +34,11 @@ struct DeviceProfile {
   int64_t vnode_peak_bytes(int64_t size) const;
 };
 
+/// The name a device type gets when none is given (vflow-profile's, and a worker's for
+/// matching profiles): cpu-<threads>t[-q<quota>] (`threads` 0 = this host's cores), or for
+/// a CUDA device cuda-<gpu_name> (spaces as dashes; "cuda" when the name is not known).
+std::string default_device_type(bool cuda, std::string gpu_name, int64_t threads, double cpu_quota);
+
 /// Reads a profile file; errors name the file, line and key.
 DeviceProfile load_profile(const std::string& path);
 /// Writes `profile` as YAML (atomically).

@@ -79,7 +79,6 @@ struct JobRecord {
   std::string device = "cpu";  ///< resources.device: "cpu", or "cuda" (any GPU slot)
   std::chrono::milliseconds timeout{30000};  ///< resources.timeout_s
   bool replace_failed = false;               ///< resources.replace_failed
-  bool planned = false;  ///< the first generation had a planned split (re-plan by speed)
 };
 
 /// Where a worker runs: a slot of a node agent (ControlPlane::place).
@@ -232,6 +231,13 @@ class ControlPlane {
   /// A member's measured compute time per vnode (the coordinator re-plans with them).
   void publish_speed(const std::string& member, double seconds_per_vnode);
   std::optional<double> speed(const std::string& member);
+  /// A member's device type name, published as it starts (before it is measured).
+  void publish_device_type(const std::string& member, const std::string& type);
+  std::optional<std::string> device_type(const std::string& member);
+  /// The job's profiled time per vnode by device type (resources.profiles), published once
+  /// by the first coordinator so that one taking over re-plans alike; empty when none.
+  void publish_profiled(const std::map<std::string, double>& seconds_per_vnode);
+  std::map<std::string, double> profiled();
   /// A counter that changes whenever a generation is published or a stop requested
   /// (rank 0 polls it once per step).
   int64_t news();

@@ -22,6 +22,9 @@ struct ElasticWorkerOptions {
   std::string control;
   std::string job;
   std::string member;  ///< this worker's name in the job
+  /// This worker's device type name (published for the coordinator to match against the
+  /// job's profiles until the worker is measured); empty: not published.
+  std::string device_type;
   /// Started outside the launcher (with `control` set): it offers itself to the running
   /// job (ControlPlane::volunteer) and keeps a liveness lease the coordinator watches.
   bool volunteer = false;

@@ -23,6 +23,9 @@ struct ElasticOptions {
   /// watched through their liveness leases, and their exits are read from the store
   /// (ControlPlane::report_exit) where node agents report them.
   bool cluster = false;
+  /// Seconds per vnode by device type, from the job's profiles (resources.profiles): the
+  /// time a member not yet measured is planned with.
+  std::map<std::string, double> profiled;
 };
 
 /// Starts the workers a generation manager asks for: as children of the launcher, or on
@@ -47,13 +50,14 @@ class GenerationManager {
   GenerationManager(ControlPlane& control, ElasticOptions options, WorkerSource* source);
 
   /// The first generation's members, with `vnodes` per member for a planned split (empty:
-  /// even); published once all of them are ready. Later generations split evenly, or,
-  /// when the first was planned, by the members' measured speeds (hetero::plan_by_speed).
+  /// even); published once all of them are ready. Later generations of several members
+  /// split the vnodes by the members' speeds (hetero::plan_by_speed): measured, else their
+  /// device type's profiled time, else (nothing known of any) evenly.
   void start(const std::vector<std::string>& members, std::vector<int64_t> vnodes = {});
   /// Takes over a job on a cluster store whose coordinator is gone, from what it left in
-  /// the store: the current generation, the target, the joiners, the requests handled.
-  /// `planned`: the job started with a planned split (JobRecord::planned).
-  void resume(bool planned);
+  /// the store: the current generation, the target, the joiners, the requests handled,
+  /// the profiled times.
+  void resume();
   /// A member's process ended with `exit_code` (from a launcher that watches processes).
   void on_exit(const std::string& member, int exit_code);
   /// Publishes the next generation when one is due.
@@ -64,6 +68,8 @@ class GenerationManager {
 
  private:
   using Clock = std::chrono::steady_clock;
+  /// Vnodes per member by their speeds (see start); empty: an even split.
+  std::vector<int64_t> plan(const std::vector<std::string>& members);
   void handle_failure();
   /// Volunteers (workers started elsewhere) become joiners, each raising the target.
   void adopt_volunteers();
@@ -106,7 +112,6 @@ class GenerationManager {
   std::optional<Clock::time_point> failure_since_;
   std::optional<Clock::time_point> short_since_;  // waiting for joiners to reach min_workers
   std::vector<int64_t> first_vnodes_;
-  bool planned_ = false;
   int64_t seen_requests_ = -1;         // the request counter at the last tick
   bool dirty_ = false;                 // a member died since the last tick
   bool unplaced_ = false;              // a joiner could not be started: try again
