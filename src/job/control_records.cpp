@@ -158,17 +158,20 @@ RegroupAnswer decode_regroup_answer(const std::string& text, const std::string& 
   return answer;
 }
 
+// The third field is unused (it said whether the first generation was planned); kept so
+// that a build before or after reads the record, and refuses to run by the version alone.
 std::string encode_job_record(const JobRecord& r) {
-  return fmt::format("{} {} {}", r.timeout.count(), r.replace_failed ? 1 : 0, r.device);
+  return fmt::format("{} {} 0 {}", r.timeout.count(), r.replace_failed ? 1 : 0, r.device);
 }
 
 JobRecord decode_job_record(const std::string& text, const std::string& key) {
   const auto parts = split(text, ' ');
-  if (parts.size() != 3) bad_record(key, text, "a job record");
+  if (parts.size() != 4) bad_record(key, text, "a job record");
   JobRecord r;
   r.timeout = std::chrono::milliseconds(decode_int(parts[0], key));
   r.replace_failed = decode_flag(parts[1], key, text);
-  r.device = parts[2];
+  (void)decode_flag(parts[2], key, text);
+  r.device = parts[3];
   if (r.timeout.count() < 1) bad_record(key, text, "a job record (a positive timeout)");
   return r;
 }

@@ -34,8 +34,8 @@ std::string regroup_answer(const std::vector<std::string>& offers);
 /// What a settled regroup answer ("shrink", "grow <n>", "fresh") means.
 RegroupAnswer decode_regroup_answer(const std::string& text, const std::string& key);
 
-/// "<timeout ms> <replace_failed 0/1> <device>" (the spec, version and directory have keys
-/// of their own).
+/// "<timeout ms> <replace_failed 0/1> 0 <device>" (the third field is unused; the spec,
+/// version and directory have keys of their own).
 std::string encode_job_record(const JobRecord& record);
 JobRecord decode_job_record(const std::string& text, const std::string& key);
 

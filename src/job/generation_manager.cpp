@@ -31,8 +31,10 @@ GenerationManager::GenerationManager(ControlPlane& control, ElasticOptions optio
 void GenerationManager::start(const std::vector<std::string>& members,
                               std::vector<int64_t> vnodes) {
   first_vnodes_ = std::move(vnodes);
-  control_.publish_limits(options_.limits);
+  // The profiled times first: the limits say the job has started, and a coordinator taking
+  // over from then on reads both.
   if (!options_.profiled.empty()) control_.publish_profiled(options_.profiled);
+  control_.publish_limits(options_.limits);
   target_ = static_cast<int64_t>(members.size());
   control_.set_target(target_);
   for (const auto& m : members) add_joiner(m);
@@ -169,7 +171,10 @@ void GenerationManager::publish(std::vector<std::string> members, std::string do
   next.transfer_state = transfer;
   next.stop = stop;
   next.vnodes = std::move(vnodes);
-  if (next.vnodes.empty() && next.members.size() > 1) next.vnodes = plan(next.members);
+  // The first generation runs the layout, or an even split; later ones split by speed.
+  if (next.vnodes.empty() && next.id > 1 && next.members.size() > 1) {
+    next.vnodes = plan(next.members);
+  }
   const auto published = control_.publish(next);
   if (records_differ(published, next)) {
     spdlog::warn("[elastic] generation {} was decided already (by another coordinator): {}",

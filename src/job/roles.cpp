@@ -110,6 +110,9 @@ std::map<std::string, double> profiled_seconds(const engine::JobSpec& spec) {
     } catch (const Error& e) {
       refuse(e.what());
     }
+    if (profile.device_type.find_first_of("\r\n") != std::string::npos) {
+      refuse("a device type name is one line");
+    }
     if (!out.emplace(profile.device_type, seconds).second) {
       refuse(fmt::format("device type {} has a profile already", profile.device_type));
     }
@@ -148,7 +151,8 @@ RoleOutcome run_elastic_worker_role(const engine::JobSpec& job, const RoleOption
   worker.job = env.job;
   worker.volunteer = !launched;
   worker.member = env.member;
-  worker.device_type = worker_device_type(spec, type);
+  // Only a job with profiles matches types (a CUDA worker's name loads the NCCL backend).
+  if (!spec.resources.profiles.empty()) worker.device_type = worker_device_type(spec, type);
   worker.timeout = timeout_of(spec);
   worker.stop_flag = options.stop_flag;
   worker.leave_flag = options.leave_flag;
