@@ -362,6 +362,11 @@ class MarginalPolicy : public Policy {
   }
 
  protected:
+  // The steps a job has left, never 0: gains are per remaining step.
+  static double steps_left(const JobView& v) {
+    return std::max(v.remaining_work, 1e-9 * v.job->total_work);
+  }
+
   // The allocation on one type per job: types[i], workers[i] (0: none) for active[i], and the
   // devices left free per type.
   void settle(const Cluster& cluster, const std::vector<JobView>& active, std::vector<int>& types,
@@ -373,9 +378,7 @@ class MarginalPolicy : public Policy {
     workers.assign(active.size(), 0);
     // Gain per device of growing job i on type t from `from` workers by `step`: the share of
     // its remaining work that the step adds per second.
-    const auto left = [&](size_t i) {
-      return std::max(active[i].remaining_work, 1e-9 * active[i].job->total_work);
-    };
+    const auto left = [&](size_t i) { return steps_left(active[i]); };
     const auto gain = [&](size_t i, int t, int from, int step) {
       const Job& job = *active[i].job;
       return (job.rate(t, from + step) - job.rate(t, from)) / (left(i) * step);
@@ -586,8 +589,7 @@ class SpanningPolicy : public MarginalPolicy {
       const Job& job = *active[i].job;
       const int room = std::min(job.max_workers, job.vnodes) - workers[i];
       if (workers[i] == 0 || room <= 0) continue;
-      const double left = std::max(active[i].remaining_work, 1e-9 * job.total_work);
-      cands.push_back({i, room, job.rate(types[i], workers[i]), left});
+      cands.push_back({i, room, job.rate(types[i], workers[i]), steps_left(active[i])});
       counts.resize(counts.size() + n_types, 0);
       counts[counts.size() - n_types + types[i]] = workers[i];
     }
