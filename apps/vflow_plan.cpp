@@ -64,8 +64,8 @@ void print_throughput(vflow::hetero::PlanRequest request, const std::string& spe
   }
   std::cout << fmt::format(
       "# {}: exact-mode plans of {} vnodes x {} from vflow-profile profiles (vnode and optimizer\n"
-      "# times measured; the allreduce measured between 2 workers and taken as the same for "
-      "more)\n",
+      "# times measured; the allreduce measured between 2 workers and scaled as a ring's,\n"
+      "# 2(P-1)/P, for P workers)\n",
       name, request.virtual_nodes, request.global_batch / request.virtual_nodes);
   for (const auto& [type, profile] : request.profiles) {
     for (int64_t workers = 1; workers <= max; ++workers) {
@@ -95,6 +95,11 @@ int main(int argc, char** argv) {
   app.add_flag("--relaxed", relaxed,
                "also plan relaxed mode: a vnode size per device type (changes the result: "
                "batch norm sees other batches)");
+  double link_gb_per_s = 0;
+  app.add_option("--link-bandwidth", link_gb_per_s,
+                 "effective allreduce bandwidth between devices of different types in GB/s (the "
+                 "network between their hosts, say); default: as fast as within one type")
+      ->check(vflow::apps::positive_number());
   if (const int code = vflow::apps::parse_command_line(app, argc, argv); code >= 0) return code;
   return vflow::apps::run_reporting_errors([&]() -> int {
     const auto spec = vflow::engine::load_job_spec(spec_path, overrides);
@@ -102,6 +107,7 @@ int main(int argc, char** argv) {
     request.global_batch = spec.semantic.global_batch;
     request.virtual_nodes = spec.semantic.virtual_nodes;
     request.model = spec.model_digest();
+    request.link_bandwidth = link_gb_per_s * 1e9;
     for (const auto& path : profiles) {
       auto profile = vflow::hetero::load_profile(path);
       request.profiles[profile.device_type] = std::move(profile);

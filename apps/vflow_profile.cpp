@@ -39,12 +39,17 @@ int64_t peak_bytes(const torch::Device& device) {
   return peak_rss_bytes();
 }
 
-/// One vnode of `size` per step: the step's compute time is the vnode's cost.
+constexpr int kMostWarmUp = 50;
+
+/// Vnodes of `size` one after another in each step, as a worker runs them, enough for 64
+/// examples and at least two: a vnode's cost is the step's compute time over its vnodes, so
+/// what a step costs once (preparing the gradient buffer, say) is spread as in training.
 vflow::hetero::DeviceProfile::Point measure(vflow::engine::JobSpec spec, int64_t size, int repeats,
                                             double* optimizer_seconds) {
-  spec.semantic.global_batch = size;
-  spec.semantic.virtual_nodes = 1;
-  spec.semantic.steps = repeats + 2;
+  const int64_t vnodes = std::max<int64_t>(2, (64 + size - 1) / size);
+  spec.semantic.global_batch = size * vnodes;
+  spec.semantic.virtual_nodes = vnodes;
+  spec.semantic.steps = repeats + kMostWarmUp;
   spec.semantic.data.drop_last = true;
   spec.resources.workers = spec.resources.min_workers = 1;
   spec.resources.layout.clear();  // a job file may carry a planned layout
@@ -53,18 +58,25 @@ vflow::hetero::DeviceProfile::Point measure(vflow::engine::JobSpec spec, int64_t
   spec.output.evaluation.enabled = false;
   spec.output.logging.progress = "off";
   const auto trainer = vflow::engine::make_trainer(spec);
+  // Warm-up (allocator, caches, the clock of an idle core): at least two steps and half a
+  // second, at most kMostWarmUp steps.
+  const auto warm_until = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
+  for (int i = 0; i < kMostWarmUp && (i < 2 || std::chrono::steady_clock::now() < warm_until);
+       ++i) {
+    trainer->train_step();
+  }
   std::vector<double> compute, update;
-  for (int i = 0; i < repeats + 2; ++i) {
+  for (int i = 0; i < repeats; ++i) {
     const auto info = trainer->train_step();
-    if (i < 2) continue;  // warm-up: allocator and caches
-    compute.push_back(info.compute_seconds);
+    compute.push_back(info.compute_seconds / static_cast<double>(vnodes));
     update.push_back(info.update_seconds);
   }
   *optimizer_seconds = median(update);
   return {size, median(compute), peak_bytes(trainer->device())};
 }
 
-/// One allreduce of the gradient buffer (on `device`) between two local workers on Gloo.
+/// One allreduce of the gradient buffer (on `device`) between two local workers on Gloo,
+/// each a thread of this process.
 double allreduce_seconds(int64_t numel, const torch::Device& device, int repeats) {
   vflow::job::Coordinator coordinator("127.0.0.1", 0, std::chrono::seconds(30));
   std::vector<double> times(2);
@@ -157,8 +169,14 @@ int main(int argc, char** argv) {
     int64_t numel = 0;
     {
       const auto trainer = vflow::engine::make_trainer(spec);
-      for (const auto& p : trainer->model().parameters()) numel += p.numel();
+      for (const auto& p : trainer->model().parameters()) {
+        numel += p.numel();
+        profile.gradient_bytes += p.numel() * static_cast<int64_t>(p.element_size());
+      }
     }
+    // Both ranks are threads of this process: under a quota, the process gets one
+    // worker's quota per rank while they run, so each runs as one worker of this type.
+    if (cpu_quota > 0) vflow::hetero::apply_cpu_quota(2 * cpu_quota, "vflow-" + device_type);
     profile.allreduce_seconds = allreduce_seconds(numel, on, repeats);
     std::cerr << "optimizer step " << optimizer * 1e3 << " ms, allreduce of " << numel << " floats "
               << profile.allreduce_seconds * 1e3 << " ms\n";

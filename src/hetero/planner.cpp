@@ -22,8 +22,31 @@ struct TypeCost {
   int64_t count = 0;
   double per_vnode = 0;
   double optimizer = 0;
-  double allreduce = 0;
+  double allreduce = 0;  // between two workers of this type
+  int64_t gradient_bytes = 0;
   bool fits = true;  // a vnode's peak memory is within the type's cap
+};
+
+/// The workers taking part in one step, as their allreduce sees them.
+class Group {
+ public:
+  void add(const std::string& type, double pair_seconds, int64_t gradient_bytes) {
+    if (participants_ == 0) first_type_ = type;
+    mixed_ = mixed_ || type != first_type_;
+    pair_ = std::max(pair_, pair_seconds);
+    gradient_bytes_ = std::max(gradient_bytes_, gradient_bytes);
+    ++participants_;
+  }
+  double allreduce(double link_bandwidth) const {
+    return allreduce_seconds(pair_, participants_, mixed_, gradient_bytes_, link_bandwidth);
+  }
+
+ private:
+  std::string first_type_;
+  double pair_ = 0;
+  int64_t gradient_bytes_ = 0;
+  int64_t participants_ = 0;
+  bool mixed_ = false;
 };
 
 const DeviceProfile& profile_for(const PlanRequest& r, const std::string& type) {
@@ -49,6 +72,15 @@ void check_profiles(const PlanRequest& r) {
     }
     if (g.count < 1)
       throw Error(fmt::format("device type '{}' has count {}", g.device_type, g.count));
+    if (r.link_bandwidth > 0 && p.gradient_bytes <= 0) {
+      throw Error(fmt::format(
+          "the profile of '{}' does not record gradient_bytes, which the link bandwidth "
+          "between device types needs; profile again or add it",
+          g.device_type));
+    }
+  }
+  if (r.link_bandwidth < 0) {
+    throw Error(fmt::format("link bandwidth {} must be positive", r.link_bandwidth));
   }
 }
 
@@ -62,8 +94,9 @@ std::vector<TypeCost> type_costs(const PlanRequest& r) {
   std::vector<TypeCost> costs;
   for (const auto& g : r.inventory) {
     const auto& p = r.profiles.at(g.device_type);
-    TypeCost c{g.device_type,       g.count, p.vnode_seconds(size), p.optimizer_seconds,
-               p.allreduce_seconds, true};
+    TypeCost c{
+        g.device_type,    g.count, p.vnode_seconds(size), p.optimizer_seconds, p.allreduce_seconds,
+        p.gradient_bytes, true};
     c.fits = g.memory_cap_bytes == 0 || p.vnode_peak_bytes(size) <= g.memory_cap_bytes;
     costs.push_back(c);
   }
@@ -77,19 +110,18 @@ const TypeCost& cost_of(const std::vector<TypeCost>& costs, const std::string& t
   throw Error(fmt::format("device type '{}' is not in the inventory", type));
 }
 
-double predict(const std::vector<TypeCost>& costs, const std::vector<WorkerShare>& shares) {
+double predict(const std::vector<TypeCost>& costs, const std::vector<WorkerShare>& shares,
+               double link_bandwidth) {
   double slowest = 0;
-  double allreduce = 0;
-  int64_t taking_part = 0;
+  Group group;
   for (const auto& s : shares) {
     if (s.vnodes == 0) continue;
     const auto& c = cost_of(costs, s.device_type);
     if (!c.fits) return kInfinity;
     slowest = std::max(slowest, c.optimizer + static_cast<double>(s.vnodes) * c.per_vnode);
-    allreduce = std::max(allreduce, c.allreduce);
-    ++taking_part;
+    group.add(c.type, c.allreduce, c.gradient_bytes);
   }
-  return slowest + (taking_part > 1 ? allreduce : 0.0);
+  return slowest + group.allreduce(link_bandwidth);
 }
 
 /// Vnodes one worker of type `c` finishes within `target` seconds (at most `n`).
@@ -100,16 +132,23 @@ int64_t capacity(const TypeCost& c, double target, int64_t n) {
   return static_cast<int64_t>(std::min<double>(static_cast<double>(n), k));
 }
 
-/// Fills workers of the chosen types, cheapest vnodes first, up to their capacity at
-/// `target`; returns an empty list when they cannot hold all `n` vnodes.
-std::vector<WorkerShare> fill(const std::vector<const TypeCost*>& types, double target, int64_t n) {
+/// Fills workers of the chosen types up to their capacity at `target`, the types that
+/// hold the most vnodes first, so that as few workers as possible take part; returns an
+/// empty list when they cannot hold all `n` vnodes.
+std::vector<WorkerShare> fill(std::vector<const TypeCost*> types, double target, int64_t n) {
+  std::vector<int64_t> caps;
+  for (const TypeCost* c : types) caps.push_back(capacity(*c, target, n));
+  std::vector<size_t> order(types.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return caps[a] > caps[b] || (caps[a] == caps[b] && types[a]->per_vnode < types[b]->per_vnode);
+  });
   std::vector<WorkerShare> shares;
   int64_t left = n;
-  for (const TypeCost* c : types) {
-    const int64_t cap = capacity(*c, target, n);
-    for (int64_t d = 0; d < c->count && left > 0 && cap > 0; ++d) {
-      const int64_t take = std::min(cap, left);
-      shares.push_back({c->type, take});
+  for (const size_t i : order) {
+    for (int64_t d = 0; d < types[i]->count && left > 0 && caps[i] > 0; ++d) {
+      const int64_t take = std::min(caps[i], left);
+      shares.push_back({types[i]->type, take});
       left -= take;
     }
   }
@@ -117,11 +156,30 @@ std::vector<WorkerShare> fill(const std::vector<const TypeCost*>& types, double 
   return shares;
 }
 
-/// The smallest step time workers of `types` reach together (binary search over the
-/// times at which some worker finishes its k-th vnode), and its assignment.
-std::vector<WorkerShare> best_within(std::vector<const TypeCost*> types, int64_t n) {
-  std::sort(types.begin(), types.end(),
-            [](const TypeCost* a, const TypeCost* b) { return a->per_vnode < b->per_vnode; });
+/// Index of the first of the ascending `candidates` at which `feasible` holds (it is
+/// monotone in the target), or candidates.size() when none does.
+template <typename Feasible>
+size_t first_feasible(const std::vector<double>& candidates, Feasible feasible) {
+  if (candidates.empty() || !feasible(candidates.back())) return candidates.size();
+  size_t lo = 0, hi = candidates.size() - 1;
+  while (lo < hi) {
+    const size_t mid = lo + (hi - lo) / 2;
+    if (feasible(candidates[mid])) {
+      hi = mid;
+    } else {
+      lo = mid + 1;
+    }
+  }
+  return lo;
+}
+
+/// The best step workers of `types` reach together. The smallest feasible time is found
+/// by binary search over the times at which some worker finishes its k-th vnode; later
+/// times need fewer workers and so may allreduce faster, so each one up to the best
+/// step found so far is tried as well (no plan whose slowest worker takes longer can
+/// beat that step).
+std::vector<WorkerShare> best_within(const std::vector<const TypeCost*>& types, int64_t n,
+                                     const std::vector<TypeCost>& costs, double link_bandwidth) {
   std::vector<double> candidates;
   for (const TypeCost* c : types) {
     for (int64_t k = 1; k <= n; ++k) {
@@ -129,18 +187,19 @@ std::vector<WorkerShare> best_within(std::vector<const TypeCost*> types, int64_t
     }
   }
   std::sort(candidates.begin(), candidates.end());
-  if (fill(types, candidates.back(), n).empty()) return {};
-  // Feasibility is monotone in the target: find the first feasible candidate.
-  size_t lo = 0, hi = candidates.size() - 1;
-  while (lo < hi) {
-    const size_t mid = lo + (hi - lo) / 2;
-    if (fill(types, candidates[mid], n).empty()) {
-      lo = mid + 1;
-    } else {
-      hi = mid;
+  candidates.erase(std::unique(candidates.begin(), candidates.end()), candidates.end());
+  std::vector<WorkerShare> best;
+  double best_seconds = kInfinity;
+  for (size_t i = first_feasible(candidates, [&](double t) { return !fill(types, t, n).empty(); });
+       i < candidates.size() && candidates[i] < best_seconds; ++i) {
+    auto shares = fill(types, candidates[i], n);
+    const double t = predict(costs, shares, link_bandwidth);
+    if (t < best_seconds) {
+      best = std::move(shares);
+      best_seconds = t;
     }
   }
-  return fill(types, candidates[lo], n);
+  return best;
 }
 
 /// `n` vnodes spread over `workers` devices as evenly as possible, in order.
@@ -161,8 +220,20 @@ std::vector<std::string> expand_inventory(const std::vector<DeviceGroup>& invent
   return workers;
 }
 
+double allreduce_seconds(double pair_seconds, int64_t participants, bool mixed,
+                         int64_t gradient_bytes, double link_bandwidth) {
+  if (participants < 2) return 0;
+  const double share =
+      2.0 * static_cast<double>(participants - 1) / static_cast<double>(participants);
+  double seconds = pair_seconds * share;
+  if (mixed && link_bandwidth > 0) {
+    seconds = std::max(seconds, share * static_cast<double>(gradient_bytes) / link_bandwidth);
+  }
+  return seconds;
+}
+
 double predict_step_seconds(const PlanRequest& request, const std::vector<WorkerShare>& shares) {
-  return predict(type_costs(request), shares);
+  return predict(type_costs(request), shares, request.link_bandwidth);
 }
 
 Plan plan_exact(const PlanRequest& request) {
@@ -182,7 +253,7 @@ Plan plan_exact(const PlanRequest& request) {
   best.predicted_step_seconds = kInfinity;
   auto consider = [&](std::vector<WorkerShare> shares) {
     if (shares.empty()) return;
-    const double t = predict(costs, shares);
+    const double t = predict(costs, shares, request.link_bandwidth);
     if (t < best.predicted_step_seconds) {
       best.workers = std::move(shares);
       best.predicted_step_seconds = t;
@@ -195,7 +266,7 @@ Plan plan_exact(const PlanRequest& request) {
     for (size_t i = 0; i < usable.size(); ++i) {
       if (mask & (size_t{1} << i)) chosen.push_back(usable[i]);
     }
-    consider(best_within(chosen, n));
+    consider(best_within(chosen, n, costs, request.link_bandwidth));
     // One worker alone needs no allreduce at all.
     for (const TypeCost* c : chosen) consider({{c->type, n}});
   }
@@ -208,7 +279,8 @@ Baselines baselines(const PlanRequest& request) {
   Baselines b;
   auto workers = expand_inventory(request.inventory);
   if (static_cast<int64_t>(workers.size()) > n) workers.resize(static_cast<size_t>(n));
-  b.even_split = predict(costs, spread(workers, n));
+  const double link = request.link_bandwidth;
+  b.even_split = predict(costs, spread(workers, n), link);
 
   // Proportional to single-device throughput, rounded by largest remainder.
   std::vector<double> speed;
@@ -225,12 +297,12 @@ Baselines baselines(const PlanRequest& request) {
   }
   std::sort(remainders.begin(), remainders.end());
   for (size_t i = 0; given < n; ++i, ++given) ++shares[remainders[i].second].vnodes;
-  b.proportional = predict(costs, shares);
+  b.proportional = predict(costs, shares, link);
 
   b.fastest_type_alone = kInfinity;
   for (const auto& c : costs) {
     const std::vector<std::string> own(static_cast<size_t>(std::min(c.count, n)), c.type);
-    const double t = predict(costs, spread(own, n));
+    const double t = predict(costs, spread(own, n), link);
     if (t < b.fastest_type_alone) {
       b.fastest_type_alone = t;
       b.fastest_type = c.type;
@@ -250,7 +322,6 @@ struct SizedType {
   int64_t size = 0;
   double per_vnode = 0;
   double optimizer = 0;
-  double allreduce = 0;
 };
 
 /// Vnodes one worker finishes within `target`.
@@ -258,6 +329,19 @@ int64_t relaxed_capacity(const SizedType& t, double target, int64_t most) {
   if (target < t.optimizer + t.per_vnode) return 0;
   const double k = std::floor((target - t.optimizer) / t.per_vnode * (1 + 1e-12));
   return static_cast<int64_t>(std::min<double>(static_cast<double>(most), k));
+}
+
+/// The per-type vnode totals a knapsack over 0..b chose: walking back from b, where
+/// took[t][sum] is how many vnodes type t added to reach `sum`.
+std::vector<int64_t> walk_back(const std::vector<SizedType>& types,
+                               const std::vector<std::vector<int64_t>>& took, int64_t b) {
+  std::vector<int64_t> totals(types.size(), 0);
+  int64_t sum = b;
+  for (size_t t = types.size(); t-- > 0;) {
+    totals[t] = took[t][static_cast<size_t>(sum)];
+    sum -= totals[t] * types[t].size;
+  }
+  return totals;
 }
 
 /// Vnode totals K_t (each at most `most[t]`) with sum_t K_t · size_t == b, or empty when
@@ -286,51 +370,88 @@ std::vector<int64_t> exact_totals(const std::vector<SizedType>& types,
     reach.swap(next);
   }
   if (!reach[static_cast<size_t>(b)]) return {};
-  std::vector<int64_t> totals(types.size(), 0);
-  int64_t sum = b;
-  for (size_t t = types.size(); t-- > 0;) {
-    totals[t] = used[t][static_cast<size_t>(sum)];
-    sum -= totals[t] * types[t].size;
-  }
-  return totals;
+  return walk_back(types, used, b);
 }
 
-/// The best assignment for fixed per-type sizes, all of `types` allowed to take part.
-std::vector<RelaxedShare> best_sized(const std::vector<SizedType>& types, int64_t b) {
+/// Of the vnode totals K_t with sum_t K_t · size_t == b, the one that needs the fewest
+/// workers when a worker of type t holds at most caps[t] vnodes (and type t has `count`
+/// workers), or empty when none exists: a knapsack over 0..b counting workers.
+std::vector<int64_t> fewest_workers_totals(const std::vector<SizedType>& types,
+                                           const std::vector<int64_t>& caps, int64_t b) {
+  constexpr int64_t kNone = std::numeric_limits<int64_t>::max();
+  const auto width = static_cast<size_t>(b + 1);
+  std::vector<int64_t> workers(width, kNone);
+  workers[0] = 0;
+  std::vector<std::vector<int64_t>> took(types.size(), std::vector<int64_t>(width, 0));
+  for (size_t t = 0; t < types.size(); ++t) {
+    const int64_t size = types[t].size, cap = caps[t];
+    const int64_t most = cap > 0 ? std::min(types[t].count * cap, b / size) : 0;
+    std::vector<int64_t> next(width, kNone);
+    for (int64_t sum = 0; sum <= b; ++sum) {
+      for (int64_t k = 0; k <= most && k * size <= sum; ++k) {
+        const int64_t before = workers[static_cast<size_t>(sum - k * size)];
+        if (before == kNone) continue;
+        const int64_t cost = before + (k + cap - 1) / std::max<int64_t>(cap, 1);
+        if (cost < next[static_cast<size_t>(sum)]) {
+          next[static_cast<size_t>(sum)] = cost;
+          took[t][static_cast<size_t>(sum)] = k;
+        }
+      }
+    }
+    workers.swap(next);
+  }
+  if (workers[static_cast<size_t>(b)] == kNone) return {};
+  return walk_back(types, took, b);
+}
+
+/// The best assignment for fixed per-type sizes, all of `types` allowed to take part: the
+/// smallest feasible time by binary search (feasibility an exact subset-sum), then, as in
+/// exact mode, each later time up to the best step so far with the fewest workers.
+std::vector<RelaxedShare> best_sized(const PlanRequest& request,
+                                     const std::vector<SizedType>& types) {
+  const int64_t b = request.global_batch;
   std::vector<double> candidates;
   for (const auto& t : types) {
     for (int64_t k = 1; k * t.size <= b; ++k) {
       candidates.push_back(t.optimizer + static_cast<double>(k) * t.per_vnode);
     }
   }
-  if (candidates.empty()) return {};
   std::sort(candidates.begin(), candidates.end());
-  auto totals_at = [&](double target) {
-    std::vector<int64_t> most;
-    for (const auto& t : types) most.push_back(t.count * relaxed_capacity(t, target, b / t.size));
-    return exact_totals(types, most, b);
+  candidates.erase(std::unique(candidates.begin(), candidates.end()), candidates.end());
+  auto caps_at = [&](double target) {
+    std::vector<int64_t> caps;
+    for (const auto& t : types) caps.push_back(relaxed_capacity(t, target, b / t.size));
+    return caps;
   };
-  if (totals_at(candidates.back()).empty()) return {};
-  size_t lo = 0, hi = candidates.size() - 1;
-  while (lo < hi) {
-    const size_t mid = lo + (hi - lo) / 2;
-    if (totals_at(candidates[mid]).empty()) {
-      lo = mid + 1;
-    } else {
-      hi = mid;
+  auto feasible = [&](double target) {
+    const auto caps = caps_at(target);
+    std::vector<int64_t> most;
+    for (size_t t = 0; t < types.size(); ++t) most.push_back(types[t].count * caps[t]);
+    return !exact_totals(types, most, b).empty();
+  };
+  std::vector<RelaxedShare> best;
+  double best_seconds = kInfinity;
+  for (size_t i = first_feasible(candidates, feasible);
+       i < candidates.size() && candidates[i] < best_seconds; ++i) {
+    const auto caps = caps_at(candidates[i]);
+    const auto totals = fewest_workers_totals(types, caps, b);
+    std::vector<RelaxedShare> shares;
+    for (size_t t = 0; t < types.size(); ++t) {
+      if (totals[t] == 0) continue;
+      // Spread evenly over the fewest workers that hold K: ceil(K / used) <= the capacity.
+      const int64_t used = (totals[t] + caps[t] - 1) / caps[t];
+      for (int64_t d = 0; d < used; ++d) {
+        shares.push_back(
+            {types[t].type, totals[t] / used + (d < totals[t] % used ? 1 : 0), types[t].size});
+      }
+    }
+    const double seconds = predict_relaxed_seconds(request, shares);
+    if (seconds < best_seconds) {
+      best = std::move(shares);
+      best_seconds = seconds;
     }
   }
-  const auto totals = totals_at(candidates[lo]);
-  std::vector<RelaxedShare> shares;
-  for (size_t t = 0; t < types.size(); ++t) {
-    // Spread evenly: the largest share, ceil(K / count), is within each worker's capacity.
-    const int64_t count = types[t].count;
-    for (int64_t d = 0; d < count; ++d) {
-      const int64_t k = totals[t] / count + (d < totals[t] % count ? 1 : 0);
-      if (k > 0) shares.push_back({types[t].type, k, types[t].size});
-    }
-  }
-  return shares;
+  return best;
 }
 
 }  // namespace
@@ -359,17 +480,15 @@ std::vector<int64_t> candidate_sizes(const PlanRequest& request, const DeviceGro
 double predict_relaxed_seconds(const PlanRequest& request,
                                const std::vector<RelaxedShare>& shares) {
   double slowest = 0;
-  double allreduce = 0;
-  int64_t taking_part = 0;
+  Group group;
   for (const auto& s : shares) {
     if (s.vnodes == 0) continue;
     const auto& p = profile_for(request, s.device_type);
     slowest = std::max(slowest, p.optimizer_seconds +
                                     static_cast<double>(s.vnodes) * p.vnode_seconds(s.vnode_size));
-    allreduce = std::max(allreduce, p.allreduce_seconds);
-    ++taking_part;
+    group.add(s.device_type, p.allreduce_seconds, p.gradient_bytes);
   }
-  return slowest + (taking_part > 1 ? allreduce : 0.0);
+  return slowest + group.allreduce(request.link_bandwidth);
 }
 
 RelaxedPlan plan_relaxed(const PlanRequest& request) {
@@ -410,11 +529,11 @@ RelaxedPlan plan_relaxed(const PlanRequest& request) {
         const auto& [group, sizes] = options[chosen[j]];
         const auto& p = request.profiles.at(group->device_type);
         const int64_t size = sizes[pick[j]];
-        types.push_back({group->device_type, group->count, size, p.vnode_seconds(size),
-                         p.optimizer_seconds, p.allreduce_seconds});
+        types.push_back(
+            {group->device_type, group->count, size, p.vnode_seconds(size), p.optimizer_seconds});
         if (b % size == 0) consider({{group->device_type, b / size, size}});  // alone
       }
-      consider(best_sized(types, b));
+      consider(best_sized(request, types));
       size_t j = 0;
       while (j < pick.size() && ++pick[j] == options[chosen[j]].second.size()) pick[j++] = 0;
       if (j == pick.size()) break;

@@ -65,6 +65,7 @@ DeviceProfile load_profile(const std::string& path) {
   p.cpu_quota = r.get_double("cpu_quota", 0, 0, 4096);
   p.optimizer_seconds = r.get_double("optimizer_seconds", 0, 0, 1e9);
   p.allreduce_seconds = r.get_double("allreduce_seconds", 0, 0, 1e9);
+  p.gradient_bytes = r.get_int("gradient_bytes", 0, 0, int64_t{1} << 50);
   if (p.device_type.empty()) r.fail("device_type", "a profile names its device type");
   const auto& points = r.list("points");
   if (points.empty()) {
@@ -102,8 +103,10 @@ void save_profile(const DeviceProfile& p, const std::string& path) {
     text += fmt::format("device: {}\nthreads: {}\ncpu_quota: {:.9g}\n", p.device, p.threads,
                         p.cpu_quota);
   }
-  text += fmt::format("optimizer_seconds: {:.9g}\nallreduce_seconds: {:.9g}\npoints:\n",
-                      p.optimizer_seconds, p.allreduce_seconds);
+  text += fmt::format("optimizer_seconds: {:.9g}\nallreduce_seconds: {:.9g}\n", p.optimizer_seconds,
+                      p.allreduce_seconds);
+  if (p.gradient_bytes > 0) text += fmt::format("gradient_bytes: {}\n", p.gradient_bytes);
+  text += "points:\n";
   for (const auto& point : p.points) {
     text += fmt::format("  - {{vnode_size: {}, seconds: {:.9g}, peak_bytes: {}}}\n",
                         point.vnode_size, point.seconds, point.peak_bytes);

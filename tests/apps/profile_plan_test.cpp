@@ -31,6 +31,7 @@ TEST_CASE("profiles, a plan and its printed layout run as a job", "[integration]
   CHECK_THAT(read_file(dir.file("slow.yaml")),
              Catch::Matchers::Contains("device_type: slow\n") &&
                  Catch::Matchers::Contains("device: cpu\nthreads: 1\n"));
+  CHECK(vflow::hetero::load_profile(dir.file("slow.yaml")).gradient_bytes > 0);
 
   const auto plan =
       run_command(kPlan + kJob + " --profile " + dir.file("fast.yaml") + " --profile " +

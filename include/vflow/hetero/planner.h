@@ -24,7 +24,19 @@ struct PlanRequest {
   std::vector<DeviceGroup> inventory;
   std::map<std::string, DeviceProfile> profiles;  ///< by device type
   std::string model;  ///< when set, every profile must have been measured with it
+  /// Effective allreduce bandwidth in bytes/s of the links between devices of different
+  /// types (the network between their hosts, say); 0 = as fast as within one type.
+  double link_bandwidth = 0;
 };
+
+/// One step's allreduce among `participants` workers, the model of docs/heterogeneous.md
+/// ("The allreduce"): none for one worker; else a ring's, in which every worker sends and
+/// receives 2(P-1)/P of the gradient buffer, so the two-worker time `pair_seconds` (of the
+/// slowest type taking part) grows by the factor 2(P-1)/P, which is 1 for two. A group of
+/// several types (`mixed`) is no faster than moving that share of `gradient_bytes` over
+/// a link of `link_bandwidth` bytes/s (0 = no such limit).
+double allreduce_seconds(double pair_seconds, int64_t participants, bool mixed,
+                         int64_t gradient_bytes, double link_bandwidth);
 
 /// One worker's share of the step.
 struct WorkerShare {
@@ -39,15 +51,15 @@ struct Plan {
 };
 
 /// Predicted step time of an assignment: the slowest worker's vnodes and optimizer
-/// step, plus one allreduce when more than one worker takes part (the slowest type's
-/// measured allreduce).
+/// step, plus the allreduce of the workers taking part (allreduce_seconds).
 double predict_step_seconds(const PlanRequest& request, const std::vector<WorkerShare>& shares);
 
 /// Exact mode: equal vnode sizes (so DESIGN.md §2 holds bitwise), per-worker vnode
 /// counts that minimise the predicted step time. The smallest feasible step time is
 /// found by binary search over the candidate times (a worker of type t finishes k
-/// vnodes at optimizer_t + k·t_t(b)); a single worker is also considered, since it
-/// saves the allreduce. A device type may be left unused. Throws Error for an
+/// vnodes at optimizer_t + k·t_t(b)); since fewer workers allreduce faster, the times up
+/// to one allreduce above it are tried too, each filled by as few workers as can hold
+/// the vnodes. A device type may be left unused. Throws Error for an
 /// invalid request (a profile missing or for another model, no type whose memory
 /// cap fits a vnode, an empty inventory).
 Plan plan_exact(const PlanRequest& request);
@@ -82,9 +94,10 @@ std::vector<int64_t> candidate_sizes(const PlanRequest& request, const DeviceGro
 /// from the plan). Exhaustive over the subsets of types and their size choices; for
 /// each, the smallest feasible step time is found by binary search over the times at
 /// which a worker finishes its k-th vnode, feasibility being an exact bounded
-/// subset-sum (type t adds K_t · b_t examples, K_t up to its workers' capacity). A
-/// single worker alone is also considered. Results differ from exact mode's (batch norm
-/// sees other batches); the gradient is still the global batch's mean (DESIGN.md §2).
+/// subset-sum (type t adds K_t · b_t examples, K_t up to its workers' capacity); the
+/// times up to one allreduce above it are tried too, each with the K_t that need the
+/// fewest workers. A single worker alone is also considered. Results differ from exact mode's
+/// (batch norm sees other batches); the gradient is still the global batch's mean (DESIGN.md §2).
 RelaxedPlan plan_relaxed(const PlanRequest& request);
 
 /// What simpler rules would predict, for comparison.

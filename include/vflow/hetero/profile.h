@@ -26,6 +26,7 @@ struct DeviceProfile {
   std::vector<Point> points;     ///< ascending vnode sizes
   double optimizer_seconds = 0;  ///< one optimizer step (and the stateful-kernel update)
   double allreduce_seconds = 0;  ///< one allreduce of the gradient buffer between 2 workers
+  int64_t gradient_bytes = 0;    ///< size of that buffer (0 = not recorded)
 
   /// Time of one vnode of `size` examples: linear between measured sizes, proportional
   /// to the size below the smallest; throws Error above the largest measured size.
