@@ -332,13 +332,14 @@ int64_t relaxed_capacity(const SizedType& t, double target, int64_t most) {
 }
 
 /// The per-type vnode totals a knapsack over 0..b chose: walking back from b, where
-/// took[t][sum] is how many vnodes type t added to reach `sum`.
+/// took[t][sum / unit] is how many vnodes type t added to reach `sum`.
 std::vector<int64_t> walk_back(const std::vector<SizedType>& types,
-                               const std::vector<std::vector<int64_t>>& took, int64_t b) {
+                               const std::vector<std::vector<int64_t>>& took, int64_t b,
+                               int64_t unit = 1) {
   std::vector<int64_t> totals(types.size(), 0);
   int64_t sum = b;
   for (size_t t = types.size(); t-- > 0;) {
-    totals[t] = took[t][static_cast<size_t>(sum)];
+    totals[t] = took[t][static_cast<size_t>(sum / unit)];
     sum -= totals[t] * types[t].size;
   }
   return totals;
@@ -375,38 +376,51 @@ std::vector<int64_t> exact_totals(const std::vector<SizedType>& types,
 
 /// Of the vnode totals K_t with sum_t K_t · size_t == b, the one that needs the fewest
 /// workers when a worker of type t holds at most caps[t] vnodes (and type t has `count`
-/// workers), or empty when none exists: a knapsack over 0..b counting workers.
+/// workers), or empty when none exists: a knapsack over the sums 0..b in steps of the
+/// sizes' greatest common divisor, counting workers. Adds the knapsack's steps to `work`.
 std::vector<int64_t> fewest_workers_totals(const std::vector<SizedType>& types,
-                                           const std::vector<int64_t>& caps, int64_t b) {
+                                           const std::vector<int64_t>& caps, int64_t b,
+                                           int64_t& work) {
+  int64_t unit = b;
+  for (const auto& t : types) unit = std::gcd(unit, t.size);
+  if (unit <= 0 || b % unit != 0) return {};
+  const int64_t units = b / unit;
   constexpr int64_t kNone = std::numeric_limits<int64_t>::max();
-  const auto width = static_cast<size_t>(b + 1);
+  const auto width = static_cast<size_t>(units + 1);
   std::vector<int64_t> workers(width, kNone);
   workers[0] = 0;
   std::vector<std::vector<int64_t>> took(types.size(), std::vector<int64_t>(width, 0));
   for (size_t t = 0; t < types.size(); ++t) {
-    const int64_t size = types[t].size, cap = caps[t];
-    const int64_t most = cap > 0 ? std::min(types[t].count * cap, b / size) : 0;
+    const int64_t step = types[t].size / unit, cap = caps[t];
+    const int64_t most = cap > 0 ? std::min(types[t].count * cap, units / step) : 0;
     std::vector<int64_t> next(width, kNone);
-    for (int64_t sum = 0; sum <= b; ++sum) {
-      for (int64_t k = 0; k <= most && k * size <= sum; ++k) {
-        const int64_t before = workers[static_cast<size_t>(sum - k * size)];
-        if (before == kNone) continue;
+    for (int64_t from = 0; from <= units; ++from) {
+      const int64_t before = workers[static_cast<size_t>(from)];
+      if (before == kNone) continue;
+      for (int64_t k = 0; k <= most && from + k * step <= units; ++k) {
+        const auto sum = static_cast<size_t>(from + k * step);
         const int64_t cost = before + (k + cap - 1) / std::max<int64_t>(cap, 1);
-        if (cost < next[static_cast<size_t>(sum)]) {
-          next[static_cast<size_t>(sum)] = cost;
-          took[t][static_cast<size_t>(sum)] = k;
+        if (cost < next[sum]) {
+          next[sum] = cost;
+          took[t][sum] = k;
         }
+        ++work;
       }
     }
     workers.swap(next);
   }
-  if (workers[static_cast<size_t>(b)] == kNone) return {};
-  return walk_back(types, took, b);
+  if (workers[static_cast<size_t>(units)] == kNone) return {};
+  return walk_back(types, took, b, unit);
 }
+
+/// Knapsack steps one size choice may spend on times after its smallest feasible one (a
+/// fraction of a second): beyond them, the plan is the best found so far.
+constexpr int64_t kScanWork = 4'000'000;
 
 /// The best assignment for fixed per-type sizes, all of `types` allowed to take part: the
 /// smallest feasible time by binary search (feasibility an exact subset-sum), then, as in
-/// exact mode, each later time up to the best step so far with the fewest workers.
+/// exact mode, each later time up to the best step so far with the fewest workers, within
+/// kScanWork.
 std::vector<RelaxedShare> best_sized(const PlanRequest& request,
                                      const std::vector<SizedType>& types) {
   const int64_t b = request.global_batch;
@@ -431,10 +445,12 @@ std::vector<RelaxedShare> best_sized(const PlanRequest& request,
   };
   std::vector<RelaxedShare> best;
   double best_seconds = kInfinity;
+  int64_t work = 0;  // knapsack steps so far; later times are tried within kScanWork
   for (size_t i = first_feasible(candidates, feasible);
-       i < candidates.size() && candidates[i] < best_seconds; ++i) {
+       i < candidates.size() && candidates[i] < best_seconds && (best.empty() || work < kScanWork);
+       ++i) {
     const auto caps = caps_at(candidates[i]);
-    const auto totals = fewest_workers_totals(types, caps, b);
+    const auto totals = fewest_workers_totals(types, caps, b, work);
     std::vector<RelaxedShare> shares;
     for (size_t t = 0; t < types.size(); ++t) {
       if (totals[t] == 0) continue;
