@@ -75,7 +75,9 @@ ExperimentResult run_experiment(const ExperimentOptions& options,
                     cluster.total_devices()));
   }
   for (const auto& name : policies) {
-    auto policy = make_policy(name, options.config.policy);
+    PolicyOptions policy_options = options.config.policy;
+    policy_options.restart_s = options.config.sim.restart_s;
+    auto policy = make_policy(name, policy_options);
     SimOptions sim = options.config.sim;
     if (log && result.workload.jobs.size() >= 1000) {
       sim.on_progress = [&](const SimProgress& p) {

@@ -25,8 +25,8 @@ double priority_key(Priority priority, const JobView& v, const PolicyOptions& op
       return job.arrival_s;
     case Priority::kSjf:
       return job.total_work / job.demand_rate;
-    case Priority::kSrtf:
-      return v.remaining_work / job.demand_rate;
+    case Priority::kSrtf:  // a running job is ahead by what stopping it would cost it
+      return v.remaining_work / job.demand_rate - (v.workers > 0 ? options.restart_s : 0);
     case Priority::kWeights:
       return -job.weight;
     case Priority::kLas:
@@ -353,6 +353,8 @@ class ElasticWfsPolicy : public Policy {
 // its type then tries the devices left on the others (`place_in_leftovers`).
 class MarginalPolicy : public Policy {
  public:
+  explicit MarginalPolicy(const PolicyOptions& options = {})
+      : options_(options), restart_s_(options.restart_s) {}
   std::string name() const override { return "marginal"; }
   bool elastic() const override { return true; }
   Allocation allocate(const Cluster& cluster, const std::vector<JobView>& active, double) override {
@@ -379,9 +381,19 @@ class MarginalPolicy : public Policy {
     // Gain per device of growing job i on type t from `from` workers by `step`: the share of
     // its remaining work that the step adds per second.
     const auto left = [&](size_t i) { return steps_left(active[i]); };
+    // The steps over which a grant's gain counts: a running job's first grant on its own type
+    // also saves the restart that stopping it would cost, as if it had that much less left
+    // (SRTF with a switching cost: a job goes first iff its time plus the restart is less
+    // than the running one's).
+    const auto left_of = [&](size_t i, int t, int from, double rate) {
+      const JobView& v = active[i];
+      if (from > 0 || v.workers == 0 || v.device_type != t || restart_s_ <= 0) return left(i);
+      return std::max(left(i) - restart_s_ * rate, 1e-9 * v.job->total_work);
+    };
     const auto gain = [&](size_t i, int t, int from, int step) {
       const Job& job = *active[i].job;
-      return (job.rate(t, from + step) - job.rate(t, from)) / (left(i) * step);
+      const double more = job.rate(t, from + step);
+      return (more - job.rate(t, from)) / (left_of(i, t, from, more) * step);
     };
     struct Grant {
       double gain;
@@ -437,7 +449,8 @@ class MarginalPolicy : public Policy {
           double level = std::numeric_limits<double>::infinity();
           for (int w = workers[i]; w < bound[i]; ++w) {
             const double more = curve.at(w + 1);
-            level = std::min(level, (more - rate) / remaining);  // as gain(i, t, w, 1)
+            const double over = w == 0 ? left_of(i, t, 0, more) : remaining;
+            level = std::min(level, (more - rate) / over);  // as gain(i, t, w, 1)
             items.push_back({level, static_cast<uint32_t>(i)});
             rate = more;
           }
@@ -486,7 +499,7 @@ class MarginalPolicy : public Policy {
         }
       }
     };
-    const auto order = ranking_.order(Priority::kSrtf, active, {});
+    const auto order = ranking_.order(Priority::kSrtf, active, options_);
     grant(place(cluster, active, order));
     // A job left out where it was placed tries the devices left on other types.
     if (std::any_of(free.begin(), free.end(), [](int f) { return f > 0; })) {
@@ -527,8 +540,8 @@ class MarginalPolicy : public Policy {
   // placement, the fastest type with room for the job's demand, else the one where the room
   // left runs it fastest, else its fastest type. A running job stays unless a type with
   // room for its demand would run it kMigrationGain times as fast.
-  static std::vector<int> place(const Cluster& cluster, const std::vector<JobView>& active,
-                                const std::vector<size_t>& order) {
+  std::vector<int> place(const Cluster& cluster, const std::vector<JobView>& active,
+                         const std::vector<size_t>& order) const {
     std::vector<int> room(cluster.num_types()), home(active.size(), -1);
     for (int t = 0; t < cluster.num_types(); ++t) room[t] = cluster.type(t).count;
     std::vector<double> demand_rates(cluster.num_types());
@@ -541,7 +554,12 @@ class MarginalPolicy : public Policy {
       int best = fastest_type(
           cluster, [&](int t) { return room[t] >= job.demand; }, at_demand);
       const int now = running_type(active[i]);
-      if (now >= 0 && (best < 0 || at_demand(best) < kMigrationGain * at_demand(now))) best = now;
+      // Moving pays the restart: it must also save more than that on the remaining work.
+      const auto worth_moving = [&](int to) {
+        return at_demand(to) >= kMigrationGain * at_demand(now) &&
+               steps_left(active[i]) * (1 / at_demand(now) - 1 / at_demand(to)) > restart_s_;
+      };
+      if (now >= 0 && (best < 0 || !worth_moving(best))) best = now;
       if (best < 0) {
         best = fastest_type(
             cluster, [&](int t) { return room[t] >= job.min_workers; },
@@ -559,6 +577,8 @@ class MarginalPolicy : public Policy {
   }
 
   Ranking ranking_;
+  PolicyOptions options_;
+  double restart_s_ = 0;
 };
 
 // `marginal`, then jobs may span device types: the devices still free after it (every job
@@ -570,6 +590,7 @@ class MarginalPolicy : public Policy {
 // Heterogeneity-aware placement as VirtualFlow's extension of Gavel has it, inside one job.
 class SpanningPolicy : public MarginalPolicy {
  public:
+  using MarginalPolicy::MarginalPolicy;
   std::string name() const override { return "marginal-span"; }
   Allocation allocate(const Cluster& cluster, const std::vector<JobView>& active, double) override {
     std::vector<int> types, workers, free;
@@ -731,9 +752,11 @@ std::vector<std::string> policy_names() {
           "fifo",     "priority",      "srtf",        "las",      "gavel"};
 }
 
-std::unique_ptr<Policy> make_policy(const std::string& name, const PolicyOptions& options) {
-  if (name == "marginal") return std::make_unique<MarginalPolicy>();
-  if (name == "marginal-span") return std::make_unique<SpanningPolicy>();
+std::unique_ptr<Policy> make_policy(const std::string& name, const PolicyOptions& given) {
+  if (name == "marginal") return std::make_unique<MarginalPolicy>(given);
+  if (name == "marginal-span") return std::make_unique<SpanningPolicy>(given);
+  PolicyOptions options = given;
+  options.restart_s = 0;  // only marginal weighs the restart
   if (name == "wfs-elastic") {
     return std::make_unique<ElasticWfsPolicy>(name, Priority::kWeights, options);
   }

@@ -280,3 +280,34 @@ TEST_CASE("a policy's allocation depends on the jobs it sees, not on its earlier
     }
   }
 }
+
+TEST_CASE("the marginal policy stops a running job only where the restart it costs is worth it",
+          "[unit][scheduler]") {
+  // One device; job 0 runs with 100 s of work left, job 1 arrives with 80 s. Running job 1
+  // first saves 100 - 80 s of the sum of completion times but costs job 0 its restart: SRTF
+  // with a switching cost runs job 1 first only when 80 + restart < 100.
+  const Cluster cluster({{"gpu", 1}});
+  std::vector<Job> jobs = {linear_job(0, 0, 100, 1, 1, 1), linear_job(1, 10, 80, 1, 1, 1)};
+  auto views = views_of(jobs);
+  views[0].device_type = 0;
+  views[0].workers = 1;
+  const auto running = [&](double restart_s, const std::vector<JobView>& v) {
+    PolicyOptions options;
+    options.restart_s = restart_s;
+    return workers_of(make_policy("marginal", options)->allocate(cluster, v, 10), 2);
+  };
+  CHECK(running(0, views) == std::vector<int>{0, 1});   // no cost: plain SRTF
+  CHECK(running(10, views) == std::vector<int>{0, 1});  // 90 < 100: still worth it
+  CHECK(running(30, views) == std::vector<int>{1, 0});  // 110 > 100: job 0 keeps running
+  // A job that is not running gets no credit: with neither running, job 1 goes first.
+  views[0].workers = 0;
+  views[0].device_type = -1;
+  CHECK(running(30, views) == std::vector<int>{0, 1});
+  // Only marginal weighs it: srtf stops job 0 whatever the restart costs.
+  views[0].workers = 1;
+  views[0].device_type = 0;
+  PolicyOptions options;
+  options.restart_s = 30;
+  CHECK(workers_of(make_policy("srtf", options)->allocate(cluster, views, 10), 2) ==
+        std::vector<int>{0, 1});
+}
