@@ -353,8 +353,7 @@ class ElasticWfsPolicy : public Policy {
 // its type then tries the devices left on the others (`place_in_leftovers`).
 class MarginalPolicy : public Policy {
  public:
-  explicit MarginalPolicy(const PolicyOptions& options = {})
-      : options_(options), restart_s_(options.restart_s) {}
+  explicit MarginalPolicy(const PolicyOptions& options = {}) : options_(options) {}
   std::string name() const override { return "marginal"; }
   bool elastic() const override { return true; }
   Allocation allocate(const Cluster& cluster, const std::vector<JobView>& active, double) override {
@@ -387,8 +386,9 @@ class MarginalPolicy : public Policy {
     // than the running one's).
     const auto left_of = [&](size_t i, int t, int from, double rate) {
       const JobView& v = active[i];
-      if (from > 0 || v.workers == 0 || v.device_type != t || restart_s_ <= 0) return left(i);
-      return std::max(left(i) - restart_s_ * rate, 1e-9 * v.job->total_work);
+      if (from > 0 || v.workers == 0 || v.device_type != t || options_.restart_s <= 0)
+        return left(i);
+      return std::max(left(i) - options_.restart_s * rate, 1e-9 * v.job->total_work);
     };
     const auto gain = [&](size_t i, int t, int from, int step) {
       const Job& job = *active[i].job;
@@ -557,7 +557,8 @@ class MarginalPolicy : public Policy {
       // Moving pays the restart: it must also save more than that on the remaining work.
       const auto worth_moving = [&](int to) {
         return at_demand(to) >= kMigrationGain * at_demand(now) &&
-               steps_left(active[i]) * (1 / at_demand(now) - 1 / at_demand(to)) > restart_s_;
+               steps_left(active[i]) * (1 / at_demand(now) - 1 / at_demand(to)) >
+                   options_.restart_s;
       };
       if (now >= 0 && (best < 0 || !worth_moving(best))) best = now;
       if (best < 0) {
@@ -578,7 +579,6 @@ class MarginalPolicy : public Policy {
 
   Ranking ranking_;
   PolicyOptions options_;
-  double restart_s_ = 0;
 };
 
 // `marginal`, then jobs may span device types: the devices still free after it (every job

@@ -98,8 +98,8 @@ std::vector<int64_t> candidate_sizes(const PlanRequest& request, const DeviceGro
 /// times up to one allreduce above it are tried too, each with the K_t that need the
 /// fewest workers, as long as that search stays within a fraction of a second per size
 /// choice (beyond it, the best plan found so far). A single worker alone is also
-/// considered. Results differ from exact mode's
-/// (batch norm sees other batches); the gradient is still the global batch's mean (DESIGN.md §2).
+/// considered. Results differ from exact mode's (batch norm sees other batches); the
+/// gradient is still the global batch's mean (DESIGN.md §2).
 RelaxedPlan plan_relaxed(const PlanRequest& request);
 
 /// What simpler rules would predict, for comparison.

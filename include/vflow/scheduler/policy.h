@@ -65,8 +65,9 @@ struct PolicyOptions {
   std::vector<double> las_thresholds = {3600, 36000};  ///< LAS bucket bounds, device-seconds
   double las_round_s = 300;                            ///< LAS: re-rank period, seconds
   double gavel_round_s = 360;  ///< Gavel-style policy: round length, seconds
-  /// marginal: what moving a running job to another type costs it (the simulator's
-  /// restart_s); a move must save more than this on the job's remaining work.
+  /// marginal and marginal-span: what stopping a running job costs it (the simulator's
+  /// restart_s). A running job ranks and gains as if this much less were left, and a move
+  /// to another type must save more than this on its remaining work. Other policies get 0.
   double restart_s = 0;
 };
 
