@@ -17,7 +17,8 @@ const std::string kAgent = VFLOW_AGENT_BINARY;
 /// what its disturbances took on 2 cores, so that the job is still training when the last one
 /// comes; were it done first, the test's script would say TIMEOUT. Measured in two runs each: the
 /// loaded agents' test was done with them at step 1293-1484; on three namespaced hosts, the elastic
-/// scenario at 1449-1877 and the host cut at 429-616.
+/// scenario at 1449-1877 and the host cut (submitted on 3 workers, cut at step 20 and a poll) at
+/// 148-192.
 std::string cluster_job(int steps) {
   return kJob + kDeterministic +
          " --set resources.timeout_s=10 --set output.logging.every_steps=1 --set semantic.steps=" +
@@ -166,6 +167,8 @@ TEST_CASE("a job across three namespaced hosts goes on when one host's link is c
   const auto r = namespaced_cluster(dir, "hostcut", steps);
   check_cluster_outcome(dir, r, reference, steps);
   CHECK_THAT(r.output, Catch::Matchers::Contains("cut the link of host h2"));
+  // The cut host held a worker: the job spans all three.
+  CHECK_THAT(read_file(dir.file("agent-h2.log")), Catch::Matchers::Contains("h2 started worker"));
   CHECK_THAT(r.output, Catch::Matchers::Contains("measured: host loss"));
 }
 
