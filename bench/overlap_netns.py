@@ -9,6 +9,7 @@ Needs root and iproute2; traffic stays inside the namespaces.
 
     bench/overlap_netns.py [--build build] [--model convnet|mlp-wide|resnet18]
                            [--vnodes 1] [--rate 1gbit] [--sizes 0,1] [--repeats 5]
+                           [--deterministic]
 """
 import argparse
 import os
@@ -100,9 +101,10 @@ def main():
     parser.add_argument("--rate", default="1gbit", help="each worker host's link (tc rate)")
     parser.add_argument("--sizes", default="0,1", help="bucket sizes in MiB; 0 = one allreduce")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--deterministic", action="store_true",
+                        help="vflow with semantic.deterministic: true")
     args = parser.parse_args()
     args.workers = 2
-    args.deterministic = False
     sizes = [float(x) for x in args.sizes.split(",")]
     hosts = Hosts(args.rate)
     runs = {size: [] for size in sizes}
@@ -120,7 +122,8 @@ def main():
         hosts.close()
     limit = statistics.median(limits)
     print()
-    print(f"{args.model}: 2 worker hosts on {args.rate} links x {args.vnodes} vnodes x "
+    mode = " (deterministic)" if args.deterministic else ""
+    print(f"{args.model}{mode}: 2 worker hosts on {args.rate} links x {args.vnodes} vnodes x "
           f"b={args.micro_batch}, {args.steps} timed steps, median (min-max) of {args.repeats}")
     bucket_sweep.print_table(runs, sizes, limit)
     print(f"| compute-only limit | {limit:.0f} ({min(limits):.0f}-{max(limits):.0f}) | | 1.00 | |")

@@ -70,31 +70,37 @@ torch::Tensor SplitSum::dense(int world) {
   if (world != world_) {
     world_ = world;
     capacity_ = capacity(numel_, world);
-    carrier_ = torch::zeros({numel_ + world * region_size(capacity_)},
+    carrier_ = torch::zeros({world * region_size(capacity_) + numel_},
                             torch::TensorOptions(torch::kInt32).device(device_));
   }
-  return carrier_.narrow(0, 0, numel_);
+  return carrier_.narrow(0, world_ * region_size(capacity_), numel_);
 }
 
 SplitSum::Listed SplitSum::reduce(Communicator& comm, const torch::Tensor& index,
                                   const torch::Tensor& value) {
-  const int world = comm.size();
-  VFLOW_ASSERT(world == world_ && carrier_.defined(), "reduce before dense() for this world");
+  list(comm.rank(), index, value);
+  auto whole = carrier_part(0, numel_);
+  comm.allreduce_sum(whole);
+  return merge(comm);
+}
+
+void SplitSum::list(int rank, const torch::Tensor& index, const torch::Tensor& value) {
+  VFLOW_ASSERT(carrier_.defined() && rank >= 0 && rank < world_,
+               "a list before dense() for this world");
   VFLOW_ASSERT(index.device().is_cpu() && value.device().is_cpu() &&
                    index.scalar_type() == torch::kInt64 && value.scalar_type() == torch::kInt64 &&
                    index.numel() == value.numel(),
                "a rank's list must be int64 index and value tensors on the CPU");
-  const auto ic = index.contiguous();
-  const auto vc = value.contiguous();
-  const int64_t* ip = ic.data_ptr<int64_t>();
-  const int64_t* vp = vc.data_ptr<int64_t>();
-  const int64_t count = index.numel();
+  index_ = index.contiguous();
+  value_ = value.contiguous();
+  const int64_t* ip = index_.data_ptr<int64_t>();
+  const int64_t* vp = value_.data_ptr<int64_t>();
+  const int64_t count = index_.numel();
   const int64_t carried = std::min(count, capacity_);
   const int64_t region = region_size(capacity_);
-
   // This rank's region: its count and first pairs; every other rank leaves it zero, so
   // the sum delivers it unchanged to all.
-  auto regions = carrier_.narrow(0, numel_, world * region);
+  auto regions = carrier_.narrow(0, 0, world_ * region);
   regions.zero_();
   auto mine = torch::zeros({region}, torch::kInt32);
   auto* m = mine.data_ptr<int32_t>();
@@ -104,10 +110,26 @@ SplitSum::Listed SplitSum::reduce(Communicator& comm, const torch::Tensor& index
     m[2 + 3 * k] = low_word(vp[k]);
     m[3 + 3 * k] = high_word(vp[k]);
   }
-  regions.narrow(0, comm.rank() * region, region).copy_(mine);
-  comm.allreduce_sum(carrier_);
+  regions.narrow(0, rank * region, region).copy_(mine);
+}
 
-  const auto all = regions.to(torch::kCPU).contiguous();
+torch::Tensor SplitSum::carrier_part(int64_t offset, int64_t count) {
+  VFLOW_ASSERT(carrier_.defined() && offset >= 0 && count >= 0 && offset + count <= numel_,
+               "a carrier part outside the dense part");
+  const int64_t regions = world_ * region_size(capacity_);
+  return offset == 0 ? carrier_.narrow(0, 0, regions + count)
+                     : carrier_.narrow(0, regions + offset, count);
+}
+
+SplitSum::Listed SplitSum::merge(Communicator& comm) {
+  const int world = comm.size();
+  VFLOW_ASSERT(world == world_ && index_.defined(), "merge before list() for this world");
+  const int64_t* ip = index_.data_ptr<int64_t>();
+  const int64_t* vp = value_.data_ptr<int64_t>();
+  const int64_t count = index_.numel();
+  const int64_t carried = std::min(count, capacity_);
+  const int64_t region = region_size(capacity_);
+  const auto all = carrier_.narrow(0, 0, world * region).to(torch::kCPU).contiguous();
   const auto* a = all.data_ptr<int32_t>();
   Pairs pairs;
   int64_t most_left = 0;  // the longest remainder beyond capacity_ of any rank
@@ -128,8 +150,8 @@ SplitSum::Listed SplitSum::reduce(Communicator& comm, const torch::Tensor& index
     // Many large values: one dense int64 sum of the remainders is the smaller message.
     auto rest = torch::zeros({numel_}, on_device);
     if (count > carried) {
-      rest.index_put_({ic.narrow(0, carried, count - carried).to(device_)},
-                      vc.narrow(0, carried, count - carried).to(device_));
+      rest.index_put_({index_.narrow(0, carried, count - carried).to(device_)},
+                      value_.narrow(0, carried, count - carried).to(device_));
     }
     comm.allreduce_sum(rest);
     const auto where = rest.nonzero().view({-1});

@@ -29,6 +29,7 @@ struct BucketedReduction::State {
   comm::Communicator* comm = nullptr;  // armed: hooks start buckets
   size_t next = 0;                     // the next bucket to start
   std::vector<std::unique_ptr<comm::PendingWork>> started;
+  Prepare prepare;           // what a bucket sums, if not its range of `flat`
   std::exception_ptr error;  // a start that failed inside the backward pass
 
   void reset() {
@@ -40,8 +41,9 @@ struct BucketedReduction::State {
   }
 
   void start(comm::Communicator& c) {
-    const auto& b = buckets[next++];
-    auto part = flat.narrow(0, b.offset, b.numel);
+    const auto& b = buckets[next];
+    auto part = prepare ? prepare(b) : flat.narrow(0, b.offset, b.numel);
+    ++next;
     started.push_back(c.start_allreduce_sum(part));
   }
 
@@ -80,9 +82,11 @@ class FinalHook final : public torch::autograd::FunctionPostHook {
 
 }  // namespace
 
-BucketedReduction::BucketedReduction(vnode::StepPacket& packet, int64_t bucket_bytes)
+BucketedReduction::BucketedReduction(vnode::StepPacket& packet, int64_t bucket_bytes,
+                                     Prepare prepare)
     : state_(std::make_shared<State>()) {
   auto& s = *state_;
+  s.prepare = std::move(prepare);
   const auto& layout = packet.gradient_buffer().layout();
   s.flat = packet.flat();
   s.parameters = layout.parameters;
@@ -146,6 +150,10 @@ void BucketedReduction::finish(comm::Communicator& comm) {
     for (auto& work : s.started) work->wait(deadline);
   } catch (const PeerFailure&) {
     comm.abort();
+    s.reset();
+    throw;
+  } catch (...) {  // a bucket that could not be prepared: the others must not wait for it
+    if (!s.started.empty()) comm.abort();
     s.reset();
     throw;
   }

@@ -15,6 +15,7 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -35,9 +36,14 @@ class BucketedReduction {
     int64_t numel = 0;
   };
 
+  /// What a bucket sums, called when it starts (inside the backward pass or in finish):
+  /// by default its range of the packet. Deterministic mode gives the bucket's exact
+  /// integer form instead (docs/design.md). It may throw; the step then fails in finish.
+  using Prepare = std::function<torch::Tensor(const Bucket&)>;
+
   /// Buckets of at least `bucket_bytes` of gradients each (the last one may be smaller)
   /// over `packet`, which must outlive this object.
-  BucketedReduction(vnode::StepPacket& packet, int64_t bucket_bytes);
+  BucketedReduction(vnode::StepPacket& packet, int64_t bucket_bytes, Prepare prepare = nullptr);
   ~BucketedReduction();
   BucketedReduction(const BucketedReduction&) = delete;
   BucketedReduction& operator=(const BucketedReduction&) = delete;
@@ -54,7 +60,8 @@ class BucketedReduction {
   /// After the backward pass (or without one: a worker that computed nothing this
   /// step): starts the buckets not started yet, then waits for all of them, within one
   /// timeout of `comm` in total. On a failure it aborts `comm` (no bucket still queued
-  /// waits out a timeout of its own) and throws PeerFailure.
+  /// waits out a timeout of its own) and throws PeerFailure; where a bucket could not be
+  /// prepared, it aborts `comm` if any had started and throws that error.
   void finish(comm::Communicator& comm);
   /// The step failed elsewhere: nothing more starts, and a sum in flight is abandoned
   /// by aborting `comm`.

@@ -354,14 +354,15 @@ const SpecSchema<ResourcesSpec>& resources_schema() {
              "of its own slowed 2 workers on 2 cores by about 15%)");
     s.real("bucket_mb", &R::bucket_mb, 0, 1 << 20,
            "MiB of gradients per bucket of the reduction that overlaps the backward pass of a "
-           "worker's last vnode (default mode on Gloo: each bucket's allreduce starts as soon "
+           "worker's last vnode (on Gloo: each bucket's allreduce starts as soon "
            "as its gradients are final); 0 = one allreduce after the backward pass. Buckets hold "
            "whole parameters. For workers on separate hosts 1 is a good size (1.1-1.2x on "
            "1 Gbit/s links); on one machine the reduction competes with training for the same "
            "cores, and buckets measured up to 11% slower there (docs/benchmarks.md). Each element "
            "is still summed once over the workers: bitwise the "
            "same result on 2 workers, on more the order of Gloo's additions may differ (default "
-           "mode's tolerance); deterministic mode is not bucketed");
+           "mode's tolerance); deterministic mode sums exact integers in its buckets, so its "
+           "result is bitwise the same for every bucket size");
     s.real("timeout_s", &R::timeout_s, 0.1, 86400.0,
            "rendezvous and collective timeout in seconds: a peer silent for longer is declared "
            "dead");

@@ -213,9 +213,13 @@ struct Trainer::Impl {
   // Deterministic mode: the exact sum of vnode contributions, and its reduction.
   std::unique_ptr<vnode::FixedPointSum> exact;
   std::unique_ptr<comm::SplitSum> exact_reduction;
-  // Default mode: the reduction in buckets, overlapped with the last backward pass.
+  // The reduction in buckets, overlapped with the last backward pass.
   std::unique_ptr<BucketedReduction> buckets;
   bool bucketed = false;  // this step reduces through `buckets`
+  // Deterministic mode in buckets: the dense part the buckets fill, and the large values
+  // each bucket listed so far this step.
+  torch::Tensor bucket_dense;
+  std::vector<torch::Tensor> bucket_index, bucket_value;
   std::vector<std::shared_ptr<TrainingObserver>> observers;
   int64_t step = 0;
   std::optional<EvalResult> last_eval;
@@ -389,6 +393,11 @@ struct Trainer::Impl {
     if (exact) exact->clear();
     // Every rank of the group decides alike: the collectives must match.
     bucketed = buckets && comm->size() > 1 && comm->asynchronous();
+    if (bucketed && exact) {
+      bucket_dense = exact_reduction->dense(comm->size());
+      bucket_index.clear();
+      bucket_value.clear();
+    }
     int64_t ran = 0;
     try {
       ran = run_vnodes(s, batch);
@@ -499,6 +508,11 @@ struct Trainer::Impl {
     auto& flat = packet->flat();
     if (bucketed) {
       buckets->finish(*comm);
+      if (exact) {
+        const auto listed = exact_reduction->merge(*comm);
+        exact->clear();
+        take_exact_sums(bucket_dense, listed);
+      }
       return;
     }
     if (!exact) {
@@ -513,9 +527,29 @@ struct Trainer::Impl {
     auto dense = exact_reduction->dense(world);
     torch::Tensor index, value;
     check_range(exact->split(flat, comm::SplitSum::dense_limit(world), dense, index, value));
-    const auto listed = exact_reduction->reduce(*comm, index, value);
-    // The update reads the gradients' sums where they lie (bitwise the same step, one
-    // pass less); the rest of the packet is assembled as floats.
+    take_exact_sums(dense, exact_reduction->reduce(*comm, index, value));
+  }
+
+  /// Deterministic mode in buckets: what bucket `b` sums, its range of the packet as
+  /// exact integers (split while the rest of the backward pass runs). The bucket at
+  /// offset 0 starts last and carries every bucket's listed values.
+  torch::Tensor prepare_exact_bucket(const BucketedReduction::Bucket& b) {
+    torch::Tensor index, value;
+    check_range(exact->split_part(packet->flat(), comm::SplitSum::dense_limit(comm->size()),
+                                  bucket_dense, index, value, b.offset, b.numel));
+    bucket_index.push_back(std::move(index));
+    bucket_value.push_back(std::move(value));
+    if (b.offset == 0) {
+      exact_reduction->list(comm->rank(), torch::cat(bucket_index), torch::cat(bucket_value));
+    }
+    return exact_reduction->carrier_part(b.offset, b.numel);
+  }
+
+  /// Deterministic mode: the packet from the summed parts. The update reads the
+  /// gradients' sums where they lie (bitwise the same step, one pass less); the rest of
+  /// the packet is assembled as floats.
+  void take_exact_sums(const torch::Tensor& dense, const comm::SplitSum::Listed& listed) {
+    auto& flat = packet->flat();
     if (fixed_point_step != nullptr) {
       const int64_t gradients = packet->gradients().numel();
       vnode::FixedPointSum::assemble(dense, listed.index, listed.value, flat, gradients);
@@ -589,9 +623,17 @@ Trainer::Trainer(JobSpec spec, std::shared_ptr<models::Model> model, data::DataS
     impl_->exact = std::make_unique<vnode::FixedPointSum>(impl_->packet->numel(), impl_->device);
     impl_->exact_reduction =
         std::make_unique<comm::SplitSum>(impl_->packet->numel(), impl_->device);
-  } else if (impl_->spec.resources.bucket_mb > 0) {
+  }
+  if (impl_->spec.resources.bucket_mb > 0) {
+    BucketedReduction::Prepare prepare;
+    if (impl_->exact) {
+      prepare = [impl = impl_.get()](const BucketedReduction::Bucket& b) {
+        return impl->prepare_exact_bucket(b);
+      };
+    }
     impl_->buckets = std::make_unique<BucketedReduction>(
-        *impl_->packet, static_cast<int64_t>(impl_->spec.resources.bucket_mb * (1 << 20)));
+        *impl_->packet, static_cast<int64_t>(impl_->spec.resources.bucket_mb * (1 << 20)),
+        std::move(prepare));
   }
   impl_->optimizer = make_optimizer(impl_->spec.semantic.optimizer, m.parameters());
   if (impl_->exact && impl_->device.is_cpu() && !impl_->spec.semantic.clip.enabled()) {

@@ -243,30 +243,40 @@ double FixedPointSum::round_in_place(torch::Tensor& values) {
 
 double FixedPointSum::split(const torch::Tensor& values, int64_t dense_limit, torch::Tensor& dense,
                             torch::Tensor& index, torch::Tensor& value) {
+  const double largest = split_part(values, dense_limit, dense, index, value, 0, sum_.numel());
+  empty_ = true;
+  return largest;
+}
+
+double FixedPointSum::split_part(const torch::Tensor& values, int64_t dense_limit,
+                                 torch::Tensor& dense, torch::Tensor& index, torch::Tensor& value,
+                                 int64_t from, int64_t count) const {
   VFLOW_ASSERT(values.numel() == sum_.numel() && dense.numel() == sum_.numel() &&
                    dense.scalar_type() == torch::kInt32 && dense.is_contiguous(),
                "split into a dense part of another size or type");
+  VFLOW_ASSERT(from >= 0 && count >= 0 && from + count <= sum_.numel(),
+               "a split of elements outside the sum");
   VFLOW_ASSERT(dense_limit > 0 && dense_limit <= (int64_t{1} << 31) &&
                    (dense_limit & (dense_limit - 1)) == 0,
                "the dense limit must be a power of two up to 2^31");
   const bool alone = empty_;
-  empty_ = true;
   if (!fast_path(values) || !dense.device().is_cpu()) {
-    const double largest = generic_largest(values);
+    const auto part = values.narrow(0, from, count);
+    const double largest = generic_largest(part);
     if (!(largest < kLimit)) return largest;
-    auto t = generic_rounded(values);
-    if (!alone) t.add_(sum_);
+    auto t = generic_rounded(part);
+    if (!alone) t.add_(sum_.narrow(0, from, count));
     const auto large = t.abs().ge(dense_limit);
-    dense.copy_(t.masked_fill(large, 0).to(torch::kInt32));
+    dense.narrow(0, from, count).copy_(t.masked_fill(large, 0).to(torch::kInt32));
     const auto where = large.nonzero().view({-1});
-    index = where.to(torch::kCPU);
+    index = where.to(torch::kCPU) + from;  // not in place: on the CPU, `where` itself
     value = t.index_select(0, where).to(torch::kCPU);
     return largest;
   }
-  const float* v = values.data_ptr<float>();
-  const int64_t* s = sum_.data_ptr<int64_t>();
-  int32_t* d = dense.data_ptr<int32_t>();
-  const int64_t n = values.numel();
+  const float* v = values.data_ptr<float>() + from;
+  const int64_t* s = sum_.data_ptr<int64_t>() + from;
+  int32_t* d = dense.data_ptr<int32_t>() + from;
+  const int64_t n = count;
   const float limit_f = static_cast<float>(dense_limit);
   std::vector<std::vector<std::pair<int64_t, int64_t>>> large(
       static_cast<size_t>((n + kChunk - 1) / kChunk));
@@ -275,15 +285,15 @@ double FixedPointSum::split(const torch::Tensor& values, int64_t dense_limit, to
     for (int64_t bb = b; bb < e; bb += kBlock) {
       const int64_t be = std::min(e, bb + kBlock);
       RangeSeen r;
-      const int32_t count = alone ? split_alone(v + bb, d + bb, limit_f, be - bb, r)
-                                  : split_with_sum(v + bb, s + bb, d + bb, dense_limit, be - bb, r);
+      const int32_t over = alone ? split_alone(v + bb, d + bb, limit_f, be - bb, r)
+                                 : split_with_sum(v + bb, s + bb, d + bb, dense_limit, be - bb, r);
       chunk.merge(r);
-      if (count == 0) continue;
+      if (over == 0) continue;
       // Rare: list the block's large values, recomputing them while the block is cached.
       uint32_t unused = 0;
       for (int64_t i = bb; i < be; ++i) {
         const int64_t t = (alone ? 0 : s[i]) + to_int64(scaled(v[i], unused));
-        if (t >= dense_limit || t <= -dense_limit) large[c].emplace_back(i, t);
+        if (t >= dense_limit || t <= -dense_limit) large[c].emplace_back(from + i, t);
       }
     }
     return chunk;

@@ -214,11 +214,15 @@ TEST_CASE("a SIGKILLed worker is survived: the step is redone, nothing is lost",
 }
 
 TEST_CASE(
-    "in default mode, whose reduction runs in buckets during the backward pass, a "
-    "SIGKILLed worker is survived too",
+    "with the reduction in buckets during the backward pass, a SIGKILLed worker is survived "
+    "in default and in deterministic mode",
     "[multiproc][elastic]") {
   // About one bucket a parameter: a worker dies with several buckets in flight.
-  const std::string buckets = " --set semantic.deterministic=false --set resources.bucket_mb=0.001";
+  const bool deterministic = GENERATE(false, true);
+  CAPTURE(deterministic);
+  const std::string buckets = std::string(" --set semantic.deterministic=") +
+                              (deterministic ? "true" : "false") +
+                              " --set resources.bucket_mb=0.001";
   TempDir dir;
   const auto r =
       elastic_job(dir, 3, buckets + " --set output.logging.examples=" + dir.file("examples.log"),
@@ -228,6 +232,9 @@ TEST_CASE(
   CHECK_THAT(r.output, Catch::Matchers::Contains("died (status 137)"));
   CHECK_THAT(r.output, Catch::Matchers::Contains("in the next generation"));
   CHECK(fingerprints_in(r.output).size() == 1);  // the survivors hold the same state
+  // Deterministic mode: nothing half-applied, the undisturbed run's fingerprint.
+  if (deterministic)
+    CHECK(fingerprints_in(r.output) == std::set<std::string>{reference_fingerprint()});
   CHECK(nothing_left(dir));
   // Every (step, vnode) ran exactly once (the log refuses a duplicate).
   CHECK(read_example_log(dir.file("examples.log")).size() == 1500 * 12);

@@ -76,6 +76,23 @@ TEST_CASE("the reduction in buckets overlapped with the backward pass changes no
   CHECK(buckets.losses == whole.losses);
 }
 
+TEST_CASE(
+    "deterministic jobs reduced in buckets during the backward pass give the one-worker "
+    "fingerprint for every bucket size",
+    "[multiproc]") {
+  const auto one = train(1, kDeterministic);
+  REQUIRE(one.fingerprints.size() == 1);
+  // About one bucket a parameter, a few parameters a bucket, and one bucket for all.
+  for (const char* mb : {"0.001", "0.004", "64"}) {
+    for (int k : {2, 3}) {
+      CAPTURE(mb, k);
+      const auto run = train(k, kDeterministic + " --set resources.bucket_mb=" + mb);
+      CHECK(run.fingerprints == one.fingerprints);
+      CHECK(run.losses == one.losses);
+    }
+  }
+}
+
 TEST_CASE("a worker that fails makes the launcher fail without hanging", "[multiproc]") {
   // Rank 1 cannot read its data directory... all ranks read the same spec, so make the job
   // itself fail on every rank: a data path that does not exist.

@@ -7,6 +7,7 @@
 
 #include <catch2/catch.hpp>
 #include <cstring>
+#include <utility>
 
 #include "support.h"
 #include "vflow/comm/communicator.h"
@@ -37,7 +38,10 @@ TEST_CASE("the split sum over 3 ranks is the exact int64 sum", "[integration]") 
   // none listed; some, carried in the allreduce (capacity 2048 a rank here); beyond the
   // capacity (all-gather); very many (dense int64 sum).
   const int64_t listed = GENERATE(as<int64_t>{}, 0, 40, 1500, 2500, 30000);
-  CAPTURE(listed);
+  // In one sum, or in parts as a reduction in buckets sums it: the part at offset 0,
+  // with the lists, last.
+  const bool in_parts = GENERATE(false, true);
+  CAPTURE(listed, in_parts);
   std::vector<torch::Tensor> values;
   auto expected = torch::zeros({n}, torch::kInt64);
   for (int r = 0; r < kRanks; ++r) {
@@ -47,7 +51,7 @@ TEST_CASE("the split sum over 3 ranks is the exact int64 sum", "[integration]") 
   vflow::job::Coordinator coordinator("127.0.0.1", 0, std::chrono::seconds(10));
   std::vector<torch::Tensor> results(kRanks);
   const auto errors = vflow::testing::run_gloo_ranks(
-      coordinator, kRanks, "s" + std::to_string(listed),
+      coordinator, kRanks, "s" + std::to_string(listed) + (in_parts ? "p" : ""),
       [&](int rank, vflow::comm::Communicator& comm) {
         SplitSum sum(n, torch::kCPU);
         const int64_t limit = SplitSum::dense_limit(kRanks);
@@ -56,7 +60,18 @@ TEST_CASE("the split sum over 3 ranks is the exact int64 sum", "[integration]") 
         auto dense = sum.dense(kRanks);
         dense.copy_(v.masked_fill(large, 0).to(torch::kInt32));
         const auto index = large.nonzero().view({-1});
-        const auto listed_sum = sum.reduce(comm, index, v.index_select(0, index));
+        SplitSum::Listed listed_sum;
+        if (in_parts) {
+          for (const auto& [offset, count] :
+               {std::pair<int64_t, int64_t>{30000, 10000}, {12345, 17655}, {0, 12345}}) {
+            if (offset == 0) sum.list(rank, index, v.index_select(0, index));
+            auto part = sum.carrier_part(offset, count);
+            comm.allreduce_sum(part);
+          }
+          listed_sum = sum.merge(comm);
+        } else {
+          listed_sum = sum.reduce(comm, index, v.index_select(0, index));
+        }
         auto total = dense.to(torch::kInt64);
         total.index_add_(0, listed_sum.index, listed_sum.value);
         results[rank] = total;

@@ -74,6 +74,16 @@ TEST_CASE("the fused exact sum equals the int64 sum of rounded values, bit for b
     return strided ? strided_copy(v) : v.clone();
   };
 
+  // A worker's sum before its last vnode: every other vnode absorbed.
+  const auto all_but_last_absorbed = [&] {
+    FixedPointSum sum(n, torch::kCPU);
+    for (int k = 0; k + 1 < vnodes; ++k) {
+      auto values = prepare(parts[k]);
+      sum.absorb(values);
+    }
+    return sum;
+  };
+
   SECTION("one worker: absorb every vnode but the last, round the last in place") {
     FixedPointSum sum(n, torch::kCPU);
     for (int k = 0; k + 1 < vnodes; ++k) {
@@ -88,11 +98,7 @@ TEST_CASE("the fused exact sum equals the int64 sum of rounded values, bit for b
 
   SECTION("split into a dense int32 part and the listed rest, assembled again") {
     const int64_t limit = int64_t{1} << 30;
-    FixedPointSum sum(n, torch::kCPU);
-    for (int k = 0; k + 1 < vnodes; ++k) {
-      auto values = prepare(parts[k]);
-      sum.absorb(values);
-    }
+    FixedPointSum sum = all_but_last_absorbed();
     const auto last = prepare(parts.back());
     auto dense = torch::empty({n}, torch::kInt32);
     torch::Tensor index, value;
@@ -106,6 +112,30 @@ TEST_CASE("the fused exact sum equals the int64 sum of rounded values, bit for b
     auto out = prepare(torch::zeros({n}));
     FixedPointSum::assemble(dense, index, value, out);
     CHECK(same_bits(out.contiguous(), as_floats(expected)));
+  }
+
+  SECTION("split in parts, as buckets of the reduction, gives what one split gives") {
+    const int64_t limit = int64_t{1} << 30;
+    FixedPointSum sum = all_but_last_absorbed();
+    const auto last = prepare(parts.back());
+    // From the end to the start, as buckets start; ragged sizes, one across a chunk.
+    const std::vector<int64_t> bounds = {n, n - 5, n - 40000, 1000, 999, 0};
+    auto dense = torch::full({n}, 7, torch::kInt32);
+    std::vector<torch::Tensor> indices, values;
+    for (size_t k = 0; k + 1 < bounds.size(); ++k) {
+      torch::Tensor index, value;
+      const int64_t from = bounds[k + 1];
+      CHECK(sum.split_part(last, limit, dense, index, value, from, bounds[k] - from) <
+            FixedPointSum::kLimit);
+      CHECK((index.numel() == 0 ||
+             (index.min().item<int64_t>() >= from && index.max().item<int64_t>() < bounds[k])));
+      indices.insert(indices.begin(), index);
+      values.insert(values.begin(), value);
+    }
+    const auto large = expected.abs().ge(limit);
+    CHECK(same_bits(torch::cat(indices), large.nonzero().view({-1})));
+    CHECK(same_bits(torch::cat(values), expected.index_select(0, large.nonzero().view({-1}))));
+    CHECK(same_bits(dense, expected.masked_fill(large, 0).to(torch::kInt32)));
   }
   torch::set_num_threads(saved);
 }

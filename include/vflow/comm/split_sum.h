@@ -44,14 +44,28 @@ class SplitSum {
   /// Sums every rank's dense part in place and merges the lists. `index` and `value`
   /// (int64, on the CPU, distinct indices) are this rank's list. Every rank calls it
   /// together; a failed collective throws PeerFailure as the communicator does.
+  /// It is list(), one sum of carrier_part(0, numel) and merge().
   Listed reduce(Communicator& comm, const torch::Tensor& index, const torch::Tensor& value);
+
+  /// The same in pieces, for a reduction in buckets: list() this rank's whole list as
+  /// `rank`, sum every rank's carrier_part() of each bucket with the same parts on the
+  /// other ranks (in any order, each once), then merge().
+  void list(int rank, const torch::Tensor& index, const torch::Tensor& value);
+  /// What to sum for the dense elements [offset, offset + count): that range of the
+  /// carrier, and at offset 0 the ranks' regions of listed values too (they lie just
+  /// before the dense part), so the part at offset 0 is summed after list().
+  torch::Tensor carrier_part(int64_t offset, int64_t count);
+  /// The listed values summed over ranks, once every part has been summed; a second
+  /// collective follows only when some rank listed more than capacity() values.
+  Listed merge(Communicator& comm);
 
  private:
   int64_t numel_;
   torch::Device device_;
   int world_ = 0;
   int64_t capacity_ = 0;
-  torch::Tensor carrier_;  // int32: [dense | per rank: count, capacity_ x (index, low, high)]
+  torch::Tensor carrier_;        // int32: [per rank: count, capacity_ x (index, low, high) | dense]
+  torch::Tensor index_, value_;  // this rank's list, from list()
 };
 
 }  // namespace vflow::comm

@@ -49,6 +49,12 @@ class FixedPointSum {
   double split(const torch::Tensor& values, int64_t dense_limit, torch::Tensor& dense,
                torch::Tensor& index, torch::Tensor& value);
 
+  /// split of elements [from, from + count) only (a bucket of the reduction): writes
+  /// that range of `dense` and lists its large values (indices into the whole buffer).
+  /// Leaves the sum as it is: clear() it once every part has been split.
+  double split_part(const torch::Tensor& values, int64_t dense_limit, torch::Tensor& dense,
+                    torch::Tensor& index, torch::Tensor& value, int64_t from, int64_t count) const;
+
   /// `values` = (dense + the listed values at their indices) · 2^-36, rounded to float
   /// once: the inverse of split after the parts were summed over workers. `index` and
   /// `value` are int64 on the CPU with distinct indices. Only elements from `from` on
