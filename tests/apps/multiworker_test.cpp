@@ -93,6 +93,25 @@ TEST_CASE(
   }
 }
 
+TEST_CASE(
+    "a deterministic job that diverges stops with the range error, in one reduction or in "
+    "buckets",
+    "[multiproc]") {
+  // One vnode a worker: the out-of-range values are found on their way into the
+  // reduction (in buckets: inside the backward pass), not between vnodes.
+  const std::string mb = GENERATE("0", "0.001");
+  CAPTURE(mb);
+  const auto r =
+      run_command(kTrain + kJob + kDeterministic +
+                  " --set semantic.optimizer.lr=1e5 --set semantic.virtual_nodes=2"
+                  " --set resources.timeout_s=10 --workers 2 --set resources.bucket_mb=" +
+                  mb);
+  INFO(r.output);
+  CHECK(r.exit_code == 1);
+  CHECK_THAT(r.output, Catch::Matchers::Contains("is outside the deterministic reduction's range"));
+  CHECK(fingerprints_in(r.output).empty());
+}
+
 TEST_CASE("a worker that fails makes the launcher fail without hanging", "[multiproc]") {
   // Rank 1 cannot read its data directory... all ranks read the same spec, so make the job
   // itself fail on every rank: a data path that does not exist.
