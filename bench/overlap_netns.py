@@ -69,7 +69,9 @@ def run_vflow(args, hosts, bucket_mb):
     args.bucket_mb = bucket_mb
     with tempfile.TemporaryDirectory() as tmp:
         metrics = os.path.join(tmp, "m.jsonl")
-        spec = ddp_compare.job_args(args) + vflow_runs.timing_args(args.steps, WARMUP, metrics)
+        # The store listens on the namespaces' private bridge, which nothing else reaches.
+        spec = (ddp_compare.job_args(args) + vflow_runs.timing_args(args.steps, WARMUP, metrics)
+                + ["--set", "resources.unauthenticated_store=true"])
         coordinator = subprocess.Popen(
             ["ip", "netns", "exec", hosts.names[0], train, *spec, "--workers", "2",
              "--coordinator", f"{NET}.1:{port}"], stdout=subprocess.DEVNULL,
