@@ -416,12 +416,16 @@ class MarginalPolicy : public Policy {
     // one type never compete with another's, so each type is settled on its own: where
     // every job's bound fits, each gets it (the order does not matter); where every grant is
     // one worker, by selection (`take_best`); otherwise one grant at a time from a heap.
-    const auto grant = [&](const std::vector<int>& homes) {
+    // `only`: where not null, the jobs that can compete at all (the others are at their
+    // bound or have no type with room), so that the rest need not be read.
+    const auto grant = [&](const std::vector<int>& homes, const std::vector<size_t>* only) {
       // Per type, the jobs that compete there and are below their bound; per job, its bound.
       std::vector<std::vector<size_t>> on(n_types);
-      for (auto& jobs : on) jobs.reserve(active.size());
+      const size_t candidates = only != nullptr ? only->size() : active.size();
+      for (auto& jobs : on) jobs.reserve(candidates);
       std::vector<int> bound(active.size(), 0);
-      for (size_t i = 0; i < active.size(); ++i) {
+      for (size_t k = 0; k < candidates; ++k) {
+        const size_t i = only != nullptr ? (*only)[k] : k;
         const int t = workers[i] > 0 ? types[i] : homes[i];
         if (t < 0) continue;
         bound[i] = std::min(active[i].job->max_workers, cluster.type(t).count);
@@ -500,28 +504,37 @@ class MarginalPolicy : public Policy {
       }
     };
     const auto order = ranking_.order(Priority::kSrtf, active, options_);
-    grant(place(cluster, active, order));
-    // A job left out where it was placed tries the devices left on other types.
+    grant(place(cluster, active, order), nullptr);
+    // A job left out where it was placed tries the devices left on other types. Only those
+    // compete then: a type with devices still free has every job on it at its bound (a grant
+    // is dropped only where fewer devices are free than its step, which is 1 for a job that
+    // runs).
     if (std::any_of(free.begin(), free.end(), [](int f) { return f > 0; })) {
-      grant(place_in_leftovers(cluster, active, order, workers, free));
+      std::vector<size_t> placed;
+      const auto homes = place_in_leftovers(cluster, active, order, workers, free, placed);
+      if (!placed.empty()) grant(homes, &placed);
     }
   }
 
  private:
   // For each job without workers, in SRTF `order`, the type whose free devices would run it
-  // fastest (its own type first if it was running), -1 where none has room for its minimum.
+  // fastest (its own type first if it was running), -1 where none has room for its minimum;
+  // `placed` gets the jobs given a type.
   static std::vector<int> place_in_leftovers(const Cluster& cluster,
                                              const std::vector<JobView>& active,
                                              const std::vector<size_t>& order,
-                                             const std::vector<int>& workers,
-                                             std::vector<int> free) {
+                                             const std::vector<int>& workers, std::vector<int> free,
+                                             std::vector<size_t>& placed) {
     std::vector<int> home(active.size(), -1);
+    std::vector<size_t> waiting;  // in `order`: only these are read
+    for (size_t i : order) {
+      if (workers[i] == 0) waiting.push_back(i);
+    }
     int left = std::accumulate(free.begin(), free.end(), 0);
-    for (size_t k = 0; k < order.size() && left > 0; ++k) {  // minimums are >= 1
-      fetch_ahead(active, order, k);
-      const size_t i = order[k];
+    for (size_t k = 0; k < waiting.size() && left > 0; ++k) {  // minimums are >= 1
+      fetch_ahead(active, waiting, k);
+      const size_t i = waiting[k];
       const Job& job = *active[i].job;
-      if (workers[i] > 0) continue;
       const auto fits = [&](int t) { return free[t] >= job.min_workers; };
       const int now = running_type(active[i]);
       const int best = now >= 0 && fits(now) ? now : fastest_type(cluster, fits, [&](int t) {
@@ -529,6 +542,7 @@ class MarginalPolicy : public Policy {
       });
       if (best < 0) continue;
       home[i] = best;
+      placed.push_back(i);
       const int taken = std::min(free[best], job.demand);
       free[best] -= taken;
       left -= taken;
