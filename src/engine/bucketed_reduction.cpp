@@ -103,6 +103,15 @@ BucketedReduction::BucketedReduction(vnode::StepPacket& packet, int64_t bucket_b
     ++members;
     const int64_t begin = layout.offsets[k];
     const int64_t gradient_bytes = (std::min(end, layout.numel) - begin) * element;
+    if (k == 0 && begin == end && !s.buckets.empty()) {
+      // A first parameter of no elements joins the bucket before it: only one bucket, the
+      // last, begins at offset 0 (deterministic mode's regions ride in it).
+      for (size_t j = 0; j < static_cast<size_t>(members); ++j) {
+        s.bucket_of[j] = s.buckets.size() - 1;  // it and any empty ones after it
+      }
+      s.size.back() += members;
+      break;
+    }
     if (k == 0 || gradient_bytes >= bucket_bytes) {
       s.buckets.push_back(Bucket{begin, end - begin});
       s.size.push_back(members);
@@ -152,7 +161,7 @@ void BucketedReduction::finish(comm::Communicator& comm) {
     comm.abort();
     s.reset();
     throw;
-  } catch (...) {  // a bucket that could not be prepared: the others must not wait for it
+  } catch (...) {  // a bucket that could not be prepared: this rank's step ends here
     if (!s.started.empty()) comm.abort();
     s.reset();
     throw;

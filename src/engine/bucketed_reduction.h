@@ -60,8 +60,10 @@ class BucketedReduction {
   /// After the backward pass (or without one: a worker that computed nothing this
   /// step): starts the buckets not started yet, then waits for all of them, within one
   /// timeout of `comm` in total. On a failure it aborts `comm` (no bucket still queued
-  /// waits out a timeout of its own) and throws PeerFailure; where a bucket could not be
-  /// prepared, it aborts `comm` if any had started and throws that error.
+  /// waits out a timeout of its own) and throws PeerFailure. Where a bucket could not be
+  /// prepared it throws that error (aborting `comm` where the backend can and a bucket
+  /// had started): the buckets started before it are left unmatched on the peers, so the
+  /// communicator must not be used again (the worker stops).
   void finish(comm::Communicator& comm);
   /// The step failed elsewhere: nothing more starts, and a sum in flight is abandoned
   /// by aborting `comm`.

@@ -78,6 +78,24 @@ TEST_CASE("buckets cover the packet in reverse parameter order, the table in the
   if (bytes == int64_t{1} << 30) CHECK(buckets.size() == 1);
 }
 
+TEST_CASE("first parameters of no elements make no empty bucket: only the last begins at 0",
+          "[unit]") {
+  // Deterministic mode's listed values ride in the one bucket that begins at offset 0.
+  torch::nn::Module m;
+  m.register_parameter("empty", torch::zeros({0}));
+  m.register_parameter("also_empty", torch::zeros({0}));
+  m.register_parameter("w", torch::randn({16}));
+  m.register_parameter("v", torch::randn({8}));
+  vflow::vnode::StepPacket packet(m.parameters(), kTable);
+  BucketedReduction reduction(packet, /*bucket_bytes=*/1);
+  const auto& buckets = reduction.buckets();
+  REQUIRE(buckets.size() == 2);  // v with the table, then w with the empty ones
+  CHECK(buckets.back().offset == 0);
+  CHECK(buckets.back().numel == 16);
+  CHECK(buckets.front().offset == 16);
+  CHECK(buckets.front().numel == packet.numel() - 16);  // v and all past the gradients
+}
+
 TEST_CASE(
     "bucketed sums over Gloo ranks equal the whole packet's sum, buckets start in the "
     "backward pass, one without gradients after it",
