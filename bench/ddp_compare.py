@@ -15,7 +15,10 @@ plain) running at once with no communication. One intra-op thread per process.
 
     bench/ddp_compare.py [--build build] [--model convnet|mlp-wide|resnet18|bert-mini] [--workers 2]
                          [--vnodes 4] [--micro-batch 32] [--steps 30] [--repeats 3]
-                         [--deterministic] [--bucket-mb MB]
+                         [--deterministic] [--bucket-mb MB] [--sockets]
+
+vflow's workers on one host sum through shared memory (resources.shared_memory, the
+default); --sockets adds a vflow run over Gloo's loopback sockets, side by side.
 """
 import argparse
 import gzip
@@ -150,10 +153,16 @@ def job_args(args):
         *(["--set", f"resources.bucket_mb={args.bucket_mb}"] if args.bucket_mb is not None else [])]
 
 
-def run_vflow(args):
-    steps = vflow_runs.timed_steps(args.build, ["--workers", str(args.workers), *job_args(args)],
-                                   args.steps, WARMUP)
+def run_vflow(args, shared_memory=True):
+    steps = vflow_runs.timed_steps(
+        args.build, ["--workers", str(args.workers), *job_args(args),
+                     "--set", f"resources.shared_memory={'true' if shared_memory else 'false'}"],
+        args.steps, WARMUP)
     return vflow_runs.summary(steps)
+
+
+def run_vflow_sockets(args):
+    return run_vflow(args, shared_memory=False)
 
 
 # ---- compute-only limit ------------------------------------------------------------
@@ -186,14 +195,20 @@ def main():
     parser.add_argument("--micro-batch", type=int, default=32)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--sockets", action="store_true",
+                        help="also run vflow with resources.shared_memory=false: its sums over "
+                             "Gloo's loopback sockets instead of shared memory")
     args = parser.parse_args()
 
-    runs = {"vflow": [], "ddp": [], "limit": []}
+    systems = [("vflow", run_vflow), ("ddp", run_ddp), ("limit", run_limit)]
+    if args.sockets:
+        systems.insert(1, ("vflow-sockets", run_vflow_sockets))
+    runs = {name: [] for name, _ in systems}
     for r in range(args.repeats):
-        for name, fn in (("vflow", run_vflow), ("ddp", run_ddp), ("limit", run_limit)):
+        for name, fn in systems:
             result = fn(args)
             runs[name].append(result)
-            print(f"repeat {r + 1}: {name:5s} {result['examples_per_second']:.0f} examples/s", flush=True)
+            print(f"repeat {r + 1}: {name:13s} {result['examples_per_second']:.0f} examples/s", flush=True)
 
     def med(name, key="examples_per_second"):
         return statistics.median(x[key] for x in runs[name])
@@ -207,11 +222,15 @@ def main():
     print("| system | examples/s | vs PyTorch DDP | vs compute-only limit |")
     print("|---|---|---|---|")
     print(f"| vflow | {v:.0f} | {v / d:.2f}x | {v / l:.2f} |")
+    if args.sockets:
+        k = med("vflow-sockets")
+        print(f"| vflow, sums over sockets (shared_memory: false) | {k:.0f} | {k / d:.2f}x | {k / l:.2f} |")
     print(f"| PyTorch DDP (no_sync) | {d:.0f} | 1.00x | {d / l:.2f} |")
     print(f"| compute-only limit ({args.workers} plain loops) | {l:.0f} | {l / d:.2f}x | 1.00 |")
     print()
-    print("vflow step breakdown (ms, rank 0): compute %.1f, allreduce %.1f, update %.1f" % (
-        med("vflow", "compute_ms"), med("vflow", "sync_ms"), med("vflow", "update_ms")))
+    for name in [n for n, _ in systems if n.startswith("vflow")]:
+        print("%s step breakdown (ms, rank 0): compute %.1f, allreduce %.1f, update %.1f" % (
+            name, med(name, "compute_ms"), med(name, "sync_ms"), med(name, "update_ms")))
     return 0
 
 

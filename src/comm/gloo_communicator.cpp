@@ -10,6 +10,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include "comm/host_memory.h"
 #include "comm/store.h"
 #include "vflow/comm/communicator.h"
 
@@ -195,13 +196,19 @@ class LocalCommunicator final : public Communicator {
 
 }  // namespace
 
+double Communicator::allreduce_combine(torch::Tensor&, const Combine&) {
+  throw Error("[comm] this communicator cannot combine tensors element by element");
+}
+
 std::unique_ptr<PendingWork> Communicator::start_allreduce_sum(torch::Tensor& tensor) {
   allreduce_sum(tensor);
   return std::make_unique<DoneWork>();
 }
 
 std::unique_ptr<Communicator> make_gloo_communicator(const Rendezvous& rendezvous) {
-  return std::make_unique<GlooCommunicator>(rendezvous);
+  auto gloo = std::make_unique<GlooCommunicator>(rendezvous);
+  if (!rendezvous.shared_memory) return gloo;
+  return over_host_memory(std::move(gloo), rendezvous.timeout);
 }
 
 std::unique_ptr<Communicator> make_local_communicator() {

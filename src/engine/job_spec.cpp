@@ -363,6 +363,12 @@ const SpecSchema<ResourcesSpec>& resources_schema() {
            "same result on 2 workers, on more the order of Gloo's additions may differ (default "
            "mode's tolerance); deterministic mode sums exact integers in its buckets, so its "
            "result is bitwise the same for every bucket size");
+    s.boolean("shared_memory", &R::shared_memory,
+              "workers that all run on one host (sharing its network, mount, IPC and PID "
+              "namespaces) sum their gradients through a shared-memory segment in /dev/shm "
+              "instead of Gloo's loopback sockets; elsewhere, or when the segment cannot be "
+              "reserved, Gloo's sockets. The sum is the same (elements added in rank order); "
+              "bucketed sums (`bucket_mb`) stay on Gloo");
     s.real("timeout_s", &R::timeout_s, 0.1, 86400.0,
            "rendezvous and collective timeout in seconds: a peer silent for longer is declared "
            "dead");

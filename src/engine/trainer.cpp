@@ -134,6 +134,7 @@ void check_devices(const ResourcesSpec& resources) {
 
 void choose_backend(const ResourcesSpec& resources, torch::Device device, comm::Rendezvous& r) {
   comm::choose_backend(resources.backend, "resources.backend", device, r);
+  r.shared_memory = resources.shared_memory;
 }
 
 namespace {
@@ -522,6 +523,14 @@ struct Trainer::Impl {
     const int world = comm->size();
     if (world == 1) {
       check_range(exact->round_in_place(flat));
+      return;
+    }
+    if (comm->can_combine() && plan.virtual_nodes() == world) {
+      // One vnode a worker, on one host: the exact sum is formed inside the reduction,
+      // each element converted once, and every rank checks the range of all the parts.
+      VFLOW_ASSERT(exact->empty(), "a worker of one vnode absorbed none before the reduction");
+      check_range(comm->allreduce_combine(flat, vnode::FixedPointSum::sum_rounded));
+      exact->clear();
       return;
     }
     auto dense = exact_reduction->dense(world);

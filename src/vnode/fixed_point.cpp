@@ -157,6 +157,49 @@ VFLOW_KERNEL void assemble_dense(const int32_t* __restrict d, float* __restrict 
   for (int64_t i = 0; i < n; ++i) v[i] = static_cast<float>(d[i]) * kUnitF;
 }
 
+/// sum_rounded of at most kBlock elements, exactly: the rounded values as int64.
+VFLOW_KERNEL RangeSeen sum_rounded_exact(const float* const* parts, int ranks,
+                                         float* __restrict dst, int64_t n) {
+  int64_t t[kBlock];
+  uint32_t largest = 0;
+  const float* __restrict first = parts[0];
+  for (int64_t i = 0; i < n; ++i) t[i] = to_int64(scaled(first[i], largest));
+  for (int k = 1; k < ranks; ++k) {
+    const float* __restrict p = parts[k];
+    for (int64_t i = 0; i < n; ++i) t[i] += to_int64(scaled(p[i], largest));
+  }
+  for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(to_double(t[i]) * kUnit);
+  return {largest};
+}
+
+/// sum_rounded of at most kBlock elements with the rounded values added as doubles. A
+/// rounded value is an integer float, exact as a double, and every partial sum is exact
+/// while it stays below 2^53; the first sum of two values rounds once, as the int64
+/// total's conversion to double does. So this is exact for two parts, and for more as
+/// long as every value is below 2^53 / ranks units (the caller checks).
+VFLOW_KERNEL RangeSeen sum_rounded_double(const float* const* parts, int ranks,
+                                          float* __restrict dst, int64_t n) {
+  uint32_t largest = 0;
+  const float* __restrict first = parts[0];
+  if (ranks == 2) {  // the common case, in one pass
+    const float* __restrict second = parts[1];
+    for (int64_t i = 0; i < n; ++i) {
+      const double t = static_cast<double>(scaled(first[i], largest)) +
+                       static_cast<double>(scaled(second[i], largest));
+      dst[i] = static_cast<float>(t * kUnit);
+    }
+    return {largest};
+  }
+  double t[kBlock];
+  for (int64_t i = 0; i < n; ++i) t[i] = static_cast<double>(scaled(first[i], largest));
+  for (int k = 1; k < ranks; ++k) {
+    const float* __restrict p = parts[k];
+    for (int64_t i = 0; i < n; ++i) t[i] += static_cast<double>(scaled(p[i], largest));
+  }
+  for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(t[i] * kUnit);
+  return {largest};
+}
+
 #undef VFLOW_KERNEL
 
 bool fast_path(const torch::Tensor& values) {
@@ -237,6 +280,31 @@ double FixedPointSum::round_in_place(torch::Tensor& values) {
   const int64_t* s = sum_.data_ptr<int64_t>();
   const auto seen = for_chunks(values.numel(), [&](int64_t b, int64_t e, int64_t) {
     return alone ? round_alone(v + b, e - b) : round_with_sum(v + b, s + b, e - b);
+  });
+  return seen.result();
+}
+
+double FixedPointSum::sum_rounded(const float* const* parts, int ranks, float* dst, int64_t n) {
+  VFLOW_ASSERT(ranks >= 1, "a sum of no parts");
+  // Blocks with a value of 2^53 / ranks units or more (2^17 / ranks in value; the
+  // power of two at or below it) take the int64 sum.
+  int shift = 0;
+  while ((1 << shift) < ranks) ++shift;
+  const float exact_from_value = std::ldexp(1.0f, 17 - shift);
+  uint32_t exact_from = 0;
+  std::memcpy(&exact_from, &exact_from_value, sizeof exact_from);
+  const auto seen = for_chunks(n, [&](int64_t b, int64_t e, int64_t) {
+    RangeSeen chunk;
+    std::vector<const float*> at(static_cast<size_t>(ranks));
+    for (int64_t bb = b; bb < e; bb += kBlock) {
+      for (int k = 0; k < ranks; ++k) at[k] = parts[k] + bb;
+      const int64_t m = std::min(e, bb + kBlock) - bb;
+      RangeSeen r = sum_rounded_double(at.data(), ranks, dst + bb, m);
+      if (ranks > 2 && r.largest >= exact_from)
+        r = sum_rounded_exact(at.data(), ranks, dst + bb, m);
+      chunk.merge(r);
+    }
+    return chunk;
   });
   return seen.result();
 }

@@ -53,6 +53,26 @@ TEST_CASE("deterministic jobs give the same fingerprint on 1, 2, 3 and 4 workers
   }
 }
 
+TEST_CASE(
+    "deterministic jobs of one vnode a worker give the one-worker fingerprint, their exact sum "
+    "formed in shared memory or split over sockets",
+    "[multiproc]") {
+  // N = W: on one host the exact sum is formed inside the shared-memory reduction
+  // (Communicator::allreduce_combine); without it, split into the int32 carrier over Gloo.
+  const std::string three = kDeterministic + " --set semantic.virtual_nodes=3";
+  const auto one = train(1, three);
+  REQUIRE(one.fingerprints.size() == 1);
+  for (const std::string memory : {"true", "false"}) {
+    CAPTURE(memory);
+    const auto run = train(3, three + " --set resources.shared_memory=" + memory);
+    CHECK(run.fingerprints == one.fingerprints);
+    CHECK(run.losses == one.losses);
+  }
+  // Two vnodes on two workers and on one.
+  const std::string two = kDeterministic + " --set semantic.virtual_nodes=2";
+  CHECK(train(2, two).fingerprints == train(1, two).fingerprints);
+}
+
 TEST_CASE("default jobs agree across worker counts within tolerance", "[multiproc][numeric]") {
   const auto one = train(1, vflow::testing::threads_flag());
   const auto three = train(3, vflow::testing::threads_flag());

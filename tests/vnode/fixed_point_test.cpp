@@ -165,3 +165,31 @@ TEST_CASE("the exact sum reports values outside its range, NaN included", "[unit
   auto fine = make(0.5f);
   CHECK(sum.absorb(fine) == 0.5);
 }
+
+TEST_CASE("the exact sum formed inside the reduction is the int64 sum of rounded values, as floats",
+          "[unit]") {
+  const int ranks = GENERATE(1, 2, 3, 5);
+  CAPTURE(ranks);
+  // Crosses the parallel chunks and the blocks, with a ragged end.
+  const int64_t n = 3 * 32768 + 1031;
+  std::vector<torch::Tensor> parts;
+  std::vector<const float*> pointers;
+  for (int k = 0; k < ranks; ++k) {
+    parts.push_back(awkward_values(n, 40 + static_cast<uint64_t>(k)));
+    pointers.push_back(parts.back().data_ptr<float>());
+  }
+  auto dst = torch::empty({n});
+  const double largest =
+      FixedPointSum::sum_rounded(pointers.data(), ranks, dst.data_ptr<float>(), n);
+  CHECK(same_bits(dst, as_floats(reference_sum(parts))));
+  double expected = 0;
+  for (const auto& p : parts) expected = std::max(expected, p.abs().max().item<double>());
+  CHECK(largest == expected);
+
+  // A value out of range, or NaN, in any part is reported.
+  parts.back()[n - 3] = -2e6f;
+  CHECK(FixedPointSum::sum_rounded(pointers.data(), ranks, dst.data_ptr<float>(), n) ==
+        Approx(2e6));
+  parts.front()[7] = std::numeric_limits<float>::quiet_NaN();
+  CHECK(std::isnan(FixedPointSum::sum_rounded(pointers.data(), ranks, dst.data_ptr<float>(), n)));
+}

@@ -5,6 +5,7 @@
 #include <torch/types.h>
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -29,6 +30,12 @@ class PendingWork {
   virtual void wait(std::chrono::steady_clock::time_point deadline) = 0;
 };
 
+/// An element-wise combination of the ranks' parts of a float tensor
+/// (Communicator::allreduce_combine): writes dst[i] from parts[0][i] .. parts[ranks - 1][i]
+/// for i < n, and returns a figure of the parts (their largest magnitude, say), which the
+/// group max-reduces. It must not depend on which rank calls it.
+using Combine = std::function<double(const float* const* parts, int ranks, float* dst, int64_t n)>;
+
 /// The store key under which Communicator::leave counts a rank out: a coordinator that
 /// only hosts the store for externally started workers serves until all have left.
 extern const char* const kLeftKey;
@@ -48,6 +55,13 @@ class Communicator {
   /// that the caller can compute meanwhile: a property of the backend, the same on every
   /// rank (Gloo: yes; a device tensor's sum runs at once even there).
   virtual bool asynchronous() const { return false; }
+  /// Whether allreduce_combine is available: the same on every rank of a group (shared
+  /// memory on one host: vflow/comm/communicator.h's Rendezvous::shared_memory).
+  virtual bool can_combine() const { return false; }
+  /// `tensor` (float32, the same size on every rank) becomes `combine` of every rank's
+  /// tensor, element by element. Returns the largest of combine's figures over the group
+  /// (NaN when one is NaN), the same on every rank. Throws Error where !can_combine().
+  virtual double allreduce_combine(torch::Tensor& tensor, const Combine& combine);
   /// How long a collective may wait for a silent peer.
   virtual std::chrono::milliseconds timeout() const { return std::chrono::milliseconds(30000); }
   /// Copies `root`'s tensor into every rank's `tensor` (same shape everywhere).
@@ -96,6 +110,10 @@ struct Rendezvous {
   bool host_store = false;
   std::string backend = "gloo";  ///< gloo | nccl (see make_communicator)
   int cuda_device = 0;           ///< nccl: this rank's CUDA device index
+  /// gloo: ranks that all run on this host (and share its namespaces) sum host tensors
+  /// through a shared-memory segment instead of loopback sockets (docs/design.md, "Ranks
+  /// on one host"); elsewhere, or when the segment cannot be reserved, Gloo's sockets.
+  bool shared_memory = true;
   /// nccl: > 0 when this rank is new and joins the communicator that the earlier
   /// members, ranks 0 .. grown_from - 1, grow (Communicator::grow), instead of
   /// initialising one with everybody afresh.

@@ -105,6 +105,9 @@ struct ResourcesSpec {
   /// (default mode, Gloo); 0 = one collective after the backward pass, the default: on
   /// one machine the reduction uses the cores that train (docs/benchmarks.md).
   double bucket_mb = 0;
+  /// Workers on one host sum their gradients through shared memory rather than Gloo's
+  /// loopback sockets (Gloo only; docs/design.md, "Ranks on one host").
+  bool shared_memory = true;
   double timeout_s = 30;    ///< rendezvous and collective timeout (a silent peer is dead after it)
   int64_t min_workers = 1;  ///< an elastic job never runs on fewer; below it, it stops
   int64_t max_workers = 0;  ///< resize requests above it are refused; 0 = virtual_nodes

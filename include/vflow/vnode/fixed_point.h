@@ -80,6 +80,16 @@ class FixedPointSum {
   static Reduced reduced(const torch::Tensor& dense, const torch::Tensor& index,
                          const torch::Tensor& value, int64_t numel);
 
+  /// The exact sum over workers that hold one vnode each, formed inside the reduction
+  /// (comm::Communicator::allreduce_combine): dst[i] = the float nearest to
+  /// Σ_k round(parts[k][i] · 2^36) · 2^-36, bitwise what split, the summed parts and
+  /// assemble give. Returns the largest magnitude among the parts (as absorb; NaN if one
+  /// is NaN); when that is not below kLimit, dst is not the sum.
+  static double sum_rounded(const float* const* parts, int ranks, float* dst, int64_t n);
+
+  /// Nothing absorbed since the last clear(), split() or round_in_place().
+  bool empty() const { return empty_; }
+
   /// Zeroes the sum (a step abandoned).
   void clear();
 

@@ -1,0 +1,463 @@
+#include "comm/host_memory.h"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <poll.h>
+#include <sched.h>
+#include <spdlog/spdlog.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <random>
+#include <thread>
+#include <type_traits>
+
+#ifndef SYS_pidfd_open
+#define SYS_pidfd_open 434
+#endif
+
+namespace vflow::comm {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr size_t kLine = 64;  // one counter per cache line
+constexpr size_t kPage = 4096;
+constexpr size_t kMiB = size_t{1} << 20;
+
+size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+/// What makes two processes able to share memory and pids: the same boot of the same
+/// kernel, and the same network, mount, IPC and PID namespaces. Ranks in network
+/// namespaces of their own stand for separate hosts, and must not share memory even
+/// where they could. 0 where it cannot be read.
+int64_t host_identity() {
+  std::ifstream boot("/proc/sys/kernel/random/boot_id");
+  std::string text;
+  if (!(boot >> text)) return 0;
+  for (const char* ns : {"net", "mnt", "ipc", "pid"}) {
+    struct stat st {};
+    if (stat(fmt::format("/proc/self/ns/{}", ns).c_str(), &st) != 0) return 0;
+    text += fmt::format("/{}:{}", ns, static_cast<uint64_t>(st.st_ino));
+  }
+  const auto h = static_cast<int64_t>(std::hash<std::string>{}(text) >> 1);
+  return h == 0 ? 1 : h;
+}
+
+/// Each rank's slot: two halves, used by alternate pieces of a sum, so that one
+/// piece's last reads never race the next piece's writes (DESIGN in docs/design.md).
+size_t slot_bytes(int ranks) {
+  return round_up(std::clamp<size_t>(64 * kMiB / static_cast<size_t>(ranks), kMiB, 8 * kMiB),
+                  2 * kPage);
+}
+
+/// The header: the abandoned flag, then each rank's phase, then each rank's figure (the
+/// result its part of a combination reported), each on a cache line of its own.
+size_t header_bytes(int ranks) {
+  return round_up(kLine * (1 + 2 * static_cast<size_t>(ranks)), kPage);
+}
+
+uint64_t as_bits(double x) {
+  uint64_t bits = 0;
+  std::memcpy(&bits, &x, sizeof bits);
+  return bits;
+}
+
+double as_double(uint64_t bits) {
+  double x = 0;
+  std::memcpy(&x, &bits, sizeof x);
+  return x;
+}
+
+/// The larger of two figures; NaN when either is.
+double larger(double a, double b) {
+  if (std::isnan(a) || std::isnan(b)) return std::numeric_limits<double>::quiet_NaN();
+  return std::max(a, b);
+}
+
+/// An unnamed mapping of the group's segment.
+struct Mapping {
+  void* base = nullptr;
+  size_t bytes = 0;
+  Mapping() = default;
+  Mapping(const Mapping&) = delete;
+  Mapping& operator=(const Mapping&) = delete;
+  ~Mapping() {
+    if (base != nullptr) munmap(base, bytes);
+  }
+  /// Maps `fd` (which it closes); false on failure.
+  bool map(int fd, size_t size) {
+    void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (p == MAP_FAILED) return false;
+    base = p;
+    bytes = size;
+    return true;
+  }
+};
+
+/// Creates and reserves the segment `name` of `bytes` (rank 0): an error text, or "".
+std::string create_segment(const std::string& name, size_t bytes, Mapping& mapping) {
+  const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  if (fd < 0) return fmt::format("shm_open({}): {}", name, std::strerror(errno));
+  // Reserve every page now: a full /dev/shm is an error here, not a SIGBUS mid-step.
+  int error = ftruncate(fd, static_cast<off_t>(bytes)) != 0 ? errno : 0;
+  if (error == 0) error = posix_fallocate(fd, 0, static_cast<off_t>(bytes));
+  if (error != 0) {
+    close(fd);
+    shm_unlink(name.c_str());
+    return fmt::format("reserving {} MiB in /dev/shm: {}", bytes / kMiB, std::strerror(error));
+  }
+  if (!mapping.map(fd, bytes)) {
+    shm_unlink(name.c_str());
+    return fmt::format("mmap: {}", std::strerror(errno));
+  }
+  return "";
+}
+
+std::string open_segment(const std::string& name, size_t bytes, Mapping& mapping) {
+  const int fd = shm_open(name.c_str(), O_RDWR, 0600);
+  if (fd < 0) return fmt::format("shm_open({}): {}", name, std::strerror(errno));
+  struct stat st {};
+  if (fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) != bytes) {
+    close(fd);
+    return fmt::format("{} is not the group's segment", name);
+  }
+  if (!mapping.map(fd, bytes)) return fmt::format("mmap: {}", std::strerror(errno));
+  return "";
+}
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+/// dst[i] = src[0][i] + src[1][i] + ... + src[n-1][i], left to right (so every rank that
+/// reads the result gets the same bits); integers wrap as Gloo's sums do.
+template <typename T, bool = std::is_integral_v<T>>
+struct Adder {
+  using type = T;
+};
+template <typename T>
+struct Adder<T, true> {
+  using type = std::make_unsigned_t<T>;
+};
+
+template <typename T>
+void sum_parts(T* dst, const T* const* src, int n, int64_t count) {
+  using Add = typename Adder<T>::type;
+  const T* a = src[0];
+  const T* b = src[1];
+  for (int64_t i = 0; i < count; ++i) {
+    dst[i] = static_cast<T>(static_cast<Add>(a[i]) + static_cast<Add>(b[i]));
+  }
+  for (int k = 2; k < n; ++k) {
+    const T* c = src[k];
+    for (int64_t i = 0; i < count; ++i) {
+      dst[i] = static_cast<T>(static_cast<Add>(dst[i]) + static_cast<Add>(c[i]));
+    }
+  }
+}
+
+class HostMemoryCommunicator final : public Communicator {
+ public:
+  HostMemoryCommunicator(std::unique_ptr<Communicator> base, std::unique_ptr<Mapping> mapping,
+                         std::vector<int64_t> pids, std::chrono::milliseconds timeout)
+      : base_(std::move(base)),
+        mapping_(std::move(mapping)),
+        pids_(std::move(pids)),
+        timeout_(timeout),
+        rank_(base_->rank()),
+        size_(base_->size()),
+        slot_(slot_bytes(size_)),
+        header_(header_bytes(size_)) {
+    for (int k = 0; k < size_; ++k) {
+      if (k == rank_ || pids_[k] == getpid()) continue;
+      const int fd = static_cast<int>(syscall(SYS_pidfd_open, static_cast<pid_t>(pids_[k]), 0));
+      if (fd >= 0) watched_.push_back({fd, k});
+    }
+  }
+
+  ~HostMemoryCommunicator() override {
+    set_aborted();
+    for (const auto& w : watched_) close(w.fd);
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+
+  // Every rank must take the same path whatever its tensor's device and layout (a job
+  // may mix CPU and CUDA workers): only the element type decides.
+  void allreduce_sum(torch::Tensor& tensor) override {
+    const auto type = tensor.scalar_type();
+    if (type != torch::kFloat && type != torch::kDouble && type != torch::kInt &&
+        type != torch::kLong) {
+      return guarded([&] { base_->allreduce_sum(tensor); });
+    }
+    const bool in_place = tensor.is_cpu() && tensor.is_contiguous();
+    auto host = in_place ? tensor : tensor.to(torch::kCPU).contiguous();
+    if (type == torch::kFloat) sum(host.data_ptr<float>(), host.numel());
+    if (type == torch::kDouble) sum(host.data_ptr<double>(), host.numel());
+    if (type == torch::kInt) sum(host.data_ptr<int32_t>(), host.numel());
+    if (type == torch::kLong) sum(host.data_ptr<int64_t>(), host.numel());
+    if (!in_place) tensor.copy_(host);
+  }
+
+  bool can_combine() const override { return true; }
+
+  double allreduce_combine(torch::Tensor& tensor, const Combine& combine) override {
+    VFLOW_ASSERT(tensor.scalar_type() == torch::kFloat, "only float tensors are combined");
+    const bool in_place = tensor.is_cpu() && tensor.is_contiguous();
+    auto host = in_place ? tensor : tensor.to(torch::kCPU).contiguous();
+    const double figure = reduce(host.data_ptr<float>(), host.numel(),
+                                 [&](float* dst, const float* const* parts, int64_t count) {
+                                   return combine(parts, size_, dst, count);
+                                 });
+    if (!in_place) tensor.copy_(host);
+    return figure;
+  }
+
+  std::unique_ptr<PendingWork> start_allreduce_sum(torch::Tensor& tensor) override {
+    return guarded([&] { return base_->start_allreduce_sum(tensor); });
+  }
+  bool asynchronous() const override { return base_->asynchronous(); }
+  std::chrono::milliseconds timeout() const override { return base_->timeout(); }
+  void broadcast(torch::Tensor& tensor, int root) override {
+    guarded([&] { base_->broadcast(tensor, root); });
+  }
+  std::vector<torch::Tensor> all_gather(const torch::Tensor& tensor) override {
+    return guarded([&] { return base_->all_gather(tensor); });
+  }
+  void barrier() override {
+    guarded([&] { base_->barrier(); });
+  }
+  void leave() override { base_->leave(); }
+  void abort() override {
+    set_aborted();
+    base_->abort();
+  }
+
+ private:
+  struct Watched {
+    int fd;
+    int rank;
+  };
+
+  /// `run()`, marking the group failed for the peers when it fails.
+  template <typename Run>
+  auto guarded(Run run) -> decltype(run()) {
+    try {
+      return run();
+    } catch (const PeerFailure&) {
+      set_aborted();
+      throw;
+    }
+  }
+
+  uint64_t* counter(size_t line) const {
+    return reinterpret_cast<uint64_t*>(static_cast<char*>(mapping_->base) + kLine * line);
+  }
+  uint64_t* aborted() const { return counter(0); }
+  uint64_t* phase_of(int rank) const { return counter(1 + static_cast<size_t>(rank)); }
+  uint64_t* figure_of(int rank) const { return counter(1 + static_cast<size_t>(size_ + rank)); }
+  void set_aborted() {
+    if (mapping_) __atomic_store_n(aborted(), 1, __ATOMIC_RELEASE);
+  }
+
+  template <typename T>
+  T* part(int rank, uint64_t half) const {
+    return reinterpret_cast<T*>(static_cast<char*>(mapping_->base) + header_ +
+                                static_cast<size_t>(rank) * slot_ + half * (slot_ / 2));
+  }
+
+  std::string failed() const {
+    return fmt::format("[comm] allreduce failed on rank {} of {}", rank_, size_);
+  }
+
+  /// Announces this rank's next phase and waits until every rank has reached it.
+  void arrive_and_wait() {
+    ++phase_;
+    __atomic_store_n(phase_of(rank_), phase_, __ATOMIC_RELEASE);
+    const auto start = Clock::now();
+    const auto deadline = start + timeout_;
+    for (uint64_t spin = 0;; ++spin) {
+      // Read the flag first: a peer that finished and then left arrived before it set it.
+      const bool abandoned = __atomic_load_n(aborted(), __ATOMIC_ACQUIRE) != 0;
+      int missing = -1;
+      for (int k = 0; k < size_ && missing < 0; ++k) {
+        if (__atomic_load_n(phase_of(k), __ATOMIC_ACQUIRE) < phase_) missing = k;
+      }
+      if (missing < 0) return;
+      if (abandoned) {
+        throw PeerFailure(fmt::format("{}: a peer failed or left the group", failed()));
+      }
+      if (spin < 256) {
+        cpu_relax();
+        continue;
+      }
+      const auto now = Clock::now();
+      if (spin % 16 == 0) check_peers_alive();
+      if (now > deadline) {
+        set_aborted();
+        throw PeerFailure(fmt::format("{}: rank {} did not arrive within {} ms", failed(), missing,
+                                      timeout_.count()));
+      }
+      if (now - start < std::chrono::milliseconds(1)) {
+        sched_yield();
+      } else {
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+      }
+    }
+  }
+
+  void check_peers_alive() {
+    if (watched_.empty()) return;
+    std::vector<pollfd> fds;
+    for (const auto& w : watched_) fds.push_back({w.fd, POLLIN, 0});
+    if (poll(fds.data(), fds.size(), 0) <= 0) return;
+    for (size_t i = 0; i < fds.size(); ++i) {
+      if (fds[i].revents != 0) {
+        set_aborted();
+        throw PeerFailure(fmt::format("{}: rank {} (pid {}) exited", failed(), watched_[i].rank,
+                                      pids_[watched_[i].rank]));
+      }
+    }
+  }
+
+  /// The sum of `n` elements at `x` over all ranks (ranks in order).
+  template <typename T>
+  void sum(T* x, int64_t n) {
+    reduce(x, n, [&](T* dst, const T* const* sources, int64_t count) {
+      sum_parts(dst, sources, size_, count);
+      return 0.0;
+    });
+  }
+
+  /// `n` elements at `x` become reduce_part of every rank's, in pieces of half a slot:
+  /// each rank publishes the parts the others reduce, reduces its own part and takes the
+  /// others' reduced parts. reduce_part(dst, sources, count) writes dst from the ranks'
+  /// sources (in rank order) and returns a figure; the largest over every rank's parts
+  /// (NaN if any) is returned on every rank.
+  template <typename T, typename ReducePart>
+  double reduce(T* x, int64_t n, ReducePart reduce_part) {
+    const int64_t piece = static_cast<int64_t>(slot_ / 2 / sizeof(T));
+    std::vector<const T*> sources(static_cast<size_t>(size_));
+    double figure = 0;
+    for (int64_t offset = 0; offset < n; offset += piece) {
+      const int64_t len = std::min(piece, n - offset);
+      const int64_t share = ((len + size_ - 1) / size_ + 15) & ~int64_t{15};
+      const auto begin = [&](int k) { return std::min(len, k * share); };
+      const auto count = [&](int k) { return begin(k + 1) - begin(k); };
+      const uint64_t half = pieces_++ % 2;
+      T* mine = part<T>(rank_, half);
+      T* here = x + offset;
+      for (int k = 0; k < size_; ++k) {
+        if (k != rank_ && count(k) > 0) {
+          std::memcpy(mine + begin(k), here + begin(k), sizeof(T) * count(k));
+        }
+      }
+      arrive_and_wait();
+      for (int k = 0; k < size_; ++k) {
+        sources[k] = (k == rank_ ? here : part<T>(k, half)) + begin(rank_);
+      }
+      if (count(rank_) > 0) {
+        figure = larger(figure, reduce_part(mine + begin(rank_), sources.data(), count(rank_)));
+        std::memcpy(here + begin(rank_), mine + begin(rank_), sizeof(T) * count(rank_));
+      }
+      // Published before the barrier, which orders it for the readers after it; rewritten
+      // only after the next sum's first barrier, which every reader has passed by then.
+      __atomic_store_n(figure_of(rank_), as_bits(figure), __ATOMIC_RELAXED);
+      arrive_and_wait();
+      for (int k = 0; k < size_; ++k) {
+        if (k != rank_ && count(k) > 0) {
+          std::memcpy(here + begin(k), part<T>(k, half) + begin(k), sizeof(T) * count(k));
+        }
+      }
+    }
+    if (n == 0) return 0;
+    double all = 0;
+    for (int k = 0; k < size_; ++k) {
+      all = larger(all, as_double(__atomic_load_n(figure_of(k), __ATOMIC_RELAXED)));
+    }
+    return all;
+  }
+
+  std::unique_ptr<Communicator> base_;
+  std::unique_ptr<Mapping> mapping_;
+  std::vector<int64_t> pids_;
+  std::vector<Watched> watched_;
+  std::chrono::milliseconds timeout_;
+  int rank_;
+  int size_;
+  size_t slot_;
+  size_t header_;
+  uint64_t phase_ = 0;
+  uint64_t pieces_ = 0;
+};
+
+}  // namespace
+
+bool sums_through_host_memory(const Communicator& comm) {
+  return dynamic_cast<const HostMemoryCommunicator*>(&comm) != nullptr;
+}
+
+std::unique_ptr<Communicator> over_host_memory(std::unique_ptr<Communicator> base,
+                                               std::chrono::milliseconds timeout) {
+  const int ranks = base->size();
+  const int rank = base->rank();
+  if (ranks < 2) return base;
+  const auto ids = base->all_gather(torch::tensor({host_identity(), int64_t{getpid()}}));
+  std::vector<int64_t> pids;
+  for (const auto& id : ids) {
+    const auto* p = id.data_ptr<int64_t>();
+    if (p[0] == 0 || p[0] != ids[0].data_ptr<int64_t>()[0]) return base;
+    pids.push_back(p[1]);
+  }
+  const size_t bytes = header_bytes(ranks) + static_cast<size_t>(ranks) * slot_bytes(ranks);
+  auto mapping = std::make_unique<Mapping>();
+  auto token = torch::zeros({1}, torch::kLong);
+  std::string error;
+  std::string name;
+  if (rank == 0) {
+    std::random_device random;
+    const uint64_t t = (uint64_t{random()} << 32 | random()) | 1;
+    name = fmt::format("/vflow-{:016x}", t);
+    error = create_segment(name, bytes, *mapping);
+    if (error.empty()) token[0] = static_cast<int64_t>(t);
+  }
+  base->broadcast(token, 0);
+  const auto t = static_cast<uint64_t>(token[0].item<int64_t>());
+  if (rank != 0 && t != 0) {
+    name = fmt::format("/vflow-{:016x}", t);
+    error = open_segment(name, bytes, *mapping);
+  }
+  auto failures = torch::full({1}, (t == 0 || !error.empty()) ? 1 : 0, torch::kInt);
+  base->allreduce_sum(failures);
+  // Every rank has mapped it or given up: the name can go, the memory stays while mapped.
+  if (rank == 0 && t != 0) shm_unlink(name.c_str());
+  if (failures[0].item<int>() > 0) {
+    if (!error.empty()) {
+      spdlog::info("[comm] rank {}: sums stay on sockets, shared memory failed: {}", rank, error);
+    }
+    return base;
+  }
+  if (rank == 0) {
+    spdlog::debug("[comm] the {} ranks share this host's memory: host sums go through {} MiB of it",
+                  ranks, bytes / kMiB);
+  }
+  return std::make_unique<HostMemoryCommunicator>(std::move(base), std::move(mapping),
+                                                  std::move(pids), timeout);
+}
+
+}  // namespace vflow::comm

@@ -1,0 +1,249 @@
+// Sums through one host's shared memory: ranks in threads and in processes of their own,
+// over a real coordinator store on loopback.
+#include "comm/host_memory.h"
+
+#include <fmt/format.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <climits>
+#include <condition_variable>
+#include <cstdlib>
+#include <mutex>
+#include <thread>
+
+#include "support.h"
+#include "vflow/job/control_store.h"
+#include "vflow/job/launcher.h"
+
+extern char** environ;
+
+using vflow::comm::Communicator;
+using vflow::job::Coordinator;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+/// Rank `rank`'s values for a sum of `n` elements of `dtype`: seeded by (rank, n).
+torch::Tensor values(int rank, int64_t n, torch::ScalarType dtype) {
+  auto g = torch::make_generator<at::CPUGeneratorImpl>(1000 * n + rank);
+  if (dtype == torch::kInt) {
+    // Large enough that three ranks' sums come near INT32_MAX, and negatives.
+    return torch::randint(-700000000, 700000000, {n}, g, torch::kInt);
+  }
+  if (dtype == torch::kLong)
+    return torch::randint(-(int64_t{1} << 60), int64_t{1} << 60, {n}, g, torch::kLong);
+  return torch::randn({n}, g, torch::TensorOptions(dtype)) * (rank + 1);
+}
+
+/// The sum over `ranks` ranks, element by element, rank 0 first.
+torch::Tensor sum_in_rank_order(int ranks, int64_t n, torch::ScalarType dtype) {
+  auto sum = values(0, n, dtype);
+  for (int k = 1; k < ranks; ++k) sum = sum + values(k, n, dtype);
+  return sum;
+}
+
+}  // namespace
+
+TEST_CASE("ranks on one host sum through shared memory, bit for bit the sum in rank order",
+          "[integration]") {
+  Coordinator coordinator("127.0.0.1", 0, std::chrono::seconds(10));
+  constexpr int kRanks = 3;
+  // 3 M floats cross the pieces of three ranks' slots (half a slot: 1 M floats), and
+  // the sums before and after start on either half.
+  const std::vector<std::pair<int64_t, torch::ScalarType>> sums = {
+      {3000000, torch::kFloat}, {0, torch::kFloat},   {1, torch::kFloat},      {17, torch::kDouble},
+      {1000001, torch::kInt},   {4099, torch::kLong}, {2500000, torch::kFloat}};
+  std::vector<std::vector<torch::Tensor>> results(kRanks);
+  std::vector<bool> shared(kRanks);
+  std::vector<torch::Tensor> strided(kRanks);
+  const auto errors =
+      vflow::testing::run_gloo_ranks(coordinator, kRanks, "shm", [&](int rank, Communicator& comm) {
+        shared[rank] = vflow::comm::sums_through_host_memory(comm);
+        for (const auto& [n, dtype] : sums) {
+          auto t = values(rank, n, dtype);
+          comm.allreduce_sum(t);
+          results[rank].push_back(t);
+        }
+        // Not contiguous: summed in a contiguous copy.
+        strided[rank] = torch::full({8, 2}, rank + 1.0f).select(1, 0);
+        comm.allreduce_sum(strided[rank]);
+      });
+  for (int rank = 0; rank < kRanks; ++rank) {
+    CAPTURE(rank, errors[rank]);
+    REQUIRE(errors[rank].empty());
+    CHECK(shared[rank]);
+    for (size_t i = 0; i < sums.size(); ++i) {
+      CAPTURE(i);
+      CHECK(
+          torch::equal(results[rank][i], sum_in_rank_order(kRanks, sums[i].first, sums[i].second)));
+    }
+    CHECK(torch::equal(strided[rank], torch::full({8}, 6.0f)));
+  }
+
+  // Turned off, the group is Gloo's alone.
+  std::vector<std::thread> threads;
+  std::vector<int> off(2, -1);
+  for (int rank = 0; rank < 2; ++rank) {
+    threads.emplace_back([&, rank] {
+      auto r = vflow::testing::rendezvous_at(coordinator, rank, 2, "off");
+      r.shared_memory = false;
+      auto comm = vflow::comm::make_gloo_communicator(r);
+      off[rank] = vflow::comm::sums_through_host_memory(*comm) ? 1 : 0;
+      auto t = torch::ones({5});
+      comm->allreduce_sum(t);
+    });
+  }
+  for (auto& t : threads) t.join();
+  CHECK(off == std::vector<int>{0, 0});
+}
+
+TEST_CASE("a silent peer fails a shared-memory sum within the timeout, naming it",
+          "[integration]") {
+  Coordinator coordinator("127.0.0.1", 0, std::chrono::seconds(10));
+  std::mutex m;
+  std::condition_variable cv;
+  bool done = false;
+  std::thread silent([&] {
+    auto comm = vflow::comm::make_gloo_communicator(
+        vflow::testing::rendezvous_at(coordinator, 1, 2, "silent", 1500));
+    // Holds its communicator, never sums, until rank 0 has given up.
+    std::unique_lock<std::mutex> lock(m);
+    cv.wait(lock, [&] { return done; });
+  });
+  auto comm = vflow::comm::make_gloo_communicator(
+      vflow::testing::rendezvous_at(coordinator, 0, 2, "silent", 1500));
+  REQUIRE(vflow::comm::sums_through_host_memory(*comm));
+  const auto t0 = Clock::now();
+  auto t = torch::ones({1000});
+  CHECK_THROWS_WITH(comm->allreduce_sum(t),
+                    Catch::Contains("rank 1 did not arrive within 1500 ms"));
+  const auto waited = Clock::now() - t0;
+  CHECK(waited >= std::chrono::milliseconds(1500));
+  CHECK(waited < std::chrono::seconds(6));
+  {
+    std::lock_guard<std::mutex> lock(m);
+    done = true;
+  }
+  cv.notify_one();
+  silent.join();
+}
+
+// The peer process of the next test: rank 1, one sum, then it exits at once.
+TEST_CASE("shared-memory peer that exits (child process)", "[.][child]") {
+  const char* port = std::getenv("VFLOW_TEST_SHM_PORT");
+  if (port == nullptr) return;
+  vflow::comm::Rendezvous r;
+  r.store_port = std::atoi(port);
+  r.store =
+      vflow::job::connect_embedded_store(r.store_host, r.store_port, std::chrono::seconds(20));
+  r.rank = 1;
+  r.world_size = 2;
+  r.generation = "exit";
+  r.timeout = std::chrono::seconds(20);
+  auto comm = vflow::comm::make_gloo_communicator(r);
+  auto t = torch::ones({100000});
+  comm->allreduce_sum(t);
+  _exit(vflow::comm::sums_through_host_memory(*comm) ? 0 : 3);
+}
+
+TEST_CASE("a peer process that exits fails the shared-memory sum at once, not at the timeout",
+          "[multiproc]") {
+  Coordinator coordinator("127.0.0.1", 0, std::chrono::seconds(20));
+  char self[PATH_MAX] = {};
+  REQUIRE(readlink("/proc/self/exe", self, sizeof self - 1) > 0);
+  const std::string port = fmt::format("VFLOW_TEST_SHM_PORT={}", coordinator.port());
+  std::vector<char*> env;
+  for (char** e = environ; *e != nullptr; ++e) env.push_back(*e);
+  env.push_back(const_cast<char*>(port.c_str()));
+  env.push_back(nullptr);
+  char name[] = "shared-memory peer that exits (child process)";
+  char* argv[] = {self, name, nullptr};
+  pid_t child = 0;
+  REQUIRE(posix_spawn(&child, self, nullptr, nullptr, argv, env.data()) == 0);
+
+  auto comm = vflow::comm::make_gloo_communicator(
+      vflow::testing::rendezvous_at(coordinator, 0, 2, "exit", 20000));
+  CHECK(vflow::comm::sums_through_host_memory(*comm));
+  auto t = torch::ones({100000});
+  comm->allreduce_sum(t);
+  CHECK(t[99999].item<float>() == 2.0f);
+  const auto t0 = Clock::now();
+  CHECK_THROWS_WITH(comm->allreduce_sum(t),
+                    Catch::Contains("rank 1 (pid") && Catch::Contains(") exited"));
+  CHECK(Clock::now() - t0 < std::chrono::seconds(5));
+  int status = 0;
+  REQUIRE(waitpid(child, &status, 0) == child);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+}
+
+TEST_CASE("ranks on one host combine their tensors element by element and agree on the figure",
+          "[integration]") {
+  Coordinator coordinator("127.0.0.1", 0, std::chrono::seconds(10));
+  constexpr int kRanks = 3;
+  // The largest of the ranks' values where rank 0's is positive, else their sum; the
+  // figure is the largest magnitude seen.
+  const vflow::comm::Combine combine = [](const float* const* parts, int ranks, float* dst,
+                                          int64_t n) {
+    double figure = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      float best = parts[0][i];
+      float sum = 0;
+      for (int k = 0; k < ranks; ++k) {
+        best = std::max(best, parts[k][i]);
+        sum += parts[k][i];
+        figure = std::max(figure, static_cast<double>(std::fabs(parts[k][i])));
+      }
+      dst[i] = parts[0][i] > 0 ? best : sum;
+    }
+    return figure;
+  };
+  const int64_t n = 2500000;  // three pieces of three ranks' slots
+  std::vector<torch::Tensor> results(kRanks);
+  std::vector<double> figures(kRanks);
+  const auto errors = vflow::testing::run_gloo_ranks(
+      coordinator, kRanks, "combine", [&](int rank, Communicator& comm) {
+        REQUIRE(comm.can_combine());
+        auto t = values(rank, n, torch::kFloat);
+        if (rank == 2) t[n - 1] = -100.0f;  // the largest magnitude, in the last piece
+        figures[rank] = comm.allreduce_combine(t, combine);
+        results[rank] = t;
+      });
+  std::vector<torch::Tensor> inputs;
+  for (int k = 0; k < kRanks; ++k) inputs.push_back(values(k, n, torch::kFloat));
+  inputs[2][n - 1] = -100.0f;
+  const auto best = torch::max(torch::max(inputs[0], inputs[1]), inputs[2]);
+  const auto expected = torch::where(inputs[0] > 0, best, inputs[0] + inputs[1] + inputs[2]);
+  for (int rank = 0; rank < kRanks; ++rank) {
+    CAPTURE(rank, errors[rank]);
+    REQUIRE(errors[rank].empty());
+    CHECK(torch::equal(results[rank], expected));
+    CHECK(figures[rank] == 100.0);
+  }
+
+  // Gloo's sockets alone cannot.
+  std::vector<std::string> refused(2);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < 2; ++rank) {
+    threads.emplace_back([&, rank] {
+      auto r = vflow::testing::rendezvous_at(coordinator, rank, 2, "no-combine");
+      r.shared_memory = false;
+      auto comm = vflow::comm::make_gloo_communicator(r);
+      auto t = torch::ones({5});
+      if (comm->can_combine()) return;
+      try {
+        comm->allreduce_combine(t, combine);
+      } catch (const vflow::Error& e) {
+        refused[rank] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (const auto& r : refused) CHECK_THAT(r, Catch::Contains("cannot combine"));
+}
