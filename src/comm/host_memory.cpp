@@ -53,7 +53,8 @@ int64_t host_identity() {
 }
 
 /// Each rank's slot: two halves, used by alternate pieces of a sum, so that one
-/// piece's last reads never race the next piece's writes (DESIGN in docs/design.md).
+/// piece's last reads never race the next piece's writes (docs/design.md, "Ranks on
+/// one host").
 size_t slot_bytes(int ranks) {
   return round_up(std::clamp<size_t>(64 * kMiB / static_cast<size_t>(ranks), kMiB, 8 * kMiB),
                   2 * kPage);
@@ -93,10 +94,12 @@ struct Mapping {
   ~Mapping() {
     if (base != nullptr) munmap(base, bytes);
   }
-  /// Maps `fd` (which it closes); false on failure.
+  /// Maps `fd` (which it closes); false on failure, with errno set by mmap.
   bool map(int fd, size_t size) {
     void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    const int error = errno;
     close(fd);
+    errno = error;
     if (p == MAP_FAILED) return false;
     base = p;
     bytes = size;
