@@ -188,7 +188,14 @@ class HostMemoryCommunicator final : public Communicator {
     for (int k = 0; k < size_; ++k) {
       if (k == rank_ || pids_[k] == getpid()) continue;
       const int fd = static_cast<int>(syscall(SYS_pidfd_open, static_cast<pid_t>(pids_[k]), 0));
-      if (fd >= 0) watched_.push_back({fd, k});
+      if (fd >= 0) {
+        watched_.push_back({fd, k});
+      } else {
+        spdlog::debug(
+            "[comm] rank {} cannot watch rank {} (pid {}): {}; a peer that exits is "
+            "seen after the timeout",
+            rank_, k, pids_[k], std::strerror(errno));
+      }
     }
   }
 
@@ -439,16 +446,23 @@ std::unique_ptr<Communicator> over_host_memory(std::unique_ptr<Communicator> bas
     error = create_segment(name, bytes, *mapping);
     if (error.empty()) token[0] = static_cast<int64_t>(t);
   }
-  base->broadcast(token, 0);
-  const auto t = static_cast<uint64_t>(token[0].item<int64_t>());
-  if (rank != 0 && t != 0) {
-    name = fmt::format("/vflow-{:016x}", t);
-    error = open_segment(name, bytes, *mapping);
+  const bool created = rank == 0 && error.empty();
+  auto failures = torch::zeros({1}, torch::kInt);
+  try {
+    base->broadcast(token, 0);
+    const auto t = static_cast<uint64_t>(token[0].item<int64_t>());
+    if (rank != 0 && t != 0) {
+      name = fmt::format("/vflow-{:016x}", t);
+      error = open_segment(name, bytes, *mapping);
+    }
+    failures[0] = (t == 0 || !error.empty()) ? 1 : 0;
+    base->allreduce_sum(failures);
+  } catch (...) {
+    if (created) shm_unlink(name.c_str());  // a peer failed meanwhile: nothing is left behind
+    throw;
   }
-  auto failures = torch::full({1}, (t == 0 || !error.empty()) ? 1 : 0, torch::kInt);
-  base->allreduce_sum(failures);
   // Every rank has mapped it or given up: the name can go, the memory stays while mapped.
-  if (rank == 0 && t != 0) shm_unlink(name.c_str());
+  if (created) shm_unlink(name.c_str());
   if (failures[0].item<int>() > 0) {
     if (!error.empty()) {
       spdlog::info("[comm] rank {}: sums stay on sockets, shared memory failed: {}", rank, error);
