@@ -89,14 +89,16 @@ comm::Rendezvous rendezvous_at(const job::Coordinator& coordinator, int rank, in
 
 std::vector<std::string> run_gloo_ranks(const job::Coordinator& coordinator, int ranks,
                                         const std::string& generation,
-                                        const std::function<void(int, comm::Communicator&)>& body) {
+                                        const std::function<void(int, comm::Communicator&)>& body,
+                                        bool shared_memory) {
   std::vector<std::string> errors(static_cast<size_t>(ranks));
   std::vector<std::thread> threads;
   for (int rank = 0; rank < ranks; ++rank) {
     threads.emplace_back([&, rank] {
       try {
-        auto comm =
-            comm::make_gloo_communicator(rendezvous_at(coordinator, rank, ranks, generation));
+        auto r = rendezvous_at(coordinator, rank, ranks, generation);
+        r.shared_memory = shared_memory;
+        auto comm = comm::make_gloo_communicator(r);
         body(rank, *comm);
       } catch (const std::exception& e) {
         errors[rank] = e.what();

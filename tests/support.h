@@ -52,10 +52,11 @@ comm::Rendezvous rendezvous_at(const job::Coordinator& coordinator, int rank, in
 
 /// Runs `body(rank, communicator)` for ranks 0 .. ranks-1 of a Gloo group, each in a
 /// thread of its own, over `coordinator`'s store. Returns each rank's error message, empty
-/// where the rank finished without one.
+/// where the rank finished without one. `shared_memory`: Rendezvous::shared_memory.
 std::vector<std::string> run_gloo_ranks(const job::Coordinator& coordinator, int ranks,
                                         const std::string& generation,
-                                        const std::function<void(int, comm::Communicator&)>& body);
+                                        const std::function<void(int, comm::Communicator&)>& body,
+                                        bool shared_memory = true);
 
 /// A TCP port on 127.0.0.1 that was free a moment ago.
 int free_port();

@@ -215,27 +215,25 @@ class HostMemoryCommunicator final : public Communicator {
         type != torch::kLong) {
       return guarded([&] { base_->allreduce_sum(tensor); });
     }
-    const bool in_place = tensor.is_cpu() && tensor.is_contiguous();
-    auto host = in_place ? tensor : tensor.to(torch::kCPU).contiguous();
-    if (type == torch::kFloat) sum(host.data_ptr<float>(), host.numel());
-    if (type == torch::kDouble) sum(host.data_ptr<double>(), host.numel());
-    if (type == torch::kInt) sum(host.data_ptr<int32_t>(), host.numel());
-    if (type == torch::kLong) sum(host.data_ptr<int64_t>(), host.numel());
-    if (!in_place) tensor.copy_(host);
+    on_host(tensor, [&](torch::Tensor& host) {
+      if (type == torch::kFloat) sum(host.data_ptr<float>(), host.numel());
+      if (type == torch::kDouble) sum(host.data_ptr<double>(), host.numel());
+      if (type == torch::kInt) sum(host.data_ptr<int32_t>(), host.numel());
+      if (type == torch::kLong) sum(host.data_ptr<int64_t>(), host.numel());
+      return 0.0;
+    });
   }
 
   bool can_combine() const override { return true; }
 
   double allreduce_combine(torch::Tensor& tensor, const Combine& combine) override {
     VFLOW_ASSERT(tensor.scalar_type() == torch::kFloat, "only float tensors are combined");
-    const bool in_place = tensor.is_cpu() && tensor.is_contiguous();
-    auto host = in_place ? tensor : tensor.to(torch::kCPU).contiguous();
-    const double figure = reduce(host.data_ptr<float>(), host.numel(),
-                                 [&](float* dst, const float* const* parts, int64_t count) {
-                                   return combine(parts, size_, dst, count);
-                                 });
-    if (!in_place) tensor.copy_(host);
-    return figure;
+    return on_host(tensor, [&](torch::Tensor& host) {
+      return reduce(host.data_ptr<float>(), host.numel(),
+                    [&](float* dst, const float* const* parts, int64_t count) {
+                      return combine(parts, size_, dst, count);
+                    });
+    });
   }
 
   std::unique_ptr<PendingWork> start_allreduce_sum(torch::Tensor& tensor) override {
@@ -263,6 +261,17 @@ class HostMemoryCommunicator final : public Communicator {
     int fd;
     int rank;
   };
+
+  /// run(host) on `tensor` itself when it is a contiguous host tensor, else on a
+  /// contiguous host copy that is then copied back; returns run's figure.
+  template <typename Run>
+  static double on_host(torch::Tensor& tensor, Run run) {
+    if (tensor.is_cpu() && tensor.is_contiguous()) return run(tensor);
+    auto host = tensor.to(torch::kCPU).contiguous();
+    const double figure = run(host);
+    tensor.copy_(host);
+    return figure;
+  }
 
   /// `run()`, marking the group failed for the peers when it fails.
   template <typename Run>

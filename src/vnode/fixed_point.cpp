@@ -179,18 +179,9 @@ VFLOW_KERNEL RangeSeen sum_rounded_exact(const float* const* parts, int ranks,
 /// long as every value is below 2^53 / ranks units (the caller checks).
 VFLOW_KERNEL RangeSeen sum_rounded_double(const float* const* parts, int ranks,
                                           float* __restrict dst, int64_t n) {
+  double t[kBlock];
   uint32_t largest = 0;
   const float* __restrict first = parts[0];
-  if (ranks == 2) {  // the common case, in one pass
-    const float* __restrict second = parts[1];
-    for (int64_t i = 0; i < n; ++i) {
-      const double t = static_cast<double>(scaled(first[i], largest)) +
-                       static_cast<double>(scaled(second[i], largest));
-      dst[i] = static_cast<float>(t * kUnit);
-    }
-    return {largest};
-  }
-  double t[kBlock];
   for (int64_t i = 0; i < n; ++i) t[i] = static_cast<double>(scaled(first[i], largest));
   for (int k = 1; k < ranks; ++k) {
     const float* __restrict p = parts[k];

@@ -87,19 +87,16 @@ TEST_CASE("ranks on one host sum through shared memory, bit for bit the sum in r
   }
 
   // Turned off, the group is Gloo's alone.
-  std::vector<std::thread> threads;
   std::vector<int> off(2, -1);
-  for (int rank = 0; rank < 2; ++rank) {
-    threads.emplace_back([&, rank] {
-      auto r = vflow::testing::rendezvous_at(coordinator, rank, 2, "off");
-      r.shared_memory = false;
-      auto comm = vflow::comm::make_gloo_communicator(r);
-      off[rank] = vflow::comm::sums_through_host_memory(*comm) ? 1 : 0;
-      auto t = torch::ones({5});
-      comm->allreduce_sum(t);
-    });
-  }
-  for (auto& t : threads) t.join();
+  const auto off_errors = vflow::testing::run_gloo_ranks(
+      coordinator, 2, "off",
+      [&](int rank, Communicator& comm) {
+        off[rank] = vflow::comm::sums_through_host_memory(comm) ? 1 : 0;
+        auto t = torch::ones({5});
+        comm.allreduce_sum(t);
+      },
+      /*shared_memory=*/false);
+  CHECK(off_errors == std::vector<std::string>(2));
   CHECK(off == std::vector<int>{0, 0});
 }
 
@@ -229,21 +226,17 @@ TEST_CASE("ranks on one host combine their tensors element by element and agree 
 
   // Gloo's sockets alone cannot.
   std::vector<std::string> refused(2);
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < 2; ++rank) {
-    threads.emplace_back([&, rank] {
-      auto r = vflow::testing::rendezvous_at(coordinator, rank, 2, "no-combine");
-      r.shared_memory = false;
-      auto comm = vflow::comm::make_gloo_communicator(r);
-      auto t = torch::ones({5});
-      if (comm->can_combine()) return;
-      try {
-        comm->allreduce_combine(t, combine);
-      } catch (const vflow::Error& e) {
-        refused[rank] = e.what();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
+  vflow::testing::run_gloo_ranks(
+      coordinator, 2, "no-combine",
+      [&](int rank, Communicator& comm) {
+        auto t = torch::ones({5});
+        if (comm.can_combine()) return;
+        try {
+          comm.allreduce_combine(t, combine);
+        } catch (const vflow::Error& e) {
+          refused[rank] = e.what();
+        }
+      },
+      /*shared_memory=*/false);
   for (const auto& r : refused) CHECK_THAT(r, Catch::Contains("cannot combine"));
 }
