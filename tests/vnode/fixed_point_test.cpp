@@ -178,6 +178,26 @@ TEST_CASE("the exact sum formed inside the reduction is the int64 sum of rounded
     parts.push_back(awkward_values(n, 40 + static_cast<uint64_t>(k)));
     pointers.push_back(parts.back().data_ptr<float>());
   }
+  if (ranks >= 2) {
+    // Sums on and beside a float's rounding tie: 2^19 (2^55 units, whose float spacing is
+    // 2^32 units) plus half that spacing, a unit of 2^-36 above or below, on an even and
+    // an odd mantissa, both signs. Two parts are summed in float, the others in double
+    // or int64: all must round as the int64 total does.
+    const float big = std::ldexp(1.0f, 19);
+    const float odd = big + std::ldexp(1.0f, -4);
+    const float half = std::ldexp(1.0f, -5);
+    const float nudge = std::ldexp(1.0f, -28);
+    const float firsts[] = {big, odd, -big, -odd};
+    const float seconds[] = {half, -half, half + nudge, half - nudge / 2, 3 * half, 0.0f};
+    int64_t at = 100;
+    for (const float a : firsts) {
+      for (const float b : seconds) {
+        parts[0][at] = a;
+        parts[1][at] = a < 0 ? -b : b;
+        ++at;
+      }
+    }
+  }
   auto dst = torch::empty({n});
   const double largest =
       FixedPointSum::sum_rounded(pointers.data(), ranks, dst.data_ptr<float>(), n);
