@@ -2,8 +2,8 @@
 """The cost of semantic.deterministic: true, model by model, on 1 and 2 workers.
 
 Each model trains for a few steps with `vflow-train --workers K`, once in the
-default mode and once deterministic, alternating within each repeat so that the
-machine's drift affects both alike; the table gives the median examples/s of
+default mode and once deterministic, the mode that runs first alternating from
+repeat to repeat so that the machine's drift affects both alike; the table gives the median examples/s of
 each mode over the timed steps (the first WARMUP steps of every run are left
 out) and their ratio, with the min-max over repeats. One intra-op thread per
 worker.
@@ -49,7 +49,7 @@ def run(args, model, workers, deterministic):
         args.build, [*extra, "--workers", str(workers),
                      "--set", f"semantic.deterministic={'true' if deterministic else 'false'}"],
         args.steps, WARMUP)
-    return vflow_runs.summary(steps)["examples_per_second"]
+    return vflow_runs.summary(steps)
 
 
 def main():
@@ -64,23 +64,41 @@ def main():
     for m in models:
         if m not in MODELS:
             parser.error(f"unknown model {m}; choices: {', '.join(MODELS)}")
-    rows = []
+    rows, phases = [], []
     for model in models:
         for workers in (int(w) for w in args.workers.split(",")):
             default, exact = [], []
             for r in range(args.repeats):
-                default.append(run(args, model, workers, False))
-                exact.append(run(args, model, workers, True))
-                print(f"{model} K={workers} repeat {r + 1}: default {default[-1]:.0f}, "
-                      f"deterministic {exact[-1]:.0f} examples/s", flush=True)
-            d, e = statistics.median(default), statistics.median(exact)
-            rows.append(f"| {model} | {workers} | {d:.0f} ({min(default):.0f}-{max(default):.0f}) | "
-                        f"{e:.0f} ({min(exact):.0f}-{max(exact):.0f}) | {e / d:.3f} |")
+                # Which mode runs first alternates (ABBA), so that a drift of the machine's
+                # speed within a repeat does not favour either.
+                for deterministic in ((False, True) if r % 2 == 0 else (True, False)):
+                    (exact if deterministic else default).append(
+                        run(args, model, workers, deterministic))
+                print(f"{model} K={workers} repeat {r + 1}: default "
+                      f"{default[-1]['examples_per_second']:.0f}, deterministic "
+                      f"{exact[-1]['examples_per_second']:.0f} examples/s", flush=True)
+            d = [x["examples_per_second"] for x in default]
+            e = [x["examples_per_second"] for x in exact]
+            ratio = statistics.median(e) / statistics.median(d)
+            rows.append(f"| {model} | {workers} | {statistics.median(d):.0f} ({min(d):.0f}-{max(d):.0f}) | "
+                        f"{statistics.median(e):.0f} ({min(e):.0f}-{max(e):.0f}) | {ratio:.3f} |")
+            # Where the time goes: a mode's own work shows in its phases even when the
+            # machine's drift between runs hides it in examples/s.
+            phase = lambda runs, key: statistics.median(x[key] for x in runs)
+            phases.append(f"| {model} | {workers} | " + " | ".join(
+                f"{phase(default, k):.2f} / {phase(exact, k):.2f}"
+                for k in ("compute_ms", "sync_ms", "update_ms")) + " |")
     print()
     print(f"{args.steps} timed steps after {WARMUP}, medians (min-max) of {args.repeats} alternating repeats")
     print("| model | workers | default examples/s | deterministic examples/s | ratio |")
     print("|---|---|---|---|---|")
     for row in rows:
+        print(row)
+    print()
+    print("mean step phases in ms (metrics records), median over the repeats, default / deterministic")
+    print("| model | workers | compute | sync | update |")
+    print("|---|---|---|---|---|")
+    for row in phases:
         print(row)
     return 0
 
