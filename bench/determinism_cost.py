@@ -3,10 +3,10 @@
 
 Each model trains for a few steps with `vflow-train --workers K`, once in the
 default mode and once deterministic, the mode that runs first alternating from
-repeat to repeat so that the machine's drift affects both alike; the table gives the median examples/s of
-each mode over the timed steps (the first WARMUP steps of every run are left
-out) and their ratio, with the min-max over repeats. One intra-op thread per
-worker.
+repeat to repeat so that the machine's drift affects both alike; the table gives
+the median examples/s of each mode over the timed steps (the first WARMUP steps
+of every run are left out) and their ratio, with the min-max over repeats, and a
+second table each mode's step phases. One intra-op thread per worker.
 
 Models (--models, default all), at the sizes of docs/workloads.md:
 

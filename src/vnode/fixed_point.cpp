@@ -288,13 +288,6 @@ double FixedPointSum::round_in_place(torch::Tensor& values) {
 
 double FixedPointSum::sum_rounded(const float* const* parts, int ranks, float* dst, int64_t n) {
   VFLOW_ASSERT(ranks >= 1, "a sum of no parts");
-  // Blocks with a value of 2^53 / ranks units or more (2^17 / ranks in value; the
-  // power of two at or below it) take the int64 sum.
-  int shift = 0;
-  while ((1 << shift) < ranks) ++shift;
-  const float exact_from_value = std::ldexp(1.0f, 17 - shift);
-  uint32_t exact_from = 0;
-  std::memcpy(&exact_from, &exact_from_value, sizeof exact_from);
   if (ranks == 2) {
     return for_chunks(n,
                       [&](int64_t b, int64_t e, int64_t) {
@@ -302,6 +295,13 @@ double FixedPointSum::sum_rounded(const float* const* parts, int ranks, float* d
                       })
         .result();
   }
+  // More parts: blocks with a value of 2^53 / ranks units or more (2^17 / ranks in value; the
+  // power of two at or below it) take the int64 sum.
+  int shift = 0;
+  while ((1 << shift) < ranks) ++shift;
+  const float exact_from_value = std::ldexp(1.0f, 17 - shift);
+  uint32_t exact_from = 0;
+  std::memcpy(&exact_from, &exact_from_value, sizeof exact_from);
   const auto seen = for_chunks(n, [&](int64_t b, int64_t e, int64_t) {
     RangeSeen chunk;
     std::vector<const float*> at(static_cast<size_t>(ranks));

@@ -65,9 +65,9 @@ TEST_CASE(
       "CTL=\"" + ctl + "\"\nstatus() { $CTL status loaded 2>/dev/null; }" +
       // Each wait says when it ended and how far the job was, so that a failure shows which
       // wait it was and whether the job ran out of steps first.
-      "\nuntil_true() { local end=$((SECONDS + ${3:-60})); until eval \"$2\"; do [ $SECONDS -ge "
-      "$end ] "
-      "&& { echo \"TIMEOUT waiting for $1\"; status; return 1; }; sleep 0.05; done; "
+      "\nuntil_true() { local end=$((SECONDS + ${3:-60})); until eval \"$2\"; do "
+      "[ $SECONDS -ge $end ] && { echo \"TIMEOUT waiting for $1\"; status; return 1; }; "
+      "sleep 0.05; done; "
       "echo \"$1 at ${SECONDS}s, $(status | grep '^step')\"; }"
       "\nawait_workers() { until_true \"$1 workers\" \"status | grep -qx 'workers $1'\"; }"
       "\n" +

@@ -180,9 +180,9 @@ TEST_CASE("the exact sum formed inside the reduction is the int64 sum of rounded
   }
   if (ranks >= 2) {
     // Sums on and beside a float's rounding tie: 2^19 (2^55 units, whose float spacing is
-    // 2^32 units) plus half that spacing, a unit of 2^-36 above or below, on an even and
-    // an odd mantissa, both signs. Two parts are summed in float, the others in double
-    // or int64: all must round as the int64 total does.
+    // 2^32 units) plus half that spacing (2^-5), or the floats just above and below it
+    // (2^-5 + 2^-28, 2^-5 - 2^-29), on an even and an odd mantissa, both signs. Two parts are
+    // summed in float, the others in double or int64: all must round as the int64 total does.
     const float big = std::ldexp(1.0f, 19);
     const float odd = big + std::ldexp(1.0f, -4);
     const float half = std::ldexp(1.0f, -5);
