@@ -21,13 +21,16 @@
 #       stops every member (or member MEMBER, 0-based) with SIGTERM, then SIGKILL.
 #   scripts/etcd-local.sh restart DIR MEMBER
 #       starts a stopped member again with its data.
+#   scripts/etcd-local.sh freeze|thaw DIR MEMBER
+#       stops member MEMBER answering (SIGSTOP) and lets it go on (SIGCONT): its sockets
+#       stay open and accept, as a member on a hung machine or behind a cut link looks.
 #
 # Every member compacts its history (keeping 5 minutes) and has a 512 MiB space quota, so
 # that a long job cannot fill it; vflow removes a finished job's keys itself.
 set -euo pipefail
 
 die() { echo "etcd-local: $*" >&2; exit 2; }
-[[ $# -ge 2 ]] || die "usage: $0 start|job-user|agent-user|stop|restart DIR ..."
+[[ $# -ge 2 ]] || die "usage: $0 start|job-user|agent-user|stop|restart|freeze|thaw DIR ..."
 cmd=$1
 dir=$2
 shift 2
@@ -85,7 +88,12 @@ start_member() {
          --peer-cert-file "$dir/pki/server.pem" --peer-key-file "$dir/pki/server-key.pem"
          --peer-trusted-ca-file "$dir/pki/ca.pem" --peer-client-cert-auth)
   fi
-  in_netns "$(netns_of "$m")" etcd --name "m$m" --data-dir "$dir/m$m" \
+  local ns run=()
+  ns=$(netns_of "$m")
+  [[ -n $ns ]] && run=(ip netns exec "$ns")
+  # A simple command, not a function: $! is then the member itself (ip netns exec runs it
+  # in place), which stop, freeze and thaw signal.
+  "${run[@]}" etcd --name "m$m" --data-dir "$dir/m$m" \
     --listen-client-urls "$scheme://$HOST:$CLIENT" --advertise-client-urls "$scheme://$HOST:$CLIENT" \
     --listen-peer-urls "$scheme://$HOST:$PEER" --initial-advertise-peer-urls "$scheme://$HOST:$PEER" \
     --initial-cluster "$(cat "$dir/initial-cluster")" --initial-cluster-state new \
@@ -177,6 +185,7 @@ case $cmd in
       [[ $# -ge 1 && $1 != "$m" ]] && continue
       pid=$(cat "$pidfile")
       kill "$pid" 2>/dev/null || true
+      kill -CONT "$pid" 2>/dev/null || true  # a frozen member stops too
       for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
       kill -9 "$pid" 2>/dev/null || true
       rm -f "$pidfile"
@@ -185,6 +194,10 @@ case $cmd in
   restart)
     [[ $# -eq 1 ]] || die "usage: $0 restart DIR MEMBER"
     start_member "$1"
+    ;;
+  freeze|thaw)
+    [[ $# -eq 1 && -f "$dir/m$1.pid" ]] || die "usage: $0 $cmd DIR MEMBER (a running member)"
+    kill "-$([[ $cmd == freeze ]] && echo STOP || echo CONT)" "$(cat "$dir/m$1.pid")"
     ;;
   *) die "unknown command $cmd" ;;
 esac

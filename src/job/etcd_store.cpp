@@ -270,8 +270,7 @@ class EtcdControlStore final : public ClusterStore {
     const int64_t seconds = lease_seconds(ttl);
     auto it = leases_.find(name);
     if (it != leases_.end() && it->second.seconds == seconds) {
-      const auto reply = call("/v3/lease/keepalive", {{"ID", std::to_string(it->second.id)}},
-                              "a lease keep-alive");
+      const auto reply = keep_alive(it->second, "a lease keep-alive");
       const auto& result = reply.contains("result") ? reply.at("result") : reply;
       if (number(result, "TTL") > 0) return;  // renewed
       leases_.erase(it);                      // expired meanwhile: its key is gone too
@@ -330,8 +329,7 @@ class EtcdControlStore final : public ClusterStore {
   bool renew(const std::string& name) override {
     const auto it = claims_.find(name);
     if (it == claims_.end()) return false;
-    const auto reply =
-        call("/v3/lease/keepalive", {{"ID", std::to_string(it->second.id)}}, "a claim's renewal");
+    const auto reply = keep_alive(it->second, "a claim's renewal");
     const auto& result = reply.contains("result") ? reply.at("result") : reply;
     // The lease lives, and the claim is still its key (the job's keys may have been removed).
     const auto kv = range(kClaim + name);
@@ -464,8 +462,7 @@ class EtcdControlStore final : public ClusterStore {
   void authenticate() {
     const auto reply =
         call("/v3/auth/authenticate", {{"name", options_.user}, {"password", options_.password}},
-             "authentication",
-             /*with_token=*/false);
+             "authentication", std::nullopt, /*with_token=*/false);
     token_ = reply.value("token", "");
     if (token_.empty()) {
       throw Error(fmt::format("etcd at {} gave user {} no token", address_, options_.user));
@@ -501,6 +498,12 @@ class EtcdControlStore final : public ClusterStore {
                        path);
   }
 
+  /// A keep-alive of `lease`, a quarter of its life at each member (see call).
+  Json keep_alive(const Lease& lease, const std::string& what) {
+    return call("/v3/lease/keepalive", {{"ID", std::to_string(lease.id)}}, what,
+                milliseconds(lease.seconds * 1000 / 4));
+  }
+
   struct Headers {
     curl_slist* list = nullptr;
     explicit Headers(const std::string& token) {
@@ -512,26 +515,42 @@ class EtcdControlStore final : public ClusterStore {
 
   /// One request, to the members in turn from the one that answered last; the answer's
   /// body. Throws PeerFailure when none answers within the timeout, Error when etcd
-  /// refuses the request.
+  /// refuses the request. Each member gets a share of the timeout (`attempt`, or the
+  /// timeout over the members), and the members are asked round after round until one
+  /// answers or the timeout passes, unless none listens at all. A member that stopped
+  /// answering (a hung machine, a cut link) thus takes only its share; and a keep-alive,
+  /// which a member forwards to the leader and which can hang there for seconds when the
+  /// leader is cut off, goes to another member, or to the same one after the election,
+  /// before its lease runs out.
   Json call(const std::string& path, const Json& request, const std::string& what,
-            bool with_token = true) {
+            std::optional<milliseconds> attempt = std::nullopt, bool with_token = true) {
     const auto deadline = Clock::now() + options_.timeout;
     const std::string body = request.dump();
-    std::vector<std::string> failures;
-    bool renewed = false;
     const size_t n = options_.endpoints.size();
-    for (size_t tried = 0; tried < n;) {
+    const milliseconds share =
+        std::max(milliseconds(1), attempt ? *attempt : options_.timeout / static_cast<int64_t>(n));
+    std::vector<std::string> failures(n);  // each member's last
+    bool renewed = false;
+    bool refused_only = true;  // in this round, every member refused the connection
+    for (size_t tried = 0;;) {
+      if (tried == n) {
+        if (refused_only) break;  // nothing listens: no use waiting
+        tried = 0;
+        refused_only = true;
+        std::this_thread::sleep_for(std::min(milliseconds(100), share));
+      }
       const size_t e = (current_ + tried) % n;
       const auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
       if (left <= milliseconds(0)) break;
       Headers headers(with_token ? token_ : std::string());
       std::string answer;
-      configure(curl_.get(), url(e, path), body, headers.list, left);
+      configure(curl_.get(), url(e, path), body, headers.list, std::min(left, share));
       curl_easy_setopt(curl_.get(), CURLOPT_WRITEFUNCTION, append_body);
       curl_easy_setopt(curl_.get(), CURLOPT_WRITEDATA, &answer);
       const CURLcode rc = curl_easy_perform(curl_.get());
       if (rc != CURLE_OK) {
-        failures.push_back(fmt::format("{}: {}", options_.endpoints[e], curl_easy_strerror(rc)));
+        failures[e] = fmt::format("{}: {}", options_.endpoints[e], curl_easy_strerror(rc));
+        refused_only = refused_only && rc == CURLE_COULDNT_CONNECT;
         ++tried;
         continue;
       }
@@ -545,15 +564,18 @@ class EtcdControlStore final : public ClusterStore {
         return reply;
       }
       const auto& error = reply.contains("code") ? reply : reply.at("error");
-      const int code = static_cast<int>(number(error, "code"));
+      // A streamed answer (a keep-alive's) names its code grpc_code.
+      const int code =
+          static_cast<int>(number(error, error.contains("code") ? "code" : "grpc_code"));
       const std::string message = error.value("message", error.value("error", std::string("?")));
       if (code == kUnauthenticated && with_token && !options_.user.empty() && !renewed) {
         authenticate();  // the token expired: once more with a new one
         renewed = true;
         continue;
       }
-      if (code == kUnavailable || code == kDeadlineExceeded) {
-        failures.push_back(fmt::format("{}: {}", options_.endpoints[e], message));
+      if (code == kUnavailable || code == kDeadlineExceeded) {  // no leader, say: ask again
+        failures[e] = fmt::format("{}: {}", options_.endpoints[e], message);
+        refused_only = false;
         ++tried;
         continue;
       }
@@ -571,7 +593,9 @@ class EtcdControlStore final : public ClusterStore {
                               message, code));
     }
     std::string why;
-    for (const auto& f : failures) why += (why.empty() ? "" : "; ") + f;
+    for (const auto& f : failures) {
+      if (!f.empty()) why += (why.empty() ? "" : "; ") + f;
+    }
     throw PeerFailure(fmt::format("[elastic] cannot reach etcd at {} for {} within {} ms: {}",
                                   address_, what, options_.timeout.count(),
                                   why.empty() ? "timed out" : why));

@@ -175,6 +175,8 @@ TEST_CASE("a job across three namespaced hosts goes on when one host's link is c
   const auto r = namespaced_cluster(dir, "hostcut", steps);
   check_cluster_outcome(dir, r, reference, steps);
   CHECK_THAT(r.output, Catch::Matchers::Contains("cut the link of host h2"));
+  // The cut host's etcd member led (etcdctl move-leader says so).
+  CHECK_THAT(r.output, Catch::Matchers::Contains("Leadership transferred"));
   // The cut host held a worker: the job spans all three.
   CHECK_THAT(read_file(dir.file("agent-h2.log")), Catch::Matchers::Contains("h2 started worker"));
   CHECK_THAT(r.output, Catch::Matchers::Contains("measured: host loss"));

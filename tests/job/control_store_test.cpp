@@ -6,9 +6,11 @@
 
 #include <fmt/format.h>
 
+#include <atomic>
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cstdlib>
+#include <mutex>
 #include <thread>
 
 #include "support.h"
@@ -324,6 +326,68 @@ TEST_CASE("an etcd client goes on when the member it used stops", "[integration]
   })};
   CHECK(a->wait({"late"}, 5s));
   etcd.script("restart", "0");
+}
+
+/// Renews heartbeat `name` of `ttl` every quarter of it, as a worker renews its liveness,
+/// until it is destroyed; counts the renewals that failed and keeps the first one's error.
+class Renewing {
+ public:
+  Renewing(ControlStore& store, std::string name, std::chrono::milliseconds ttl)
+      : thread_([this, &store, name, ttl] {
+          while (!done_) {
+            try {
+              store.heartbeat(name, ttl);
+            } catch (const std::exception& e) {
+              const std::lock_guard<std::mutex> lock(mutex_);
+              if (failures_++ == 0) first_failure_ = e.what();
+            }
+            std::this_thread::sleep_for(ttl / 4);
+          }
+        }) {}
+  ~Renewing() {
+    done_ = true;
+    thread_.join();
+  }
+  int failures() const { return failures_; }
+  std::string first_failure() {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    return first_failure_;
+  }
+
+ private:
+  std::atomic<bool> done_{false};
+  std::atomic<int> failures_{0};
+  std::mutex mutex_;
+  std::string first_failure_;
+  std::thread thread_;  // last: it starts once the rest is there
+};
+
+TEST_CASE("an etcd heartbeat lives on when the member it used stops answering",
+          "[integration][etcd]") {
+  // A frozen member accepts requests and never answers, as one behind a cut link does; were
+  // it the leader, the others forward keep-alives to it until they elect another. A
+  // keep-alive waiting there for the whole timeout (10 s) would outlive its 3 s lease.
+  vflow::testing::EtcdCluster etcd(3);
+  const auto worker = etcd_client(etcd.url(), "job", 10s);
+  // Reads wait through the election too (up to a few seconds): a watcher as patient.
+  const auto watcher = etcd_client(etcd.url(), "job", 10s);
+  worker->heartbeat("w", 3s);
+  REQUIRE(watcher->alive("w"));
+  etcd.script("freeze", "0");  // both clients were talking to the first member
+  int checks = 0, lapses = 0;
+  {
+    Renewing renewing(*worker, "w", 3s);
+    for (const auto end = std::chrono::steady_clock::now() + 10s;
+         std::chrono::steady_clock::now() < end; ++checks) {
+      if (!watcher->alive("w")) ++lapses;
+      std::this_thread::sleep_for(50ms);
+    }
+    INFO(renewing.first_failure());
+    CHECK(renewing.failures() == 0);
+  }
+  etcd.script("thaw", "0");
+  CHECK(checks > 20);
+  CHECK(lapses == 0);
 }
 
 TEST_CASE("an unreachable etcd is a peer failure naming every endpoint, within the timeout",
