@@ -193,8 +193,9 @@ struct Trainer::Impl {
   std::shared_ptr<models::Model> model;
   data::DataSplits data;
   torch::Device device;
-  bool bf16;                 // semantic.precision: forward passes under bfloat16 autocast
-  double vnode_seconds = 0;  // smoothed compute time of one held vnode (0 = none yet)
+  bool bf16;                  // semantic.precision: forward passes under bfloat16 autocast
+  double vnode_seconds = 0;   // smoothed compute time of one held vnode (0 = none yet)
+  double update_seconds = 0;  // smoothed update time a step (0 = none yet)
   vnode::VirtualNodePlan plan;
   vnode::DataOrder order;
   int64_t total_steps;
@@ -447,6 +448,8 @@ struct Trainer::Impl {
     }
     info.sync_seconds = std::chrono::duration<double>(t_update - t_sync).count();
     info.update_seconds = seconds_since(t_update);
+    update_seconds =
+        update_seconds > 0 ? 0.7 * update_seconds + 0.3 * info.update_seconds : info.update_seconds;
     return info;
   }
 
@@ -987,6 +990,7 @@ std::string Trainer::fingerprint() const {
 torch::Device Trainer::device() const { return impl_->device; }
 
 double Trainer::seconds_per_vnode() const { return impl_->vnode_seconds; }
+double Trainer::update_seconds() const { return impl_->update_seconds; }
 
 int64_t Trainer::step() const { return impl_->step; }
 int64_t Trainer::total_steps() const { return impl_->total_steps; }

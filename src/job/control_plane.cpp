@@ -356,18 +356,20 @@ void ControlPlane::publish_step(int64_t step) {
   impl_->store->publish(kStep, std::to_string(step));
 }
 
-void ControlPlane::publish_speed(const std::string& member, double seconds_per_vnode) {
-  impl_->store->publish("speed/" + member, fmt::format("{:.9g}", seconds_per_vnode));
+void ControlPlane::publish_speed(const std::string& member, const MeasuredSpeed& speed) {
+  // Per vnode first: a coordinator of an earlier version reads that number alone.
+  impl_->store->publish("speed/" + member, fmt::format("{:.9g} {:.9g}", speed.seconds_per_vnode,
+                                                       speed.update_seconds));
 }
 
-std::optional<double> ControlPlane::speed(const std::string& member) {
+std::optional<MeasuredSpeed> ControlPlane::speed(const std::string& member) {
   const auto text = get("speed/" + member);
   if (!text) return std::nullopt;
-  try {
-    return std::stod(*text);
-  } catch (const std::exception&) {
-    return std::nullopt;  // not written by a worker of this version: ignore it
-  }
+  std::istringstream in(*text);
+  MeasuredSpeed speed;
+  if (!(in >> speed.seconds_per_vnode)) return std::nullopt;  // not a worker's: ignore it
+  if (!(in >> speed.update_seconds)) speed.update_seconds = 0;
+  return speed;
 }
 
 void ControlPlane::publish_device_type(const std::string& member, const std::string& type) {

@@ -188,12 +188,12 @@ ElasticOutcome run_elastic_worker(const engine::JobSpec& spec,
       control.request_leave(me);
       leave_sent = true;
     }
-    // Every worker reports its measured per-vnode time now and then; the coordinator
-    // splits the vnodes by them on a resize.
+    // Every worker reports its measured per-vnode and update times now and then; the
+    // coordinator splits the vnodes by them on a resize.
     const auto now = Clock::now();
     if (now - last_speed > std::chrono::seconds(1) && t.seconds_per_vnode() > 0) {
       try {
-        control.publish_speed(me, t.seconds_per_vnode());
+        control.publish_speed(me, {t.seconds_per_vnode(), t.update_seconds()});
       } catch (const comm::PeerFailure&) {
         // the coordinator is gone: rank 0 finds out below, or the next collective does
       }

@@ -186,11 +186,12 @@ void GenerationManager::publish(std::vector<std::string> members, std::string do
 }
 
 std::vector<int64_t> GenerationManager::plan(const std::vector<std::string>& members) {
-  std::vector<double> times;
+  std::vector<double> times, updates;
   std::string sources;
   for (const auto& m : members) {
-    double t = control_.speed(m).value_or(0);
-    std::string source = "measured";
+    const auto measured = control_.speed(m).value_or(MeasuredSpeed{});
+    double t = measured.seconds_per_vnode;
+    std::string source = fmt::format("measured, update {:.4g} s", measured.update_seconds);
     if (!(t > 0)) {
       const auto type = control_.device_type(m);
       const auto profiled = type ? options_.profiled.find(*type) : options_.profiled.end();
@@ -198,9 +199,10 @@ std::vector<int64_t> GenerationManager::plan(const std::vector<std::string>& mem
       source = t > 0 ? "profile of " + *type : "not known: as the fastest";
     }
     times.push_back(t);
+    updates.push_back(measured.seconds_per_vnode > 0 ? measured.update_seconds : -1);
     sources += fmt::format("{}{} {:.4g} s ({})", sources.empty() ? "" : ", ", m, t, source);
   }
-  auto vnodes = hetero::plan_by_speed(times, options_.limits.virtual_nodes);
+  auto vnodes = hetero::plan_by_speed(times, options_.limits.virtual_nodes, updates);
   if (!vnodes.empty()) spdlog::info("[elastic] split by time per vnode: {}", sources);
   return vnodes;
 }

@@ -96,8 +96,8 @@ TEST_CASE(
   REQUIRE(first.current().id == 1);
   CHECK(first.current().vnodes.empty());  // no layout: the first generation splits evenly
   establish(first.current());
-  control.publish_speed("0", 0.04);  // both measured at 40 ms per vnode
-  control.publish_speed("1", 0.04);
+  control.publish_speed("0", {0.04, 0.01});  // both measured at 40 ms per vnode
+  control.publish_speed("1", {0.04, 0.01});
   join("2", "fast type");  // not measured yet; its type's profile says 10 ms
   first.tick();
   REQUIRE(first.current().id == 2);
@@ -117,4 +117,23 @@ TEST_CASE(
   REQUIRE(next.current().id == 3);
   CHECK(next.current().members == std::vector<std::string>{"0", "1", "2", "3", "4"});
   CHECK(next.current().vnodes == std::vector<int64_t>{1, 1, 4, 3, 3});
+}
+
+TEST_CASE("a member's speed record carries its update time and reads one without it", "[unit]") {
+  Job job;
+  job.control.publish_speed("new", {0.04, 0.01});
+  const auto speed = job.control.speed("new");
+  REQUIRE(speed);
+  CHECK(speed->seconds_per_vnode == Approx(0.04));
+  CHECK(speed->update_seconds == Approx(0.01));
+  // A worker of an earlier version published the per-vnode time alone: no update time.
+  const auto raw = vflow::job::connect_embedded_store("127.0.0.1", job.coordinator.port(), 5s);
+  raw->set("speed/old", "0.02");
+  const auto old = job.control.speed("old");
+  REQUIRE(old);
+  CHECK(old->seconds_per_vnode == Approx(0.02));
+  CHECK(old->update_seconds == 0);
+  raw->set("speed/bad", "fast");
+  CHECK_FALSE(job.control.speed("bad"));
+  CHECK_FALSE(job.control.speed("none"));
 }

@@ -193,6 +193,9 @@ class Trainer {
   torch::Device device() const;  ///< where the model and gradient buffer live
   /// This worker's smoothed compute time per vnode it holds (0 before its first step).
   double seconds_per_vnode() const;
+  /// This worker's smoothed update time a step (the optimizer on the whole model, whatever
+  /// vnodes it holds; 0 before its first step).
+  double update_seconds() const;
   int64_t total_steps() const;
   int64_t steps_per_epoch() const;
   const JobSpec& spec() const;

@@ -92,6 +92,13 @@ struct Placement {
 /// coordinator places again elsewhere.
 constexpr int kPlacementDeclined = -1;
 
+/// What a member measured of its steps, smoothed: compute per vnode it holds, and the update
+/// (the optimizer on the whole model) whatever it holds.
+struct MeasuredSpeed {
+  double seconds_per_vnode = 0;
+  double update_seconds = 0;
+};
+
 /// How a worker process ended, as the process that watched it reports it.
 struct WorkerExit {
   int code = 0;
@@ -228,9 +235,11 @@ class ControlPlane {
                               const std::string& me, const RegroupOffer& offer,
                               std::chrono::milliseconds timeout);
   void publish_step(int64_t step);
-  /// A member's measured compute time per vnode (the coordinator re-plans with them).
-  void publish_speed(const std::string& member, double seconds_per_vnode);
-  std::optional<double> speed(const std::string& member);
+  /// A member's measured compute time per vnode and its update's time a step (the
+  /// coordinator re-plans with them).
+  void publish_speed(const std::string& member, const MeasuredSpeed& speed);
+  /// A worker of an earlier version published no update time: 0.
+  std::optional<MeasuredSpeed> speed(const std::string& member);
   /// A member's device type name, published as it starts (before it is measured).
   void publish_device_type(const std::string& member, const std::string& type);
   std::optional<std::string> device_type(const std::string& member);
