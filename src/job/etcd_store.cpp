@@ -516,18 +516,20 @@ class EtcdControlStore final : public ClusterStore {
   /// One request, to the members in turn from the one that answered last; the answer's
   /// body. Throws PeerFailure when none answers within the timeout, Error when etcd
   /// refuses the request. Each member gets a share of the timeout (`attempt`, or the
-  /// timeout over the members), and the members are asked round after round until one
-  /// answers or the timeout passes, unless none listens at all. A member that stopped
-  /// answering (a hung machine, a cut link) thus takes only its share; and a keep-alive,
-  /// which a member forwards to the leader and which can hang there for seconds when the
-  /// leader is cut off, goes to another member, or to the same one after the election,
-  /// before its lease runs out.
+  /// timeout over the members), and the members are asked round after round, each round
+  /// with twice the share, until one answers or the timeout passes, unless none listens
+  /// at all. A member that stopped answering (a hung machine, a cut link) thus takes only
+  /// its share; and a keep-alive, which a member forwards to the leader and which can hang
+  /// there for seconds when the leader is cut off, goes to another member, or to the same
+  /// one after the election, before its lease runs out.
   Json call(const std::string& path, const Json& request, const std::string& what,
             std::optional<milliseconds> attempt = std::nullopt, bool with_token = true) {
     const auto deadline = Clock::now() + options_.timeout;
     const std::string body = request.dump();
     const size_t n = options_.endpoints.size();
-    const milliseconds share =
+    // Doubled after every round: members that all answer slowly (a loaded machine) are
+    // waited for long enough in the end.
+    milliseconds share =
         std::max(milliseconds(1), attempt ? *attempt : options_.timeout / static_cast<int64_t>(n));
     std::vector<std::string> failures(n);  // each member's last
     bool renewed = false;
@@ -538,6 +540,7 @@ class EtcdControlStore final : public ClusterStore {
         tried = 0;
         refused_only = true;
         std::this_thread::sleep_for(std::min(milliseconds(100), share));
+        share *= 2;
       }
       const size_t e = (current_ + tried) % n;
       const auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
