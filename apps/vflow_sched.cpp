@@ -107,6 +107,10 @@ int main(int argc, char** argv) {
   live->add_option("--out", live_options.out_dir, "results, job logs and checkpoints")->required();
   live->add_option("--train", live_options.train_binary,
                    "vflow-train executable (default: next to vflow-sched)");
+  live->add_option("--restart", live_options.restart_s,
+                   "seconds a preemption costs a job until its own is measured (marginal "
+                   "weighs it; 0: not at all)")
+      ->check(CLI::NonNegativeNumber);
   live->add_option("--poll", live_options.poll_s, "event-loop period, seconds")
       ->check(vflow::apps::positive_number());
   if (const int code = vflow::apps::parse_command_line(app, argc, argv); code >= 0) return code;

@@ -166,7 +166,9 @@ struct LiveState {
   std::unique_ptr<job::ControlPlane> control;  // set once the job's limits are readable
   int requested = 0;                           // workers the job was started with or last asked for
   bool stopping = false;
-  bool abandoned = false;  // stopped for good (it never came up), not preempted
+  bool abandoned = false;   // stopped for good (it never came up), not preempted
+  int64_t launch_step = 0;  // the step it was (re)started from, as last reported
+  bool up = false;          // it has reported a step beyond launch_step since its launch
   Clock::time_point launched_at, stop_sent_at;
 };
 
@@ -185,7 +187,9 @@ class LiveRun {
                       options.train_binary));
     }
     if (options.out_dir.empty()) throw SpecError("live: an output directory is required (--out)");
-    policy_ = make_policy(options.policy, options.policy_options);
+    PolicyOptions policy_options = options.policy_options;
+    policy_options.restart_s = options.restart_s;
+    policy_ = make_policy(options.policy, policy_options);
     jobs_ = jobs;
     std::stable_sort(jobs_.begin(), jobs_.end(),
                      [](const LiveJob& a, const LiveJob& b) { return a.arrival_s < b.arrival_s; });
@@ -272,7 +276,10 @@ class LiveRun {
   }
 
  private:
-  double elapsed() const { return std::chrono::duration<double>(Clock::now() - start_).count(); }
+  static double seconds_since(Clock::time_point t) {
+    return std::chrono::duration<double>(Clock::now() - t).count();
+  }
+  double elapsed() const { return seconds_since(start_); }
 
   void say(const std::string& line) const {
     if (options_.log) options_.log(fmt::format("[{:7.1f} s] {}", elapsed(), line));
@@ -303,6 +310,7 @@ class LiveRun {
       const double remaining = std::max(1.0, job.total_work - outcomes_[id].last_step);
       views.push_back({&job, remaining, result_.jobs[id].device_seconds,
                        state_[id].held > 0 ? 0 : -1, state_[id].held});
+      views.back().restart_s = restart_cost(id);
     }
     const Allocation allocation = policy_->allocate(cluster_, views, now);
     ++result_.allocations;
@@ -374,8 +382,11 @@ class LiveRun {
     }
     if (!s.control) connect(id);
     if (s.held == 0 && !s.stopping) {
-      say(fmt::format("preempt {} at step {}: stop with a checkpoint", name(id),
-                      outcomes_[id].last_step));
+      const double restart = restart_cost(id);
+      say(fmt::format("preempt {} at step {}: stop with a checkpoint ({})", name(id),
+                      outcomes_[id].last_step,
+                      restart < 0 ? std::string("restart not measured yet")
+                                  : fmt::format("measured restart {:.1f} s", restart)));
       request_stop(id);
     } else if (s.stopping && Clock::now() - s.stop_sent_at > grace()) {
       say(fmt::format("{} ignored the stop request for {:.0f} s: killing it", name(id),
@@ -433,6 +444,8 @@ class LiveRun {
     }
     s.pid = spawn(argv, log_path(id));
     s.launched_at = Clock::now();
+    s.launch_step = outcomes_[id].last_step;
+    s.up = false;
     s.requested = s.held;
     s.stopping = false;
     ++outcomes_[id].launches;
@@ -482,6 +495,28 @@ class LiveRun {
     } catch (const Error&) {
       // The job is ending; its exit status tells what happened.
     }
+    if (!s.up && outcomes_[id].last_step > s.launch_step) {
+      s.up = true;
+      const double took = seconds_since(s.launched_at);
+      outcomes_[id].start_seconds.push_back(took);
+      say(fmt::format("{} is at step {}, {:.1f} s after its {}", name(id), outcomes_[id].last_step,
+                      took, outcomes_[id].launches > 1 ? "resume" : "start"));
+    }
+  }
+
+  // What preempting the job would cost it, as measured: its last start (to its first step)
+  // plus its last stop, or the mean stop of the preemptions so far (none: 0); -1 before
+  // its first start is measured.
+  double restart_cost(int id) const {
+    const LiveJobOutcome& o = outcomes_[id];
+    if (o.start_seconds.empty()) return -1;
+    double stop = 0;
+    if (!o.stop_seconds.empty()) {
+      stop = o.stop_seconds.back();
+    } else if (stops_ > 0) {
+      stop = stop_seconds_ / stops_;
+    }
+    return o.start_seconds.back() + stop;
   }
 
   // Collects ended launchers; true when a job completed or failed.
@@ -501,7 +536,12 @@ class LiveRun {
       const bool preempted = s.stopping && code == kStoppedExit && !s.abandoned && !interrupted_;
       s.stopping = false;
       if (preempted) {
-        say(fmt::format("{} stopped at step {} (preempted)", name(id), outcomes_[id].last_step));
+        const double took = seconds_since(s.stop_sent_at);
+        outcomes_[id].stop_seconds.push_back(took);
+        stop_seconds_ += took;
+        ++stops_;
+        say(fmt::format("{} stopped at step {} (preempted), {:.1f} s after the request", name(id),
+                        outcomes_[id].last_step, took));
         continue;
       }
       if (code == 0) outcomes_[id].last_step = static_cast<int64_t>(jobs_[id].steps);
@@ -595,6 +635,8 @@ class LiveRun {
   int allocated_ = 0;
   int finished_ = 0;
   bool interrupted_ = false;
+  double stop_seconds_ = 0;  // summed over every preemption so far
+  int stops_ = 0;
 };
 
 }  // namespace

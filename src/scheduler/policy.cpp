@@ -18,6 +18,13 @@ namespace {
 // not justify a migration (a checkpoint-restart).
 constexpr double kMigrationGain = 1.25;
 
+// What stopping job `v` costs it, as a policy weighs it: nothing where the policy weighs no
+// restart (restart_s 0), else the job's measured cost where known, else the estimate.
+double restart_cost(const JobView& v, const PolicyOptions& options) {
+  if (options.restart_s <= 0) return 0;
+  return v.restart_s >= 0 ? v.restart_s : options.restart_s;
+}
+
 double priority_key(Priority priority, const JobView& v, const PolicyOptions& options) {
   const Job& job = *v.job;
   switch (priority) {
@@ -26,7 +33,7 @@ double priority_key(Priority priority, const JobView& v, const PolicyOptions& op
     case Priority::kSjf:
       return job.total_work / job.demand_rate;
     case Priority::kSrtf:  // a running job is ahead by what stopping it would cost it
-      return v.remaining_work / job.demand_rate - (v.workers > 0 ? options.restart_s : 0);
+      return v.remaining_work / job.demand_rate - (v.workers > 0 ? restart_cost(v, options) : 0);
     case Priority::kWeights:
       return -job.weight;
     case Priority::kLas:
@@ -386,9 +393,9 @@ class MarginalPolicy : public Policy {
     // than the running one's).
     const auto left_of = [&](size_t i, int t, int from, double rate) {
       const JobView& v = active[i];
-      if (from > 0 || v.workers == 0 || v.device_type != t || options_.restart_s <= 0)
-        return left(i);
-      return std::max(left(i) - options_.restart_s * rate, 1e-9 * v.job->total_work);
+      const double restart = restart_cost(v, options_);
+      if (from > 0 || v.workers == 0 || v.device_type != t || restart <= 0) return left(i);
+      return std::max(left(i) - restart * rate, 1e-9 * v.job->total_work);
     };
     const auto gain = [&](size_t i, int t, int from, int step) {
       const Job& job = *active[i].job;
@@ -572,7 +579,7 @@ class MarginalPolicy : public Policy {
       const auto worth_moving = [&](int to) {
         return at_demand(to) >= kMigrationGain * at_demand(now) &&
                steps_left(active[i]) * (1 / at_demand(now) - 1 / at_demand(to)) >
-                   options_.restart_s;
+                   restart_cost(active[i], options_);
       };
       if (now >= 0 && (best < 0 || !worth_moving(best))) best = now;
       if (best < 0) {

@@ -228,6 +228,21 @@ TEST_CASE("live mode preempts a job with a checkpoint and resumes it unchanged",
       run_and_check({{"a", 1, 300, 0, 2, 2}, {"b", 2, 150, 1.5, 2, 2, 5}}, 2, "priority");
   CHECK(result.experiment.summaries.at(0).preemptions == 1);
   CHECK(result.outcomes.at(0).launches == 2);
+  // What the preemption cost a is measured: the stop, and each launch that made progress
+  // (the first may have been stopped before its first step), the resume at least.
+  const auto& a = result.outcomes.at(0);
+  REQUIRE(a.stop_seconds.size() == 1);
+  CHECK(a.stop_seconds[0] > 0);
+  CHECK(a.stop_seconds[0] < 30);  // the stop grace: a stop that took longer was killed
+  CHECK(!a.start_seconds.empty());
+  CHECK(a.start_seconds.size() <= 2);
+  for (const auto& outcome : result.outcomes) {
+    INFO(outcome.name);
+    REQUIRE(!outcome.start_seconds.empty());
+    CHECK(outcome.start_seconds.back() > 0);
+    CHECK(outcome.start_seconds.back() < 60);  // the connect timeout bounds a start
+  }
+  CHECK(result.outcomes.at(1).stop_seconds.empty());
 }
 
 TEST_CASE("live mode on node agents schedules over their slots and resizes jobs through etcd",

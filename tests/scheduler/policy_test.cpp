@@ -310,4 +310,13 @@ TEST_CASE("the marginal policy stops a running job only where the restart it cos
   options.restart_s = 30;
   CHECK(workers_of(make_policy("srtf", options)->allocate(cluster, views, 10), 2) ==
         std::vector<int>{0, 1});
+  // A job's measured cost (live mode) replaces the estimate, and srtf still ignores it.
+  views[0].restart_s = 10;
+  CHECK(running(30, views) == std::vector<int>{0, 1});
+  views[0].restart_s = 30;
+  CHECK(running(10, views) == std::vector<int>{1, 0});
+  CHECK(workers_of(make_policy("srtf", options)->allocate(cluster, views, 10), 2) ==
+        std::vector<int>{0, 1});
+  // An estimate of 0 weighs no restart, measured or not.
+  CHECK(running(0, views) == std::vector<int>{0, 1});
 }

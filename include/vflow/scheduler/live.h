@@ -1,7 +1,8 @@
 // The scheduler's live mode (DESIGN.md §6): the same policies as the simulator, applied to
 // real elastic jobs (`vflow-train SPEC --workers K --port P`) on a pool of worker slots.
 // Allocation changes become control-plane requests (§4): a resize for a running job, a
-// stop with a checkpoint for a preempted one (it resumes from that checkpoint later).
+// stop with a checkpoint for a preempted one (it resumes from that checkpoint later). What
+// a preemption costs each job is measured as it runs and given to the policies.
 // Results use the simulator's types, so metrics, CSV and JSON are the same.
 //
 // Jobs file (YAML, a list; paths relative to the file):
@@ -59,7 +60,11 @@ struct LiveOptions {
   /// Throughput file (docs/scheduler.md; e.g. from vflow-plan --throughput over profiles
   /// of device type "slot"); empty: every job gets the fallback curve.
   std::string throughput;
-  PolicyOptions policy_options;   ///< round lengths, LAS buckets
+  PolicyOptions policy_options;  ///< round lengths, LAS buckets
+  /// What preempting a job costs it, for the policies that weigh restarts (marginal), until
+  /// the job's own is measured (LiveJobOutcome: its last start plus its last stop, or the
+  /// mean stop so far); 0: no restart is weighed. Replaces policy_options.restart_s.
+  double restart_s = 30;
   std::string train_binary;       ///< vflow-train executable; required
   std::string out_dir;            ///< job logs (logs/NAME.log) and checkpoints; required
   double poll_s = 0.15;           ///< event-loop period, seconds
@@ -76,6 +81,13 @@ struct LiveJobOutcome {
   int64_t last_step = 0;  ///< steps completed, as the control plane last reported
   int launches = 0;       ///< processes started (1 + resumes after preemption)
   std::string log_path;   ///< the job's stdout and stderr
+  /// Per launch that made progress: seconds from the launch to the first step the
+  /// scheduler saw beyond the one it started from (process start, rendezvous, checkpoint
+  /// load, and the steps made before the scheduler saw them: an upper bound).
+  std::vector<double> start_seconds;
+  /// Per preemption: seconds from the stop request to the launcher's exit (its last step
+  /// and its checkpoint).
+  std::vector<double> stop_seconds;
 };
 
 struct LiveResult {

@@ -22,6 +22,9 @@ struct JobView {
   /// Workers per device type while the job runs on several types (device_type is then the
   /// type of its assignment), nullptr otherwise.
   const int* counts = nullptr;
+  /// What stopping the job and resuming it later costs it, seconds, where measured (live
+  /// mode measures it per job); < 0: unknown, PolicyOptions::restart_s stands for it.
+  double restart_s = -1;
 };
 
 struct Assignment {
@@ -67,7 +70,9 @@ struct PolicyOptions {
   double gavel_round_s = 360;  ///< Gavel-style policy: round length, seconds
   /// marginal and marginal-span: what stopping a running job costs it (the simulator's
   /// restart_s). A running job ranks and gains as if this much less were left, and a move
-  /// to another type must save more than this on its remaining work. Other policies get 0.
+  /// to another type must save more than this on its remaining work. A job's own measured
+  /// cost (JobView::restart_s) replaces it where known; 0 weighs no restart at all. Other
+  /// policies get 0.
   double restart_s = 0;
 };
 
