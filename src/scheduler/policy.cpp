@@ -393,8 +393,9 @@ class MarginalPolicy : public Policy {
     // than the running one's).
     const auto left_of = [&](size_t i, int t, int from, double rate) {
       const JobView& v = active[i];
+      if (from > 0 || v.workers == 0 || v.device_type != t) return left(i);
       const double restart = restart_cost(v, options_);
-      if (from > 0 || v.workers == 0 || v.device_type != t || restart <= 0) return left(i);
+      if (restart <= 0) return left(i);
       return std::max(left(i) - restart * rate, 1e-9 * v.job->total_work);
     };
     const auto gain = [&](size_t i, int t, int from, int step) {
