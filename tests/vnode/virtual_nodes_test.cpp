@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include <catch2/catch.hpp>
+#include <cmath>
 
 #include "support.h"
 #include "vflow/data/dataset.h"
@@ -196,6 +197,68 @@ TEST_CASE("the contribution table reproduces cumulative-average batch norm too",
     CHECK(bn->num_batches_tracked.item<int64_t>() ==
           reference->num_batches_tracked.item<int64_t>());
   }
+}
+
+TEST_CASE("norm layers of different kinds and momenta share one running-statistics kernel",
+          "[unit][numeric]") {
+  torch::manual_seed(0);
+  // Momentum 0.1, 0.3 and a cumulative average, batch norm and instance norm.
+  struct Net : torch::nn::Module {
+    torch::nn::BatchNorm2d a{torch::nn::BatchNorm2dOptions(3)};
+    torch::nn::BatchNorm2d b{torch::nn::BatchNorm2dOptions(3).momentum(0.3)};
+    torch::nn::BatchNorm2d c{torch::nn::BatchNorm2dOptions(3).momentum(c10::nullopt)};
+    torch::nn::InstanceNorm2d d{torch::nn::InstanceNorm2dOptions(3).track_running_stats(true)};
+    Net() {
+      register_module("a", a);
+      register_module("b", b);
+      register_module("c", c);
+      register_module("d", d);
+    }
+    torch::Tensor forward(const torch::Tensor& x) { return d(c(b(a(x)))); }
+  };
+  Net net, reference;
+  torch::NoGradGuard no_grad;
+  vflow::vnode::StatefulKernelSet kernels(net, 4);
+  REQUIRE(kernels.size() == 4);
+  for (int step = 0; step < 3; ++step) {
+    const auto x = torch::randn({16, 3, 5, 5}) * (step + 1) + step;
+    kernels.begin_step();
+    for (int64_t v = 0; v < 4; ++v) {
+      kernels.begin_vnode(v, v);
+      net.forward(x.slice(0, 4 * v, 4 * v + 4));
+      kernels.end_vnode(v);
+      reference.forward(x.slice(0, 4 * v, 4 * v + 4));
+    }
+    kernels.apply();
+    const auto got = net.buffers();
+    const auto want = reference.buffers();
+    REQUIRE(got.size() == 12);
+    for (size_t i = 0; i < got.size(); ++i) {
+      CAPTURE(step, i);
+      CHECK(torch::allclose(got[i].to(torch::kDouble), want[i].to(torch::kDouble), 1e-6, 1e-7));
+    }
+  }
+}
+
+TEST_CASE("a step that will not complete leaves the running statistics bit for bit", "[unit]") {
+  auto bn = torch::nn::BatchNorm1d(torch::nn::BatchNorm1dOptions(4));
+  torch::NoGradGuard no_grad;
+  // -0.0 included: a copy made by adding to +0.0 would lose its sign.
+  bn->running_mean.copy_(torch::tensor({-0.0F, 0.5F, -1.25F, 3.0F}));
+  bn->running_var.copy_(torch::tensor({1.0F, 0.0F, 2.5F, 7.0F}));
+  bn->num_batches_tracked.fill_(5);
+  const auto mean = bn->running_mean.clone();
+  const auto var = bn->running_var.clone();
+  vflow::vnode::StatefulKernelSet kernels(*bn, 2);
+  kernels.begin_step();
+  kernels.begin_vnode(0, 0);
+  bn->forward(torch::randn({8, 4}));
+  kernels.end_vnode(0);
+  kernels.abort_step();
+  CHECK(torch::equal(bn->running_mean, mean));
+  CHECK(torch::equal(bn->running_var, var));
+  CHECK(std::signbit(bn->running_mean[0].item<float>()));
+  CHECK(bn->num_batches_tracked.item<int64_t>() == 5);
 }
 
 TEST_CASE("user-registered stateful kernels are picked up", "[unit]") {

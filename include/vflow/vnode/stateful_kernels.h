@@ -70,7 +70,9 @@ class StatefulKernelSet {
   static void register_factory(StatefulKernelFactory factory);
 
   bool empty() const { return kernels_.empty(); }
-  size_t size() const { return kernels_.size(); }
+  /// The stateful modules found (the running statistics of all norm layers are handled by
+  /// one kernel).
+  size_t size() const { return modules_; }
 
   void begin_step();
   void begin_vnode(int64_t vnode, int64_t ordinal);
@@ -92,6 +94,7 @@ class StatefulKernelSet {
  private:
   std::vector<std::unique_ptr<StatefulKernel>> kernels_;
   std::vector<int64_t> offsets_;
+  size_t modules_ = 0;
   torch::Tensor table_;
 };
 
