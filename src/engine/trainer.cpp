@@ -416,8 +416,9 @@ struct Trainer::Impl {
     StepInfo info;
     if (record_examples) record_use(s, info);
     kernels->apply();
-    if (packet->stop_agreed()) stop_agreed = true;
-    regroup_agreed = packet->regroup_agreed();
+    const auto tail = packet->tail();
+    if (tail.stop) stop_agreed = true;
+    regroup_agreed = tail.regroup;
     if (!views_checked) {
       packet->gradient_buffer().check_views();
       views_checked = true;
@@ -438,7 +439,7 @@ struct Trainer::Impl {
     info.steps_per_epoch = order.steps_per_epoch();
     info.total_steps = total_steps;
     info.examples = batch.size;
-    info.loss = packet->loss_sum() / static_cast<double>(batch.size);
+    info.loss = tail.loss_sum / static_cast<double>(batch.size);
     info.lr = lr;
     info.seconds = seconds_since(t0);
     info.compute_seconds = std::chrono::duration<double>(t_sync - t0).count();

@@ -38,4 +38,12 @@ int64_t StepPacket::regroup_agreed() const { return std::llround(section(4).item
 
 double StepPacket::loss_sum() const { return loss().item<double>(); }
 
+StepPacket::Tail StepPacket::tail() const {
+  // loss, stop and regroup lie next to each other at the end of the packet.
+  const auto host =
+      buffer_.flat().narrow(0, sections_[2].offset, 3).to(torch::kCPU, torch::kDouble).contiguous();
+  const double* v = host.data_ptr<double>();
+  return Tail{v[0], v[1] > 0, std::llround(v[2])};
+}
+
 }  // namespace vflow::vnode

@@ -69,6 +69,15 @@ class StepPacket {
   /// After the reduction: Σ loss_v · n_v over every vnode.
   double loss_sum() const;
 
+  /// After the reduction: the loss sum and the control word, read in one transfer (on a
+  /// GPU, one synchronisation instead of three).
+  struct Tail {
+    double loss_sum = 0;
+    bool stop = false;
+    int64_t regroup = 0;
+  };
+  Tail tail() const;
+
   /// The sections in order: gradients, table, loss, stop, regroup.
   const std::vector<Section>& sections() const { return sections_; }
 
