@@ -4,6 +4,7 @@
 
 #include <mutex>
 #include <optional>
+#include <unordered_set>
 
 #include "vflow/core/error.h"
 
@@ -23,13 +24,19 @@ class RunningStatsGroup final : public StatefulKernel {
     std::optional<double> momentum;  // empty: cumulative average
   };
 
-  void add(Layer layer) {
+  /// False, adding nothing, for a layer already here (a module registered twice, or a view
+  /// of a module's own tensors): its statistics must be updated once.
+  bool add(Layer layer) {
+    for (const auto& known : layers_) {
+      if (known.mean.is_same(layer.mean)) return false;
+    }
     stats_.push_back(layer.mean);
     stats_.push_back(layer.var);
     if (layer.count.defined()) counts_.push_back(layer.count);
     if (!layer.momentum) cumulative_ = true;
     size_ += 2 * layer.mean.numel();
     layers_.push_back(std::move(layer));
+    return true;
   }
   bool empty() const { return layers_.empty(); }
 
@@ -193,7 +200,9 @@ StatefulKernelSet::StatefulKernelSet(torch::nn::Module& model, int64_t virtual_n
   // The model itself need not live in a shared_ptr, so it is visited apart from its children.
   std::vector<torch::nn::Module*> modules{&model};
   for (const auto& child : model.modules(/*include_self=*/false)) modules.push_back(child.get());
+  std::unordered_set<const torch::nn::Module*> seen;  // a module registered twice counts once
   for (auto* module : modules) {
+    if (!seen.insert(module).second) continue;
     std::unique_ptr<StatefulKernel> kernel;
     for (const auto& factory : candidates) {
       if ((kernel = factory(*module))) break;
@@ -202,8 +211,7 @@ StatefulKernelSet::StatefulKernelSet(torch::nn::Module& model, int64_t virtual_n
       add(std::move(kernel));
       ++modules_;
     } else if (auto layer = running_stats_of(*module)) {
-      running_stats->add(std::move(*layer));
-      ++modules_;
+      if (running_stats->add(std::move(*layer))) ++modules_;
     }
   }
   // The running statistics of all layers: one kernel, after the user's.

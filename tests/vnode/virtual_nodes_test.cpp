@@ -240,6 +240,34 @@ TEST_CASE("norm layers of different kinds and momenta share one running-statisti
   }
 }
 
+TEST_CASE("a norm layer registered twice has its statistics updated once", "[unit][numeric]") {
+  torch::manual_seed(0);
+  struct Net : torch::nn::Module {
+    torch::nn::BatchNorm1d shared{torch::nn::BatchNorm1dOptions(4)};
+    Net() {
+      register_module("first", shared);
+      register_module("again", shared);
+    }
+  };
+  Net net;
+  auto reference = torch::nn::BatchNorm1d(torch::nn::BatchNorm1dOptions(4));
+  torch::NoGradGuard no_grad;
+  vflow::vnode::StatefulKernelSet kernels(net, 3);
+  REQUIRE(kernels.size() == 1);
+  const auto x = torch::randn({12, 4}) * 3 + 1;
+  kernels.begin_step();
+  for (int64_t v = 0; v < 3; ++v) {
+    kernels.begin_vnode(v, v);
+    net.shared->forward(x.slice(0, 4 * v, 4 * v + 4));
+    kernels.end_vnode(v);
+    reference->forward(x.slice(0, 4 * v, 4 * v + 4));
+  }
+  kernels.apply();
+  CHECK(torch::allclose(net.shared->running_mean, reference->running_mean, 1e-6, 1e-7));
+  CHECK(torch::allclose(net.shared->running_var, reference->running_var, 1e-6, 1e-7));
+  CHECK(net.shared->num_batches_tracked.item<int64_t>() == 3);
+}
+
 TEST_CASE("a step that will not complete leaves the running statistics bit for bit", "[unit]") {
   auto bn = torch::nn::BatchNorm1d(torch::nn::BatchNorm1dOptions(4));
   torch::NoGradGuard no_grad;
