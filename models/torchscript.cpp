@@ -39,18 +39,25 @@ std::string torch_message(const std::string& message) {
 }
 
 // The running statistics of a scripted batch norm (or instance norm tracking them):
-// buffers running_mean and running_var and a momentum attribute (None = cumulative).
+// buffers running_mean and running_var and a momentum attribute (None = cumulative). An
+// instance norm's forward never counts its batches and passes a momentum of None as 0.0
+// (torch.nn's _InstanceNorm), so its counter is left alone.
 std::optional<vnode::RunningStatsView> running_stats_of(const torch::jit::Module& m) {
   std::map<std::string, torch::Tensor> buffers;
   for (const auto& b : m.named_buffers(/*recurse=*/false)) buffers[b.name] = b.value;
   if (!buffers.count("running_mean") || !buffers.count("running_var") || !m.hasattr("momentum")) {
     return std::nullopt;
   }
+  const auto type = m.type()->name();
+  const bool instance_norm =
+      type && type->qualifiedName().find("torch.nn.modules.instancenorm.") != std::string::npos;
   const auto momentum = m.attr("momentum");
   const std::optional<double> m_value =
-      momentum.isNone() ? std::nullopt : std::optional<double>(momentum.toDouble());
-  const auto count =
-      buffers.count("num_batches_tracked") ? buffers["num_batches_tracked"] : torch::Tensor();
+      momentum.isNone() ? (instance_norm ? std::optional<double>(0.0) : std::nullopt)
+                        : std::optional<double>(momentum.toDouble());
+  const auto count = buffers.count("num_batches_tracked") && !instance_norm
+                         ? buffers["num_batches_tracked"]
+                         : torch::Tensor();
   return vnode::RunningStatsView(buffers["running_mean"], buffers["running_var"], count, m_value);
 }
 

@@ -12,6 +12,8 @@ Models:
   convnet   2 conv + batch norm blocks, dropout, for Fashion-MNIST [1, 28, 28]
   mlp-cumulative
             an MLP whose BatchNorm1d keeps a cumulative average (momentum None)
+  instance-norm
+            a convolution with an instance norm that tracks running statistics
   bert-tiny a small transformer encoder over byte tokens (fortunes-langid)
 """
 import argparse
@@ -48,6 +50,18 @@ class CumulativeMlp(nn.Module):
         return self.layers(x)
 
 
+class InstanceNormNet(nn.Module):
+    def __init__(self, classes=10):
+        super().__init__()
+        self.layers = nn.Sequential(
+            nn.Conv2d(1, 8, 3, padding=1, bias=False),
+            nn.InstanceNorm2d(8, affine=True, track_running_stats=True), nn.ReLU(),
+            nn.MaxPool2d(2), nn.Flatten(), nn.Linear(8 * 14 * 14, classes))
+
+    def forward(self, x):
+        return self.layers(x)
+
+
 class TinyEncoder(nn.Module):
     """Byte-token classifier: embeddings, a transformer encoder, [CLS] pooling."""
 
@@ -68,7 +82,8 @@ class TinyEncoder(nn.Module):
         return self.head(x[:, 0])
 
 
-MODELS = {"convnet": ConvNet, "mlp-cumulative": CumulativeMlp, "bert-tiny": TinyEncoder}
+MODELS = {"convnet": ConvNet, "mlp-cumulative": CumulativeMlp, "instance-norm": InstanceNormNet,
+          "bert-tiny": TinyEncoder}
 
 
 def build(name, seed=0):

@@ -24,18 +24,29 @@ class RunningStatsGroup final : public StatefulKernel {
     std::optional<double> momentum;  // empty: cumulative average
   };
 
-  /// False, adding nothing, for a layer already here (a module registered twice, or a view
-  /// of a module's own tensors): its statistics must be updated once.
+  /// False, adding nothing, for a layer whose statistics are already here (a module
+  /// registered twice, or a view of a module's own statistics): they must be updated once.
+  /// A counter that only one of the two names is kept.
   bool add(Layer layer) {
-    for (const auto& known : layers_) {
-      if (known.mean.is_same(layer.mean)) return false;
+    if (layer.count.defined() && layer.count.numel() != 1) {
+      throw Error("a running-statistics counter must be one number, not " +
+                  std::to_string(layer.count.numel()));
     }
-    stats_.push_back(layer.mean);
-    stats_.push_back(layer.var);
-    if (layer.count.defined()) counts_.push_back(layer.count);
-    if (!layer.momentum) cumulative_ = true;
-    size_ += 2 * layer.mean.numel();
+    for (auto& known : layers_) {
+      if (!same_memory(known.mean, layer.mean)) continue;
+      if (known.momentum != layer.momentum) {
+        throw Error(
+            "the same running statistics are registered twice with different momenta; "
+            "register them once");
+      }
+      if (!known.count.defined() && layer.count.defined()) {
+        known.count = layer.count;
+        index();
+      }
+      return false;
+    }
     layers_.push_back(std::move(layer));
+    index();
     return true;
   }
   bool empty() const { return layers_.empty(); }
@@ -73,7 +84,9 @@ class RunningStatsGroup final : public StatefulKernel {
 
   void apply(const std::vector<torch::Tensor>& rows) override {
     // The state saved at the start of the step, bit for bit: -0.0 is the identity of
-    // addition (x + -0.0 == x for every x, -0.0 too), so zero, negate, add.
+    // addition (x + -0.0 == x for every x, -0.0 too), so zero, negate, add. (Not for a NaN's
+    // payload, nor for denormals where they are flushed to zero, which LibTorch does not
+    // do unless asked.)
     at::_foreach_zero_(stats_);
     at::_foreach_neg_(stats_);
     at::_foreach_add_(stats_, like_stats(state0_));
@@ -98,6 +111,25 @@ class RunningStatsGroup final : public StatefulKernel {
   }
 
  private:
+  static bool same_memory(const torch::Tensor& a, const torch::Tensor& b) {
+    return a.is_alias_of(b) && a.storage_offset() == b.storage_offset() && a.numel() == b.numel();
+  }
+
+  /// The lists the operations take, from layers_.
+  void index() {
+    stats_.clear();
+    counts_.clear();
+    cumulative_ = false;
+    size_ = 0;
+    for (const auto& layer : layers_) {
+      stats_.push_back(layer.mean);
+      stats_.push_back(layer.var);
+      if (layer.count.defined()) counts_.push_back(layer.count);
+      if (!layer.momentum) cumulative_ = true;
+      size_ += 2 * layer.mean.numel();
+    }
+  }
+
   static std::vector<torch::Tensor> flattened(const std::vector<torch::Tensor>& tensors) {
     std::vector<torch::Tensor> out;
     out.reserve(tensors.size());

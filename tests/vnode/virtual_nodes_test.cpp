@@ -161,7 +161,7 @@ TEST_CASE("ResNet's batch norms follow the stateful-kernel rule", "[unit][numeri
 TEST_CASE("batch norms inside a TorchScript model follow the stateful-kernel rule",
           "[integration][torchscript]") {
   vflow::testing::TempDir dir;
-  // Momentum 0.1 (ConvNet) and a cumulative average (momentum None).
+  // Momentum 0.1 (ConvNet), a cumulative average (momentum None) and an instance norm.
   const auto convnet = vflow::testing::export_torchscript("convnet", dir.file("convnet.pt"));
   check_sequential_statistics(
       frozen_job_of("{torchscript: " + convnet + "}",
@@ -170,6 +170,13 @@ TEST_CASE("batch norms inside a TorchScript model follow the stateful-kernel rul
   const auto mlp = vflow::testing::export_torchscript("mlp-cumulative", dir.file("mlp.pt"));
   check_sequential_statistics(
       frozen_job_of("{torchscript: " + mlp + "}",
+                    "{train_size: 108, shape: [1, 28, 28], classes: 10}", 6),
+      3);
+  // An instance norm's forward leaves its counter alone; so must vflow.
+  const auto instance =
+      vflow::testing::export_torchscript("instance-norm", dir.file("instance.pt"));
+  check_sequential_statistics(
+      frozen_job_of("{torchscript: " + instance + "}",
                     "{train_size: 108, shape: [1, 28, 28], classes: 10}", 6),
       3);
 }
@@ -266,6 +273,47 @@ TEST_CASE("a norm layer registered twice has its statistics updated once", "[uni
   CHECK(torch::allclose(net.shared->running_mean, reference->running_mean, 1e-6, 1e-7));
   CHECK(torch::allclose(net.shared->running_var, reference->running_var, 1e-6, 1e-7));
   CHECK(net.shared->num_batches_tracked.item<int64_t>() == 3);
+}
+
+TEST_CASE("a view of a norm layer's own statistics does not count them twice", "[unit][numeric]") {
+  torch::manual_seed(0);
+  using vflow::vnode::RunningStatsView;
+  struct Net : torch::nn::Module {
+    torch::nn::BatchNorm1d bn{torch::nn::BatchNorm1dOptions(4)};
+    RunningStatsView view{nullptr};
+    explicit Net(std::optional<double> momentum) {
+      // The view first, other tensor objects over the same memory, and no counter.
+      view = register_module(
+          "view", RunningStatsView(bn->running_mean.view({4}), bn->running_var.view({2, 2}),
+                                   torch::Tensor(), momentum));
+      register_module("bn", bn);
+    }
+  };
+  torch::NoGradGuard no_grad;
+  CHECK_THROWS_WITH(vflow::vnode::StatefulKernelSet(*std::make_shared<Net>(0.3), 3),
+                    Catch::Contains("different momenta"));
+  auto net = std::make_shared<Net>(0.1);
+  auto reference = torch::nn::BatchNorm1d(torch::nn::BatchNorm1dOptions(4));
+  vflow::vnode::StatefulKernelSet kernels(*net, 3);
+  REQUIRE(kernels.size() == 1);
+  const auto x = torch::randn({12, 4}) * 3 + 1;
+  kernels.begin_step();
+  for (int64_t v = 0; v < 3; ++v) {
+    kernels.begin_vnode(v, v);
+    net->bn->forward(x.slice(0, 4 * v, 4 * v + 4));
+    kernels.end_vnode(v);
+    reference->forward(x.slice(0, 4 * v, 4 * v + 4));
+  }
+  kernels.apply();
+  CHECK(torch::allclose(net->bn->running_mean, reference->running_mean, 1e-6, 1e-7));
+  CHECK(torch::allclose(net->bn->running_var, reference->running_var, 1e-6, 1e-7));
+  // The module's counter is kept: a step that will not complete restores it too.
+  CHECK(net->bn->num_batches_tracked.item<int64_t>() == 3);
+  kernels.begin_step();
+  kernels.begin_vnode(0, 0);
+  net->bn->forward(x.slice(0, 0, 4));
+  kernels.abort_step();
+  CHECK(net->bn->num_batches_tracked.item<int64_t>() == 3);
 }
 
 TEST_CASE("a step that will not complete leaves the running statistics bit for bit", "[unit]") {
