@@ -32,12 +32,6 @@ void StepPacket::request_regroup(int64_t generation) {
   section(4).fill_(static_cast<double>(generation));
 }
 
-bool StepPacket::stop_requested() const { return section(3).item<float>() > 0; }
-
-int64_t StepPacket::regroup_agreed() const { return std::llround(section(4).item<double>()); }
-
-double StepPacket::loss_sum() const { return loss().item<double>(); }
-
 StepPacket::Tail StepPacket::tail() const {
   // loss, stop and regroup lie next to each other at the end of the packet.
   const auto host =

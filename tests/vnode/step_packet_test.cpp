@@ -39,19 +39,19 @@ TEST_CASE("the step packet's control word and loss survive the sum of the worker
           "[unit]") {
   torch::nn::Linear a_layer(2, 2), b_layer(2, 2);
   StepPacket a(a_layer->parameters(), 3), b(b_layer->parameters(), 3);
-  CHECK_FALSE(a.stop_requested());
-  CHECK(a.regroup_agreed() == 0);
+  CHECK_FALSE(a.tail().stop);
+  CHECK(a.tail().regroup == 0);
   a.add_loss(torch::tensor(0.5), 4);  // worker a: one vnode of 4 examples, mean loss 0.5
   b.add_loss(torch::tensor(0.25), 4);
   b.add_loss(torch::tensor(1.0), 2);
   b.request_stop();      // any worker may ask to stop
   a.request_regroup(7);  // one worker (rank 0) relays the next generation
   a.flat() += b.flat();  // what the sum-allreduce does
-  CHECK(a.stop_agreed());
-  CHECK(a.regroup_agreed() == 7);
-  CHECK(a.loss_sum() == Approx(0.5 * 4 + 0.25 * 4 + 1.0 * 2));
+  CHECK(a.tail().stop);
+  CHECK(a.tail().regroup == 7);
+  CHECK(a.tail().loss_sum == Approx(0.5 * 4 + 0.25 * 4 + 1.0 * 2));
   a.clear();
-  CHECK_FALSE(a.stop_agreed());
-  CHECK(a.regroup_agreed() == 0);
-  CHECK(a.loss_sum() == 0);
+  CHECK_FALSE(a.tail().stop);
+  CHECK(a.tail().regroup == 0);
+  CHECK(a.tail().loss_sum == 0);
 }

@@ -61,20 +61,13 @@ class StepPacket {
   // ---- the control word ----
   void request_stop();
   void request_regroup(int64_t generation);
-  bool stop_requested() const;
-  /// After the reduction: did any worker ask to stop.
-  bool stop_agreed() const { return stop_requested(); }
-  /// After the reduction: the generation to regroup into, 0 for none.
-  int64_t regroup_agreed() const;
-  /// After the reduction: Σ loss_v · n_v over every vnode.
-  double loss_sum() const;
 
   /// After the reduction: the loss sum and the control word, read in one transfer (on a
   /// GPU, one synchronisation instead of three).
   struct Tail {
-    double loss_sum = 0;
-    bool stop = false;
-    int64_t regroup = 0;
+    double loss_sum = 0;  ///< Σ loss_v · n_v over every vnode
+    bool stop = false;    ///< did any worker ask to stop
+    int64_t regroup = 0;  ///< the generation to regroup into, 0 for none
   };
   Tail tail() const;
 
