@@ -56,12 +56,15 @@ class RunningStatsGroup final : public StatefulKernel {
 
   void begin_step() override {
     state0_ = torch::cat(flattened(stats_));
-    if (counts_.empty()) return;
-    counts0_ = torch::cat(flattened(counts_));
+    if (!counts_.empty()) counts0_ = torch::cat(flattened(counts_));
     // Only a cumulative average needs the counters here (one transfer for all layers).
-    if (cumulative_) {
-      const auto host = counts0_.to(torch::kCPU, torch::kInt64).contiguous();
-      counts0_host_.assign(host.data_ptr<int64_t>(), host.data_ptr<int64_t>() + host.numel());
+    if (!cumulative_) return;
+    count0_.assign(layers_.size(), 0);
+    if (counts_.empty()) return;
+    const auto host = counts0_.to(torch::kCPU, torch::kInt64).contiguous();
+    const int64_t* value = host.data_ptr<int64_t>();
+    for (size_t i = 0; i < layers_.size(); ++i) {
+      if (layers_[i].count.defined()) count0_[i] = *value++;
     }
   }
 
@@ -72,11 +75,9 @@ class RunningStatsGroup final : public StatefulKernel {
     // A cumulative average reads its counter: as if the vnodes before this one had run
     // here. (With a momentum the counter is only counted; apply() sets it.)
     if (!cumulative_) return;
-    size_t c = 0;
-    for (auto& layer : layers_) {
-      if (!layer.count.defined()) continue;
-      if (!layer.momentum) layer.count.fill_(counts0_host_[c] + ordinal);
-      ++c;
+    for (size_t i = 0; i < layers_.size(); ++i) {
+      auto& layer = layers_[i];
+      if (!layer.momentum && layer.count.defined()) layer.count.fill_(count0_[i] + ordinal);
     }
   }
 
@@ -92,13 +93,10 @@ class RunningStatsGroup final : public StatefulKernel {
     at::_foreach_add_(stats_, like_stats(state0_));
     std::vector<at::Scalar> keep(stats_.size());
     for (size_t k = 0; k < rows.size(); ++k) {
-      size_t c = 0;
       for (size_t i = 0; i < layers_.size(); ++i) {
         const auto& layer = layers_[i];
-        const int64_t count0 = layer.count.defined() && cumulative_ ? counts0_host_[c] : 0;
-        if (layer.count.defined()) ++c;
         const double factor =
-            layer.momentum ? *layer.momentum : 1.0 / static_cast<double>(count0 + k + 1);
+            layer.momentum ? *layer.momentum : 1.0 / static_cast<double>(count0_[i] + k + 1);
         keep[2 * i] = keep[2 * i + 1] = 1.0 - factor;
       }
       at::_foreach_mul_(stats_, keep);
@@ -158,8 +156,8 @@ class RunningStatsGroup final : public StatefulKernel {
   std::vector<torch::Tensor> counts_;  // the defined counters, in layer order
   bool cumulative_ = false;            // some layer keeps a cumulative average
   int64_t size_ = 0;
-  torch::Tensor state0_, counts0_;     // at the start of the step, concatenated
-  std::vector<int64_t> counts0_host_;  // counts0_, read only where a layer is cumulative
+  torch::Tensor state0_, counts0_;  // at the start of the step, concatenated
+  std::vector<int64_t> count0_;     // per layer (0: no counter), read where a layer is cumulative
 };
 
 // Batch norm's momentum is optional (none = cumulative average); instance norm's is not.
