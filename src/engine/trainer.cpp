@@ -27,6 +27,7 @@
 #include "engine/fused_update.h"
 #include "vflow/comm/nccl.h"
 #include "vflow/comm/split_sum.h"
+#include "vflow/core/clock.h"
 #include "vflow/core/error.h"
 #include "vflow/core/spec_node.h"
 #include "vflow/engine/checkpoint.h"
@@ -49,10 +50,6 @@ constexpr uint64_t kMaxCheckpointBytes = uint64_t{1} << 40;
 constexpr uint64_t kInitStream = 0x1417;
 
 using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
 
 /// The first line where two texts differ, for a readable mismatch message.
 std::string first_difference(const std::string& a, const std::string& b) {

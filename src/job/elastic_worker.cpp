@@ -13,6 +13,7 @@
 
 #include "job/coordination.h"
 #include "job/periodic.h"
+#include "vflow/core/clock.h"
 #include "vflow/engine/job.h"
 #include "vflow/job/build_identity.h"
 #include "vflow/job/control_plane.h"
@@ -22,10 +23,6 @@ namespace vflow::job {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
 
 /// Waits for a generation newer than `after` that holds `member`. Returns nullopt when
 /// the job is over, or when `member` was in the job and a newer generation left it out.

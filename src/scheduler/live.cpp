@@ -22,6 +22,7 @@
 #include <set>
 #include <thread>
 
+#include "vflow/core/clock.h"
 #include "vflow/core/error.h"
 #include "vflow/core/exit_code.h"
 #include "vflow/core/process.h"
@@ -225,7 +226,7 @@ class LiveRun {
     result_.total_devices = options.slots;
     for (const auto& job : workload_.jobs) {  // in jobs_' order: both sorted stably by arrival
       result_.jobs.push_back(job_result_for(job));
-      outcomes_.push_back({jobs_[job.id].name, -1, 0, 0, log_path(job.id)});
+      outcomes_.push_back({jobs_[job.id].name, -1, 0, 0, log_path(job.id), {}, {}});
       if (options.log && table.has_model(job.model)) {
         options.log(fmt::format("{}: throughput of model {}: {}", jobs_[job.id].name, job.model,
                                 (*job.throughput)[0].describe()));
@@ -276,9 +277,6 @@ class LiveRun {
   }
 
  private:
-  static double seconds_since(Clock::time_point t) {
-    return std::chrono::duration<double>(Clock::now() - t).count();
-  }
   double elapsed() const { return seconds_since(start_); }
 
   void say(const std::string& line) const {
