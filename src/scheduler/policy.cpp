@@ -47,10 +47,13 @@ double priority_key(Priority priority, const JobView& v, const PolicyOptions& op
 Allocation to_allocation(const std::vector<JobView>& active, const std::vector<int>& types,
                          const std::vector<int>& workers) {
   Allocation out;
-  out.assignments.reserve(active.size());
+  auto& as = out.assignments;
+  as.resize(active.size());
+  size_t k = 0;
   for (size_t i = 0; i < active.size(); ++i) {
-    if (workers[i] > 0) out.assignments.push_back({active[i].job->id, types[i], workers[i]});
+    if (workers[i] > 0) as[k++] = {active[i].job->id, types[i], workers[i]};
   }
+  as.resize(k);
   return out;
 }
 
@@ -89,8 +92,9 @@ inline void fetch_ahead(const std::vector<JobView>& active, const std::vector<si
 // same as a plain sort's.
 class Ranking {
  public:
-  std::vector<size_t> order(Priority priority, const std::vector<JobView>& active,
-                            const PolicyOptions& options) {
+  // The order, valid until the next call.
+  const std::vector<size_t>& order(Priority priority, const std::vector<JobView>& active,
+                                   const PolicyOptions& options) {
     fresh_.resize(active.size());
     for (size_t i = 0; i < active.size(); ++i) {  // in id order, each job read once
       if (i + kFetchAhead < active.size()) __builtin_prefetch(active[i + kFetchAhead].job);
@@ -99,28 +103,28 @@ class Ranking {
       if (static_cast<size_t>(id) >= index_of_.size()) index_of_.resize(id + 1, -1);
       index_of_[id] = static_cast<int>(i);
     }
-    ranks_.clear();
+    const size_t n = active.size();
+    ranks_.resize(n);
+    taken_.assign(n, 0);
+    size_t kept = 0;
     for (int id : last_) {  // still active, in their last order
-      if (int& i = index_of_[id]; i >= 0) ranks_.push_back(fresh_[i]), i = -1;
+      if (int& i = index_of_[id]; i >= 0) ranks_[kept++] = fresh_[i], taken_[i] = 1, i = -1;
     }
-    const auto kept = static_cast<std::ptrdiff_t>(ranks_.size());
-    for (const Rank& r : fresh_) {  // new since the last call
-      if (int& i = index_of_[r.id]; i >= 0) ranks_.push_back(r), i = -1;
+    for (size_t i = 0, k = kept; i < n; ++i) {  // new since the last call
+      if (!taken_[i]) ranks_[k++] = fresh_[i], index_of_[fresh_[i].id] = -1;
     }
-    const auto middle = ranks_.begin() + kept;
-    if (!insertion_sort(ranks_.begin(), middle, 8 * ranks_.size() + 16)) {
+    const auto middle = ranks_.begin() + static_cast<std::ptrdiff_t>(kept);
+    if (!insertion_sort(ranks_.begin(), middle, 8 * n + 16))
       std::sort(ranks_.begin(), middle, less);
-    }
     std::sort(middle, ranks_.end(), less);
-    fresh_.resize(ranks_.size());
-    std::merge(ranks_.begin(), middle, middle, ranks_.end(), fresh_.begin(), less);
-    last_.resize(fresh_.size());
-    std::vector<size_t> out(fresh_.size());
-    for (size_t k = 0; k < fresh_.size(); ++k) {
-      last_[k] = fresh_[k].id;
-      out[k] = fresh_[k].index;
-    }
-    return out;
+    last_.resize(n);
+    out_.resize(n);
+    size_t a = 0, b = kept, k = 0;  // merge the two into the order
+    const auto put = [&](const Rank& r) { last_[k] = r.id, out_[k++] = r.index; };
+    while (a < kept && b < n) put(less(ranks_[b], ranks_[a]) ? ranks_[b++] : ranks_[a++]);
+    while (a < kept) put(ranks_[a++]);
+    while (b < n) put(ranks_[b++]);
+    return out_;
   }
 
  private:
@@ -150,10 +154,12 @@ class Ranking {
     return true;
   }
 
-  std::vector<Rank> fresh_;    // this call's ranks by index, then merged in order
-  std::vector<Rank> ranks_;    // kept ones in their last order, then the new ones
-  std::vector<int> last_;      // job ids in the last order
-  std::vector<int> index_of_;  // job id -> index into `active` during a call, else -1
+  std::vector<Rank> fresh_;     // this call's ranks by index, then merged in order
+  std::vector<Rank> ranks_;     // kept ones in their last order, then the new ones
+  std::vector<int> last_;       // job ids in the last order
+  std::vector<int> index_of_;   // job id -> index into `active` during a call, else -1
+  std::vector<size_t> out_;     // the order returned
+  std::vector<uint8_t> taken_;  // per index into `active`: 1 where kept from the last order
 };
 
 // Non-elastic placement in the given order: each job runs at exactly its demand on one type
@@ -270,9 +276,9 @@ class ElasticWfsPolicy : public Policy {
   std::string name() const override { return name_; }
   bool elastic() const override { return true; }
   Allocation allocate(const Cluster& cluster, const std::vector<JobView>& active, double) override {
-    const std::vector<size_t> order = ranking_.order(priority_, active, options_);
+    const std::vector<size_t>& order = ranking_.order(priority_, active, options_);
     std::vector<int> types(active.size(), -1), workers(active.size(), 0);
-    const auto placed = place(cluster, active, order, types);
+    const std::vector<Placed>& placed = place(cluster, active, order, types);
     for (int t = 0; t < cluster.num_types(); ++t) {
       const Placed& p = placed[t];
       const auto shares = weighted_water_fill(p.weight, p.lo, p.hi, cluster.type(t).count);
@@ -301,53 +307,55 @@ class ElasticWfsPolicy : public Policy {
     std::vector<int> lo, hi;
   };
 
-  // Per type, the jobs placed there. Reads each job once, in priority order.
-  std::vector<Placed> place(const Cluster& cluster, const std::vector<JobView>& active,
-                            const std::vector<size_t>& order, std::vector<int>& types) const {
+  // Per type, the jobs placed there (valid until the next call). Reads each job once, in
+  // priority order.
+  const std::vector<Placed>& place(const Cluster& cluster, const std::vector<JobView>& active,
+                                   const std::vector<size_t>& order, std::vector<int>& types) {
     const int n_types = cluster.num_types();
-    std::vector<int> min_room(n_types);
+    std::vector<int> count(n_types), min_room(n_types);
     std::vector<double> weight_sum(n_types, 0.0);
-    for (int t = 0; t < n_types; ++t) min_room[t] = cluster.type(t).count;
-    std::vector<Placed> placed(n_types);
-    for (auto& p : placed) {
-      p.jobs.reserve(order.size());
-      p.weight.reserve(order.size());
-      p.lo.reserve(order.size());
-      p.hi.reserve(order.size());
+    for (int t = 0; t < n_types; ++t) min_room[t] = count[t] = cluster.type(t).count;
+    placed_.resize(n_types);
+    for (auto& p : placed_) {
+      p.jobs.clear();
+      p.weight.clear();
+      p.lo.clear();
+      p.hi.clear();
     }
     for (size_t k = 0; k < order.size(); ++k) {
       fetch_ahead(active, order, k);
       const size_t i = order[k];
       const Job& job = *active[i].job;
       const double w = share_weight(active[i]);
+      const int own = active[i].workers > 0 ? active[i].device_type : -1;
       int best = -1;
       double best_rate = 0;
       for (int t = 0; t < n_types; ++t) {
         if (min_room[t] < job.min_workers) continue;
-        const int count = cluster.type(t).count;
-        const int guess = std::clamp(static_cast<int>(count * w / (weight_sum[t] + w)),
-                                     job.min_workers, std::min(job.max_workers, count));
+        const int guess = std::clamp(static_cast<int>(count[t] * w / (weight_sum[t] + w)),
+                                     job.min_workers, std::min(job.max_workers, count[t]));
         double rate = job.rate(t, guess);
-        if (t == active[i].device_type && active[i].workers > 0) rate *= kMigrationGain;
+        if (t == own) rate *= kMigrationGain;
         if (best < 0 || rate > best_rate) best = t, best_rate = rate;
       }
       if (best < 0) continue;
       types[i] = best;
       min_room[best] -= job.min_workers;
       weight_sum[best] += w;
-      Placed& p = placed[best];
+      Placed& p = placed_[best];
       p.jobs.push_back(i);
       p.weight.push_back(w);
       p.lo.push_back(job.min_workers);
-      p.hi.push_back(std::min(job.max_workers, cluster.type(best).count));
+      p.hi.push_back(std::min(job.max_workers, count[best]));
     }
-    return placed;
+    return placed_;
   }
 
   std::string name_;
   Priority priority_;
   PolicyOptions options_;
   Ranking ranking_;
+  std::vector<Placed> placed_;  // place()'s, kept between decisions
 };
 
 // Elastic shortest remaining time by marginal gain (the water-filling floor that AFS and
@@ -380,8 +388,9 @@ class MarginalPolicy : public Policy {
   void settle(const Cluster& cluster, const std::vector<JobView>& active, std::vector<int>& types,
               std::vector<int>& workers, std::vector<int>& free) {
     const int n_types = cluster.num_types();
+    std::vector<int> count(n_types);  // devices per type
     free.resize(n_types);
-    for (int t = 0; t < n_types; ++t) free[t] = cluster.type(t).count;
+    for (int t = 0; t < n_types; ++t) free[t] = count[t] = cluster.type(t).count;
     types.assign(active.size(), -1);
     workers.assign(active.size(), 0);
     // Gain per device of growing job i on type t from `from` workers by `step`: the share of
@@ -414,11 +423,7 @@ class MarginalPolicy : public Policy {
       if (a.gain != b.gain) return a.gain < b.gain;
       return a.job != b.job ? a.job > b.job : a.type > b.type;
     };
-    struct Item {  // one worker for `job` at `level`; 16 bytes, for the selection's speed
-      double level;
-      uint32_t job;
-    };
-    std::vector<Item> items;
+    std::vector<Item>& items = items_;
     // Grants devices by gain: each job of `homes` its minimum there first, then one worker
     // at a time to whichever job (these and those already running) gains most. Grants on
     // one type never compete with another's, so each type is settled on its own: where
@@ -428,16 +433,19 @@ class MarginalPolicy : public Policy {
     // bound or have no type with room), so that the rest need not be read.
     const auto grant = [&](const std::vector<int>& homes, const std::vector<size_t>* only) {
       // Per type, the jobs that compete there and are below their bound; per job, its bound.
-      std::vector<std::vector<size_t>> on(n_types);
+      std::vector<std::vector<size_t>>& on = on_;
+      on.resize(n_types);
+      for (auto& jobs : on) jobs.clear();
       const size_t candidates = only != nullptr ? only->size() : active.size();
-      for (auto& jobs : on) jobs.reserve(candidates);
-      std::vector<int> bound(active.size(), 0);
+      std::vector<int>& bound = bound_;  // read only for the jobs of `on`
+      bound.resize(active.size());
+      std::vector<long> wanted(n_types, 0);  // per type, the workers its jobs lack
       for (size_t k = 0; k < candidates; ++k) {
         const size_t i = only != nullptr ? (*only)[k] : k;
         const int t = workers[i] > 0 ? types[i] : homes[i];
         if (t < 0) continue;
-        bound[i] = std::min(active[i].job->max_workers, cluster.type(t).count);
-        if (workers[i] < bound[i]) on[t].push_back(i);
+        bound[i] = std::min(active[i].job->max_workers, count[t]);
+        if (workers[i] < bound[i]) on[t].push_back(i), wanted[t] += bound[i] - workers[i];
       }
       // The job's next grant on type t.
       const auto next_of = [&](size_t i, int t) {
@@ -449,9 +457,9 @@ class MarginalPolicy : public Policy {
       // of the job's grants up to it. A job's next grant enters the heap only once the one
       // before it is taken, so a grant that gains more than one before it is taken right
       // after that one, at its level. False where a job's first grant is its minimum > 1.
-      const auto take_best = [&](int t, long wanted) {
+      const auto take_best = [&](int t, long lacking) {
         items.clear();
-        items.reserve(wanted);
+        items.reserve(lacking);
         for (size_t i : on[t]) {
           const Job& job = *active[i].job;
           if (workers[i] == 0 && job.min_workers != 1) return false;
@@ -479,15 +487,13 @@ class MarginalPolicy : public Policy {
       std::vector<Grant> offers;
       for (int t = 0; t < n_types; ++t) {
         if (free[t] == 0) continue;  // nothing left to grant there
-        long wanted = 0;
-        for (size_t i : on[t]) wanted += bound[i] - workers[i];
-        if (wanted <= free[t]) {
+        if (wanted[t] <= free[t]) {
           for (size_t i : on[t]) {
             free[t] -= bound[i] - workers[i];
             types[i] = t;
             workers[i] = bound[i];
           }
-        } else if (!take_best(t, wanted)) {
+        } else if (!take_best(t, wanted[t])) {
           for (size_t i : on[t]) offers.push_back(next_of(i, t));
         }
       }
@@ -511,7 +517,7 @@ class MarginalPolicy : public Policy {
         }
       }
     };
-    const auto order = ranking_.order(Priority::kSrtf, active, options_);
+    const std::vector<size_t>& order = ranking_.order(Priority::kSrtf, active, options_);
     grant(place(cluster, active, order), nullptr);
     // A job left out where it was placed tries the devices left on other types. Only those
     // compete then: a type with devices still free has every job on it at its bound (a grant
@@ -571,11 +577,19 @@ class MarginalPolicy : public Policy {
       fetch_ahead(active, order, k);
       const size_t i = order[k];
       const Job& job = *active[i].job;
+      const int now = running_type(active[i]);
+      // Where no type runs the job kMigrationGain times as fast as its own, it stays (as
+      // below, without reading every type's rate).
+      const double fastest = active[i].fastest_demand_rate;
+      if (now >= 0 && fastest > 0 && fastest < kMigrationGain * job.rate(now, job.demand)) {
+        home[i] = now;
+        room[now] -= std::min(room[now], job.demand);
+        continue;
+      }
       for (int t = 0; t < cluster.num_types(); ++t) demand_rates[t] = job.rate(t, job.demand);
       const auto at_demand = [&](int t) { return demand_rates[t]; };
       int best = fastest_type(
           cluster, [&](int t) { return room[t] >= job.demand; }, at_demand);
-      const int now = running_type(active[i]);
       // Moving pays the restart: it must also save more than that on the remaining work.
       const auto worth_moving = [&](int to) {
         return at_demand(to) >= kMigrationGain * at_demand(now) &&
@@ -601,6 +615,15 @@ class MarginalPolicy : public Policy {
 
   Ranking ranking_;
   PolicyOptions options_;
+  // settle()'s buffers, kept between decisions: the grants' items, per type the jobs that
+  // compete there, per job its bound.
+  struct Item {  // one worker for `job` at `level`; 16 bytes, for the selection's speed
+    double level;
+    uint32_t job;
+  };
+  std::vector<Item> items_;
+  std::vector<std::vector<size_t>> on_;
+  std::vector<int> bound_;
 };
 
 // `marginal`, then jobs may span device types: the devices still free after it (every job
@@ -696,6 +719,51 @@ class SpanningPolicy : public MarginalPolicy {
   }
 };
 
+// The water fill's breakpoints, in pair order, where at most this many distinct levels hold
+// them all (jobs of a few weights and bounds): counted into one bucket per level instead of
+// sorted.
+constexpr size_t kFewLevels = 16;
+
+// `events`: the starts of jobs 0..n-1, then their stops in descending job order. Puts them in
+// pair order (level, then id: at one level the stops, then the starts, each as they lie in
+// `events`) without a sort, or returns false, `events` unchanged, where the levels are more
+// than kFewLevels.
+bool order_few_levels(std::vector<std::pair<double, long>>& events, size_t n,
+                      std::vector<std::pair<double, long>>& scratch) {
+  double levels[kFewLevels];
+  size_t distinct = 0;
+  std::vector<uint8_t> bucket(events.size());
+  for (size_t e = 0; e < events.size(); ++e) {
+    size_t b = 0;
+    while (b < distinct && levels[b] != events[e].first) ++b;
+    if (b == distinct) {
+      if (distinct == kFewLevels) return false;
+      levels[distinct++] = events[e].first;
+    }
+    bucket[e] = static_cast<uint8_t>(b);
+  }
+  // Where each bucket's stops and starts go: levels ascending, a level's stops first.
+  size_t by_rank[kFewLevels];
+  std::iota(by_rank, by_rank + distinct, size_t{0});
+  std::sort(by_rank, by_rank + distinct, [&](size_t a, size_t b) { return levels[a] < levels[b]; });
+  size_t stop_at[kFewLevels] = {}, start_at[kFewLevels] = {};
+  for (size_t e = 0; e < events.size(); ++e) ++(e < n ? start_at : stop_at)[bucket[e]];
+  size_t at = 0;
+  for (size_t r = 0; r < distinct; ++r) {
+    const size_t b = by_rank[r];
+    const size_t stops = stop_at[b], starts = start_at[b];
+    stop_at[b] = at;
+    start_at[b] = at + stops;
+    at += stops + starts;
+  }
+  scratch.resize(events.size());
+  for (size_t e = 0; e < events.size(); ++e) {
+    scratch[(e < n ? start_at : stop_at)[bucket[e]]++] = events[e];
+  }
+  events.swap(scratch);
+  return true;
+}
+
 }  // namespace
 
 std::vector<int> weighted_water_fill(const std::vector<double>& weights, const std::vector<int>& lo,
@@ -717,19 +785,22 @@ std::vector<int> weighted_water_fill(const std::vector<double>& weights, const s
   // (l, +i+1 when job i starts growing | -(i+1) when it stops), in pair order. Starts are
   // made in ascending i and stops in descending i, so a stable sort by l alone gives that
   // order (a few distinct l among many jobs send std::sort into its heapsort); callers pass
-  // jobs in priority order, which often leaves the starts sorted already.
-  std::vector<std::pair<double, long>> events(2 * n);
+  // jobs in priority order, which often leaves the starts sorted already. Where the levels
+  // are few, they are counted into buckets instead (order_few_levels), the same order.
+  std::vector<std::pair<double, long>> events(2 * n), scratch;
   for (size_t i = 0; i < n; ++i) {
     events[i] = {lo[i] / weights[i], static_cast<long>(i) + 1};
     events[2 * n - 1 - i] = {hi[i] / weights[i], -static_cast<long>(i) - 1};
   }
-  const auto by_level = [](const auto& a, const auto& b) { return a.first < b.first; };
-  const auto stops = events.begin() + static_cast<std::ptrdiff_t>(n);
-  if (!std::is_sorted(events.begin(), stops, by_level)) {
-    std::stable_sort(events.begin(), stops, by_level);
+  if (!order_few_levels(events, n, scratch)) {
+    const auto by_level = [](const auto& a, const auto& b) { return a.first < b.first; };
+    const auto stops = events.begin() + static_cast<std::ptrdiff_t>(n);
+    if (!std::is_sorted(events.begin(), stops, by_level)) {
+      std::stable_sort(events.begin(), stops, by_level);
+    }
+    std::stable_sort(stops, events.end(), by_level);
+    std::inplace_merge(events.begin(), stops, events.end());
   }
-  std::stable_sort(stops, events.end(), by_level);
-  std::inplace_merge(events.begin(), stops, events.end());
   double level = 0, value = static_cast<double>(lo_sum), slope = 0;
   for (const auto& [at, id] : events) {
     const double next = value + slope * (at - level);

@@ -23,7 +23,7 @@ struct Event {
   double time;
   EventKind kind;
   int job;           // -1 for rounds and decisions
-  uint64_t version;  // completions: valid only while it matches the job's version
+  uint32_t version;  // completions: valid only while it matches the job's version
 };
 
 struct Later {
@@ -32,19 +32,21 @@ struct Later {
   }
 };
 
-struct alignas(64) JobState {  // one cache line: a decision reads every active job's
-  double remaining = 0;        // steps left at anchor_s
-  double anchor_s = 0;         // time of the last change of (type, workers)
-  double rate = 0;             // steps/s while not paused
-  double pause_until = 0;      // no progress before this time
-  double held_s = 0;           // device-seconds held until anchor_s
+struct alignas(64) JobState {      // one cache line: a decision reads every active job's
+  double remaining = 0;            // steps left at anchor_s
+  double anchor_s = 0;             // time of the last change of (type, workers)
+  double rate = 0;                 // steps/s while not paused
+  double pause_until = 0;          // no progress before this time
+  double held_s = 0;               // device-seconds held until anchor_s
+  double fastest_demand_rate = 0;  // JobView::fastest_demand_rate
   int type = -1;
   int workers = 0;
-  uint64_t version = 0;
+  uint32_t version = 0;
   bool ever_ran = false;
   bool finished = false;
   bool spanning = false;  // on several device types: workers per type in Simulation::spans_
 };
+static_assert(sizeof(JobState) == 64);
 
 class Simulation {
  public:
@@ -54,10 +56,13 @@ class Simulation {
     state_.resize(workload.jobs.size());
     result_.policy = policy.name();
     result_.total_devices = cluster.total_devices();
+    result_.jobs.reserve(workload.jobs.size());
     for (const auto& job : workload.jobs) {
       result_.jobs.push_back(job_result_for(job));
       state_[job.id].remaining = job.total_work;
-      events_.push({job.arrival_s, EventKind::kArrival, job.id, 0});
+      double& fastest = state_[job.id].fastest_demand_rate;
+      for (int t = 0; t < cluster.num_types(); ++t)
+        fastest = std::max(fastest, job.rate(t, job.demand));
     }
     if (policy.round_s() > 0 && !workload.jobs.empty()) {
       events_.push({workload.jobs.front().arrival_s + policy.round_s(), EventKind::kRound, -1, 0});
@@ -66,13 +71,13 @@ class Simulation {
 
   SimResult run() {
     start_ = std::chrono::steady_clock::now();
-    while (!events_.empty()) {
-      const double now = events_.top().time;
+    while (const Event* first = peek()) {
+      const double now = first->time;
       bool changed = false;
-      while (!events_.empty() && events_.top().time == now) {
-        const Event e = events_.top();
-        events_.pop();
-        changed |= handle(e, now);
+      for (const Event* e = first; e != nullptr && e->time == now; e = peek()) {
+        const Event event = *e;
+        pop(e);
+        changed |= handle(event, now);
       }
       if (changed) decide(now);
     }
@@ -86,6 +91,25 @@ class Simulation {
   }
 
  private:
+  // The next event in (time, kind, job) order, nullptr when none is left. Arrivals come
+  // from the workload, in its order (by time, then id), not through the queue, which holds
+  // only what the run creates.
+  const Event* peek() {
+    if (next_arrival_ < workload_.jobs.size()) {
+      const Job& job = workload_.jobs[next_arrival_];
+      arrival_ = {job.arrival_s, EventKind::kArrival, job.id, 0};
+      if (events_.empty() || Later()(events_.top(), arrival_)) return &arrival_;
+    }
+    return events_.empty() ? nullptr : &events_.top();
+  }
+  void pop(const Event* e) {
+    if (e == &arrival_) {
+      ++next_arrival_;
+    } else {
+      events_.pop();
+    }
+  }
+
   bool handle(const Event& e, double now) {
     ++result_.events;
     switch (e.kind) {
@@ -174,35 +198,26 @@ class Simulation {
       const JobState& s = state_[id];
       views_.push_back({&workload_.jobs[id], s.remaining - s.rate * productive_s(s, now),
                         s.held_s + s.workers * (now - s.anchor_s), s.type, s.workers,
-                        s.spanning ? spans_.at(id).data() : nullptr});
+                        s.spanning ? spans_.at(id).data() : nullptr, -1, s.fastest_demand_rate});
     }
     const Allocation allocation = policy_.allocate(cluster_, views_, now);
     ++result_.allocations;
+    changes_.clear();
     check(allocation);
-    const auto& as = allocation.assignments;
     const auto& spans = allocation.spans;
-    size_t k = 0, m = 0;
-    for (size_t n = 0; n < active_.size(); ++n) {
-      const int id = active_[n];
-      const bool assigned = k < as.size() && as[k].job_id == id;
-      const int type = assigned ? as[k].device_type : -1;
-      int workers = assigned ? as[k].workers : 0;
-      if (assigned) ++k;
-      if (m < spans.size() && spans[m].job_id == id) {  // on several types
-        counts_.assign(cluster_.num_types(), 0);
-        counts_[type] = workers;
-        for (; m < spans.size() && spans[m].job_id == id; ++m) {
-          counts_[spans[m].device_type] = spans[m].workers;
-          workers += spans[m].workers;
-        }
-        const JobState& s = state_[id];
-        if (type != s.type || !s.spanning || spans_.at(id) != counts_) {
-          apply(id, type, workers, &counts_, now);
-        }
-      } else if (type != views_[n].device_type || workers != views_[n].workers ||
-                 views_[n].counts != nullptr) {
-        apply(id, type, workers, nullptr, now);
+    for (const Change& c : changes_) {
+      if (c.span_begin == c.span_end) {
+        apply(c.id, c.type, c.workers, nullptr, now);
+        continue;
       }
+      counts_.assign(cluster_.num_types(), 0);
+      counts_[c.type] = c.workers;
+      int workers = c.workers;
+      for (size_t m = c.span_begin; m < c.span_end; ++m) {
+        counts_[spans[m].device_type] = spans[m].workers;
+        workers += spans[m].workers;
+      }
+      apply(c.id, c.type, workers, &counts_, now);
     }
     record(now);
   }
@@ -244,26 +259,39 @@ class Simulation {
     }
   }
 
-  void check(const Allocation& allocation) const {
-    std::vector<int> used(cluster_.num_types(), 0);
+  // Validates the allocation against the active jobs (ascending ids; views_ in the same
+  // order) and lists in changes_ the jobs whose (type, workers) or spans it changes: one walk
+  // of both, so that nothing is applied from an allocation that breaks a rule.
+  void check(const Allocation& allocation) {
+    used_.assign(cluster_.num_types(), 0);
+    const auto& as = allocation.assignments;
     const auto& spans = allocation.spans;
-    if (!spans.empty() && !policy_.elastic()) fail("a non-elastic policy spans device types");
-    size_t k = 0, m = 0;
-    const auto valid_type = [&](int t) { return t >= 0 && t < cluster_.num_types(); };
-    for (const auto& a : allocation.assignments) {
-      while (k < active_.size() && active_[k] < a.job_id) ++k;
-      if (k == active_.size() || active_[k] != a.job_id) {
-        fail(fmt::format("job {} is not active or out of order", a.job_id));
+    const bool elastic = policy_.elastic();
+    if (!spans.empty() && !elastic) fail("a non-elastic policy spans device types");
+    const int n_types = cluster_.num_types();
+    const auto valid_type = [n_types](int t) { return t >= 0 && t < n_types; };
+    size_t n = 0, k = 0, m = 0;
+    for (; n < active_.size() && k < as.size(); ++n) {
+      const int id = active_[n];
+      const Assignment& a = as[k];
+      if (a.job_id < id) fail(fmt::format("job {} is not active or out of order", a.job_id));
+      const JobView& view = views_[n];
+      if (a.job_id > id) {  // no workers
+        if (view.workers > 0 || view.counts != nullptr) changes_.push_back({id, -1, 0, m, m});
+        continue;
       }
-      if (m < spans.size() && spans[m].job_id < a.job_id) {
+      ++k;
+      const bool spanned = m < spans.size();  // spans left to match
+      if (spanned && spans[m].job_id < a.job_id) {
         fail(fmt::format("job {} spans types without an assignment", spans[m].job_id));
       }
       if (!valid_type(a.device_type) || a.workers < 1) {
         fail(fmt::format("job {} gets {} workers of type {}", a.job_id, a.workers, a.device_type));
       }
-      used[a.device_type] += a.workers;
+      used_[a.device_type] += a.workers;
       int total = a.workers;
-      for (int last = -1; m < spans.size() && spans[m].job_id == a.job_id; ++m) {
+      const size_t first_span = m;
+      for (int last = -1; spanned && m < spans.size() && spans[m].job_id == a.job_id; ++m) {
         const Assignment& extra = spans[m];
         if (!valid_type(extra.device_type) || extra.device_type == a.device_type ||
             extra.workers < 1 || extra.device_type <= last) {
@@ -271,12 +299,12 @@ class Simulation {
                            extra.device_type));
         }
         last = extra.device_type;
-        used[extra.device_type] += extra.workers;
+        used_[extra.device_type] += extra.workers;
         total += extra.workers;
       }
-      const Job& job = *views_[k].job;
+      const Job& job = *view.job;
       const bool spans_ok = total == a.workers || total <= job.vnodes;  // a worker per vnode
-      const bool bounds_ok = policy_.elastic()
+      const bool bounds_ok = elastic
                                  ? total >= job.min_workers && total <= job.max_workers && spans_ok
                                  : total == job.demand;
       if (!bounds_ok) {
@@ -284,14 +312,30 @@ class Simulation {
                          a.job_id, total, job.min_workers, job.max_workers, job.demand,
                          job.vnodes));
       }
-      ++k;
+      if (m > first_span) {  // on several types
+        counts_.assign(cluster_.num_types(), 0);
+        counts_[a.device_type] = a.workers;
+        for (size_t j = first_span; j < m; ++j) counts_[spans[j].device_type] = spans[j].workers;
+        const JobState& s = state_[id];
+        if (a.device_type != s.type || !s.spanning || spans_.at(id) != counts_) {
+          changes_.push_back({id, a.device_type, a.workers, first_span, m});
+        }
+      } else if (a.device_type != view.device_type || a.workers != view.workers ||
+                 view.counts != nullptr) {
+        changes_.push_back({id, a.device_type, a.workers, m, m});
+      }
     }
+    if (k < as.size()) fail(fmt::format("job {} is not active or out of order", as[k].job_id));
     if (m != spans.size()) {
       fail(fmt::format("job {} spans types without an assignment", spans[m].job_id));
     }
+    for (; n < active_.size(); ++n) {  // after the last assignment: no workers
+      const JobView& view = views_[n];
+      if (view.workers > 0 || view.counts != nullptr) changes_.push_back({active_[n], -1, 0, m, m});
+    }
     for (int t = 0; t < cluster_.num_types(); ++t) {
-      if (used[t] > cluster_.type(t).count) {
-        fail(fmt::format("type {} over capacity ({} > {})", cluster_.type(t).name, used[t],
+      if (used_[t] > cluster_.type(t).count) {
+        fail(fmt::format("type {} over capacity ({} > {})", cluster_.type(t).name, used_[t],
                          cluster_.type(t).count));
       }
     }
@@ -318,11 +362,19 @@ class Simulation {
   Policy& policy_;
   const SimOptions& options_;
   std::vector<JobState> state_;
-  std::priority_queue<Event, std::vector<Event>, Later> events_;
+  std::priority_queue<Event, std::vector<Event>, Later> events_;  // all but arrivals
+  size_t next_arrival_ = 0;  // the workload's next job to arrive
+  Event arrival_{};          // peek()'s, for that job
   std::vector<int> active_;  // arrived, unfinished job ids, ascending
   std::vector<JobView> views_;
   std::unordered_map<int, std::vector<int>> spans_;  // workers per type of jobs on several
   std::vector<int> counts_;                          // scratch for reallocate
+  struct Change {  // a job whose allocation changes, spans[span_begin, span_end) its others
+    int id, type, workers;
+    size_t span_begin, span_end;
+  };
+  std::vector<Change> changes_;  // of this reallocation, from check()
+  std::vector<int> used_;        // workers per type, check()'s scratch
   int allocated_ = 0;
   int finished_ = 0;
   bool decision_pending_ = false;

@@ -82,6 +82,22 @@ TEST_CASE("strict FIFO queues behind the head job", "[unit][scheduler]") {
   CHECK(summarize(r).mean_queueing_s == Approx((0 + 99 + 198) / 3.0));
 }
 
+TEST_CASE("the events of one instant are applied in order before one decision",
+          "[unit][scheduler]") {
+  // Job 0 ends at 100, when jobs 1 and 2 arrive: the completion frees its devices first, so
+  // job 1 starts at once; one decision covers the three events.
+  std::vector<Job> jobs = {linear_job(0, 0, 400, 4, 4, 4), linear_job(1, 100, 100, 4, 4, 4),
+                           linear_job(2, 100, 100, 4, 4, 4)};
+  const auto r = run("fifo", jobs, 4, no_pauses());
+  CHECK(r.jobs[0].finish_s == Approx(100));
+  CHECK(r.jobs[1].start_s == Approx(100));
+  CHECK(r.jobs[1].finish_s == Approx(125));
+  CHECK(r.jobs[2].start_s == Approx(125));
+  CHECK(r.jobs[2].finish_s == Approx(150));
+  CHECK(r.events == 6);       // three arrivals, three completions
+  CHECK(r.allocations == 4);  // at 0, 100, 125 and 150
+}
+
 TEST_CASE("with a decision interval, arrivals and freed devices wait for the next decision",
           "[unit][scheduler]") {
   std::vector<Job> jobs = {linear_job(0, 0, 400, 4, 4, 4), linear_job(1, 10, 100, 4, 4, 4)};

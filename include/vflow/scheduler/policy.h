@@ -25,6 +25,10 @@ struct JobView {
   /// What stopping the job and resuming it later costs it, seconds, where measured (live
   /// mode measures it per job); < 0: unknown, PolicyOptions::restart_s stands for it.
   double restart_s = -1;
+  /// The highest of job->rate(t, job->demand) over the cluster's types, or more; <= 0:
+  /// not given (a policy that wants it computes it). It does not change while the job
+  /// runs, so a simulator computes it once.
+  double fastest_demand_rate = -1;
 };
 
 struct Assignment {
