@@ -12,6 +12,7 @@
 
 #include "exit_code.h"
 #include "vflow/comm/nccl.h"
+#include "vflow/core/clock.h"
 #include "vflow/hetero/cpu_quota.h"
 #include "vflow/job/environment.h"
 #include "vflow/vflow.h"
@@ -88,7 +89,7 @@ double allreduce_seconds(int64_t numel, const torch::Device& device, int repeats
     for (int i = 0; i < repeats + 2; ++i) {
       const auto t0 = std::chrono::steady_clock::now();
       comm->allreduce_sum(buffer);
-      t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      t.push_back(vflow::seconds_since(t0));
     }
     times[static_cast<size_t>(rank)] = median(t);
   };

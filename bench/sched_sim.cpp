@@ -9,6 +9,7 @@
 #include <chrono>
 #include <iostream>
 
+#include "vflow/core/clock.h"
 #include "vflow/scheduler/experiment.h"
 
 int main(int argc, char** argv) {
@@ -38,8 +39,7 @@ int main(int argc, char** argv) {
       if (!quiet) std::cerr << line << std::endl;
     };
     const auto result = sched::run_experiment(options, log);
-    const double total =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double total = vflow::seconds_since(start);
     fmt::print("{} jobs, cluster {}, rate {}, decision interval {} s\n", options.synthetic.num_jobs,
                options.config.cluster, rate, options.config.sim.decision_interval_s);
     fmt::print("{:<12} {:>9} {:>10} {:>12} {:>10} {:>6}\n", "policy", "sim_s", "events",

@@ -27,6 +27,7 @@
 #include <iostream>
 
 #include "core/torch_compat.h"
+#include "vflow/core/clock.h"
 #include "vflow/vflow.h"
 
 namespace {
@@ -188,7 +189,7 @@ double timed_steps(Runner& runner, int64_t steps, const Config& c) {
   const auto t0 = Clock::now();
   for (int64_t i = 0; i < steps; ++i) runner.step();
   synchronize(c);
-  return std::chrono::duration<double>(Clock::now() - t0).count();
+  return vflow::seconds_since(t0);
 }
 
 /// One measurement in this process; prints "RESULT a b".

@@ -4,6 +4,7 @@
 
 #include <chrono>
 
+#include "vflow/core/clock.h"
 #include "vflow/data/dataset.h"
 #include "vflow/engine/checkpoint.h"
 #include "vflow/engine/observers.h"
@@ -31,8 +32,7 @@ std::unique_ptr<Trainer> make_trainer(const JobSpec& spec,
   spdlog::info("[data] loading {}", sem.data.name);
   auto splits = prepared.load();
   spdlog::info("[data] {} training and {} test examples in {:.1f}s", splits.train->size(),
-               splits.test ? splits.test->size() : 0,
-               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+               splits.test ? splits.test->size() : 0, seconds_since(t0));
   if (!spec.output.evaluation.enabled) splits.test = nullptr;
 
   seed_initialisation(sem);

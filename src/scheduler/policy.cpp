@@ -71,6 +71,13 @@ int fastest_type(const Cluster& cluster, const Fits& fits, const Speed& speed) {
   return best;
 }
 
+// The devices of each type.
+std::vector<int> device_counts(const Cluster& cluster) {
+  std::vector<int> count(cluster.num_types());
+  for (int t = 0; t < cluster.num_types(); ++t) count[t] = cluster.type(t).count;
+  return count;
+}
+
 // The type a running job runs on, -1 for a waiting one.
 int running_type(const JobView& v) { return v.workers > 0 ? v.device_type : -1; }
 
@@ -168,8 +175,7 @@ class Ranking {
 // (no backfilling).
 Allocation place_at_demand(const Cluster& cluster, const std::vector<JobView>& active,
                            const std::vector<size_t>& order, bool keep_running, bool strict) {
-  std::vector<int> free(cluster.num_types());
-  for (int t = 0; t < cluster.num_types(); ++t) free[t] = cluster.type(t).count;
+  std::vector<int> free = device_counts(cluster);
   std::vector<int> types(active.size(), -1), workers(active.size(), 0);
   if (keep_running) {
     for (size_t i = 0; i < active.size(); ++i) {
@@ -312,9 +318,9 @@ class ElasticWfsPolicy : public Policy {
   const std::vector<Placed>& place(const Cluster& cluster, const std::vector<JobView>& active,
                                    const std::vector<size_t>& order, std::vector<int>& types) {
     const int n_types = cluster.num_types();
-    std::vector<int> count(n_types), min_room(n_types);
+    const std::vector<int> count = device_counts(cluster);
+    std::vector<int> min_room = count;
     std::vector<double> weight_sum(n_types, 0.0);
-    for (int t = 0; t < n_types; ++t) min_room[t] = count[t] = cluster.type(t).count;
     placed_.resize(n_types);
     for (auto& p : placed_) {
       p.jobs.clear();
@@ -388,9 +394,8 @@ class MarginalPolicy : public Policy {
   void settle(const Cluster& cluster, const std::vector<JobView>& active, std::vector<int>& types,
               std::vector<int>& workers, std::vector<int>& free) {
     const int n_types = cluster.num_types();
-    std::vector<int> count(n_types);  // devices per type
-    free.resize(n_types);
-    for (int t = 0; t < n_types; ++t) free[t] = count[t] = cluster.type(t).count;
+    const std::vector<int> count = device_counts(cluster);
+    free = count;
     types.assign(active.size(), -1);
     workers.assign(active.size(), 0);
     // Gain per device of growing job i on type t from `from` workers by `step`: the share of
@@ -570,8 +575,7 @@ class MarginalPolicy : public Policy {
   // room for its demand would run it kMigrationGain times as fast.
   std::vector<int> place(const Cluster& cluster, const std::vector<JobView>& active,
                          const std::vector<size_t>& order) const {
-    std::vector<int> room(cluster.num_types()), home(active.size(), -1);
-    for (int t = 0; t < cluster.num_types(); ++t) room[t] = cluster.type(t).count;
+    std::vector<int> room = device_counts(cluster), home(active.size(), -1);
     std::vector<double> demand_rates(cluster.num_types());
     for (size_t k = 0; k < order.size(); ++k) {
       fetch_ahead(active, order, k);

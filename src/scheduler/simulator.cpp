@@ -9,6 +9,7 @@
 #include <tuple>
 #include <unordered_map>
 
+#include "vflow/core/clock.h"
 #include "vflow/core/error.h"
 
 namespace vflow::scheduler {
@@ -85,8 +86,7 @@ class Simulation {
       throw InternalError(fmt::format("simulation stalled: policy {} left {} jobs unfinished",
                                       policy_.name(), workload_.jobs.size() - finished_));
     }
-    result_.wall_s =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+    result_.wall_s = seconds_since(start_);
     return std::move(result_);
   }
 
@@ -184,9 +184,7 @@ class Simulation {
   void report_progress(double now) {
     const int total = static_cast<int>(workload_.jobs.size());
     if (!options_.on_progress || finished_ % std::max(1, total / 100) != 0) return;
-    const double host_s =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-    options_.on_progress({finished_, total, now, host_s, active_.size()});
+    options_.on_progress({finished_, total, now, seconds_since(start_), active_.size()});
   }
 
   void reallocate(double now) {
@@ -202,8 +200,7 @@ class Simulation {
     }
     const Allocation allocation = policy_.allocate(cluster_, views_, now);
     ++result_.allocations;
-    changes_.clear();
-    check(allocation);
+    check_and_list_changes(allocation);
     const auto& spans = allocation.spans;
     for (const Change& c : changes_) {
       if (c.span_begin == c.span_end) {
@@ -262,7 +259,8 @@ class Simulation {
   // Validates the allocation against the active jobs (ascending ids; views_ in the same
   // order) and lists in changes_ the jobs whose (type, workers) or spans it changes: one walk
   // of both, so that nothing is applied from an allocation that breaks a rule.
-  void check(const Allocation& allocation) {
+  void check_and_list_changes(const Allocation& allocation) {
+    changes_.clear();
     used_.assign(cluster_.num_types(), 0);
     const auto& as = allocation.assignments;
     const auto& spans = allocation.spans;
@@ -373,8 +371,9 @@ class Simulation {
     int id, type, workers;
     size_t span_begin, span_end;
   };
-  std::vector<Change> changes_;  // of this reallocation, from check()
-  std::vector<int> used_;        // workers per type, check()'s scratch
+  // check_and_list_changes()'s: the jobs this reallocation changes; workers per type.
+  std::vector<Change> changes_;
+  std::vector<int> used_;
   int allocated_ = 0;
   int finished_ = 0;
   bool decision_pending_ = false;
