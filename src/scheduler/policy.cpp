@@ -8,6 +8,7 @@
 #include <limits>
 #include <numeric>
 #include <queue>
+#include <utility>
 
 #include "vflow/core/error.h"
 
@@ -90,6 +91,143 @@ inline void fetch_ahead(const std::vector<JobView>& active, const std::vector<si
                         size_t k) {
   if (k + kFetchAhead < order.size()) __builtin_prefetch(active[order[k + kFetchAhead]].job);
 }
+
+// The water fill's breakpoints, in pair order, where at most this many distinct levels hold
+// them all (jobs of a few weights and bounds): counted into one bucket per level instead of
+// sorted.
+constexpr size_t kFewLevels = 16;
+
+// `events`: the starts of jobs 0..n-1, then their stops in descending job order. Puts them in
+// pair order (level, then id: at one level the stops, then the starts, each as they lie in
+// `events`) into `out` without a sort, or returns false where the levels are more than
+// kFewLevels. `slot`: scratch.
+bool order_few_levels(const std::vector<std::pair<double, long>>& events, size_t n,
+                      std::vector<uint8_t>& slot, std::vector<std::pair<double, long>>& out) {
+  double levels[kFewLevels];
+  size_t distinct = 0;
+  const size_t size = events.size();
+  slot.resize(size);
+  for (size_t e = 0; e < size; ++e) {
+    size_t b = 0;
+    while (b < distinct && levels[b] != events[e].first) ++b;
+    if (b == distinct) {
+      if (distinct == kFewLevels) return false;
+      levels[distinct++] = events[e].first;
+    }
+    slot[e] = static_cast<uint8_t>(2 * b + (e < n ? 1 : 0));  // a level's stops, then starts
+  }
+  // Counted and placed in kLanes stretches of `events` side by side: most events share one
+  // level, and one count at a time would chain every increment to the one before.
+  constexpr size_t kLanes = 4;
+  const size_t stretch = (size + kLanes - 1) / kLanes;
+  size_t at[kLanes][2 * kFewLevels] = {};
+  for (size_t j = 0; j < stretch; ++j) {
+    for (size_t l = 0; l < kLanes; ++l) {
+      if (const size_t e = l * stretch + j; e < size) ++at[l][slot[e]];
+    }
+  }
+  size_t by_rank[kFewLevels];
+  std::iota(by_rank, by_rank + distinct, size_t{0});
+  std::sort(by_rank, by_rank + distinct, [&](size_t a, size_t b) { return levels[a] < levels[b]; });
+  size_t next = 0;  // levels ascending; in a slot, the stretches in order: the events' order
+  for (size_t r = 0; r < distinct; ++r) {
+    for (const size_t s : {2 * by_rank[r], 2 * by_rank[r] + 1}) {
+      for (auto& lane : at) next += std::exchange(lane[s], next);
+    }
+  }
+  out.resize(size);
+  for (size_t j = 0; j < stretch; ++j) {
+    for (size_t l = 0; l < kLanes; ++l) {
+      if (const size_t e = l * stretch + j; e < size) out[at[l][slot[e]]++] = events[e];
+    }
+  }
+  return true;
+}
+
+// weighted_water_fill with its buffers kept from one fill to the next.
+class WaterFill {
+ public:
+  // The shares, valid until the next call.
+  const std::vector<int>& fill(const std::vector<double>& weights, const std::vector<int>& lo,
+                               const std::vector<int>& hi, int capacity) {
+    const size_t n = weights.size();
+    if (lo.size() != n || hi.size() != n) throw InternalError("water fill: size mismatch");
+    long lo_sum = 0, hi_sum = 0;
+    for (size_t i = 0; i < n; ++i) {
+      if (!(weights[i] > 0) || lo[i] < 0 || lo[i] > hi[i]) {
+        throw InternalError(
+            fmt::format("water fill: bad job {} (w {}, [{}, {}])", i, weights[i], lo[i], hi[i]));
+      }
+      lo_sum += lo[i];
+      hi_sum += hi[i];
+    }
+    if (lo_sum > capacity) throw InternalError("water fill: minimums exceed capacity");
+    if (hi_sum <= capacity) return shares_ = hi;
+    // f(l) = sum clamp(l * w_i, lo_i, hi_i) is piecewise linear in l; sweep its breakpoints
+    // (l, +i+1 when job i starts growing | -(i+1) when it stops), in pair order. Starts are
+    // made in ascending i and stops in descending i, so a stable sort by l alone gives that
+    // order (a few distinct l among many jobs send std::sort into its heapsort); callers
+    // pass jobs in priority order, which often leaves the starts sorted already. Where the
+    // levels are few, they are counted into buckets instead (order_few_levels), the same
+    // order.
+    events_.resize(2 * n);
+    for (size_t i = 0; i < n; ++i) {
+      events_[i] = {lo[i] / weights[i], static_cast<long>(i) + 1};
+      events_[2 * n - 1 - i] = {hi[i] / weights[i], -static_cast<long>(i) - 1};
+    }
+    const bool few = order_few_levels(events_, n, slot_, ordered_);
+    if (!few) {
+      const auto by_level = [](const auto& a, const auto& b) { return a.first < b.first; };
+      const auto stops = events_.begin() + static_cast<std::ptrdiff_t>(n);
+      if (!std::is_sorted(events_.begin(), stops, by_level)) {
+        std::stable_sort(events_.begin(), stops, by_level);
+      }
+      std::stable_sort(stops, events_.end(), by_level);
+      std::inplace_merge(events_.begin(), stops, events_.end());
+    }
+    double level = 0, value = static_cast<double>(lo_sum), slope = 0;
+    for (const auto& [at, id] : few ? ordered_ : events_) {
+      const double next = value + slope * (at - level);
+      if (next >= capacity && slope > 0) break;
+      value = next;
+      level = at;
+      const size_t i = static_cast<size_t>(std::labs(id) - 1);
+      slope += id > 0 ? weights[i] : -weights[i];
+    }
+    if (slope > 0) level += (capacity - value) / slope;
+    std::vector<int>& shares = shares_;
+    shares.resize(n);
+    remainder_.resize(n);
+    int left = capacity;
+    for (size_t i = 0; i < n; ++i) {
+      const double x = std::clamp(level * weights[i], double(lo[i]), double(hi[i]));
+      shares[i] = std::clamp(static_cast<int>(std::floor(x + 1e-9)), lo[i], hi[i]);
+      remainder_[i] = x - shares[i];
+      left -= shares[i];
+    }
+    // One more worker each for the `left` jobs below their bound with the largest
+    // remainders, ties to the lower index: a selection, not a sort.
+    std::vector<size_t>& below = below_;
+    below.clear();
+    for (size_t i = 0; i < n; ++i) {
+      if (shares[i] < hi[i]) below.push_back(i);
+    }
+    const auto first = [&](size_t a, size_t b) {
+      return remainder_[a] != remainder_[b] ? remainder_[a] > remainder_[b] : a < b;
+    };
+    const size_t more = std::min(below.size(), static_cast<size_t>(std::max(left, 0)));
+    std::nth_element(below.begin(), below.begin() + more, below.end(), first);
+    for (size_t k = 0; k < more; ++k) ++shares[below[k]];
+    return shares;
+  }
+
+ private:
+  std::vector<std::pair<double, long>> events_, ordered_;
+  std::vector<uint8_t> slot_;
+  std::vector<double> remainder_;
+  std::vector<size_t> below_;
+  std::vector<int> shares_;
+};
 
 // Sorts active jobs by (priority key, id), starting from the order of its previous call: a
 // simulation at scale ranks thousands of active jobs at every decision, and from one
@@ -287,7 +425,7 @@ class ElasticWfsPolicy : public Policy {
     const std::vector<Placed>& placed = place(cluster, active, order, types);
     for (int t = 0; t < cluster.num_types(); ++t) {
       const Placed& p = placed[t];
-      const auto shares = weighted_water_fill(p.weight, p.lo, p.hi, cluster.type(t).count);
+      const auto& shares = water_fill_.fill(p.weight, p.lo, p.hi, cluster.type(t).count);
       for (size_t k = 0; k < p.jobs.size(); ++k) workers[p.jobs[k]] = shares[k];
     }
     return to_allocation(active, types, workers);
@@ -313,6 +451,21 @@ class ElasticWfsPolicy : public Policy {
     std::vector<int> lo, hi;
   };
 
+  // Whether a running job whose own type `own` offers `kept` (its rate there with the
+  // migration gain) stays there whatever the other types offer: none reaches `kept` at any
+  // count up to its bound. Most running jobs stay, and this needs no guess on the other
+  // types, whose divisions chain one job's choice to the next.
+  static bool stays(const Job& job, int own, double kept, const std::vector<int>& count) {
+    const auto& curves = *job.throughput;
+    for (size_t t = 0; t < count.size(); ++t) {
+      if (static_cast<int>(t) != own &&
+          curves[t].peak(std::min(job.max_workers, count[t])) >= kept) {
+        return false;
+      }
+    }
+    return true;
+  }
+
   // Per type, the jobs placed there (valid until the next call). Reads each job once, in
   // priority order.
   const std::vector<Placed>& place(const Cluster& cluster, const std::vector<JobView>& active,
@@ -334,15 +487,23 @@ class ElasticWfsPolicy : public Policy {
       const Job& job = *active[i].job;
       const double w = share_weight(active[i]);
       const int own = active[i].workers > 0 ? active[i].device_type : -1;
-      int best = -1;
-      double best_rate = 0;
-      for (int t = 0; t < n_types; ++t) {
-        if (min_room[t] < job.min_workers) continue;
+      const auto rate_at_guess = [&](int t) {
         const int guess = std::clamp(static_cast<int>(count[t] * w / (weight_sum[t] + w)),
                                      job.min_workers, std::min(job.max_workers, count[t]));
-        double rate = job.rate(t, guess);
-        if (t == own) rate *= kMigrationGain;
-        if (best < 0 || rate > best_rate) best = t, best_rate = rate;
+        return job.rate(t, guess);
+      };
+      int best = -1;
+      if (own >= 0 && min_room[own] >= job.min_workers &&
+          stays(job, own, kMigrationGain * rate_at_guess(own), count)) {
+        best = own;
+      } else {
+        double best_rate = 0;
+        for (int t = 0; t < n_types; ++t) {
+          if (min_room[t] < job.min_workers) continue;
+          double rate = rate_at_guess(t);
+          if (t == own) rate *= kMigrationGain;
+          if (best < 0 || rate > best_rate) best = t, best_rate = rate;
+        }
       }
       if (best < 0) continue;
       types[i] = best;
@@ -362,6 +523,7 @@ class ElasticWfsPolicy : public Policy {
   PolicyOptions options_;
   Ranking ranking_;
   std::vector<Placed> placed_;  // place()'s, kept between decisions
+  WaterFill water_fill_;
 };
 
 // Elastic shortest remaining time by marginal gain (the water-filling floor that AFS and
@@ -723,120 +885,11 @@ class SpanningPolicy : public MarginalPolicy {
   }
 };
 
-// The water fill's breakpoints, in pair order, where at most this many distinct levels hold
-// them all (jobs of a few weights and bounds): counted into one bucket per level instead of
-// sorted.
-constexpr size_t kFewLevels = 16;
-
-// `events`: the starts of jobs 0..n-1, then their stops in descending job order. Puts them in
-// pair order (level, then id: at one level the stops, then the starts, each as they lie in
-// `events`) without a sort, or returns false, `events` unchanged, where the levels are more
-// than kFewLevels.
-bool order_few_levels(std::vector<std::pair<double, long>>& events, size_t n,
-                      std::vector<std::pair<double, long>>& scratch) {
-  double levels[kFewLevels];
-  size_t distinct = 0;
-  std::vector<uint8_t> bucket(events.size());
-  for (size_t e = 0; e < events.size(); ++e) {
-    size_t b = 0;
-    while (b < distinct && levels[b] != events[e].first) ++b;
-    if (b == distinct) {
-      if (distinct == kFewLevels) return false;
-      levels[distinct++] = events[e].first;
-    }
-    bucket[e] = static_cast<uint8_t>(b);
-  }
-  // Where each bucket's stops and starts go: levels ascending, a level's stops first.
-  size_t by_rank[kFewLevels];
-  std::iota(by_rank, by_rank + distinct, size_t{0});
-  std::sort(by_rank, by_rank + distinct, [&](size_t a, size_t b) { return levels[a] < levels[b]; });
-  size_t stop_at[kFewLevels] = {}, start_at[kFewLevels] = {};
-  for (size_t e = 0; e < events.size(); ++e) ++(e < n ? start_at : stop_at)[bucket[e]];
-  size_t at = 0;
-  for (size_t r = 0; r < distinct; ++r) {
-    const size_t b = by_rank[r];
-    const size_t stops = stop_at[b], starts = start_at[b];
-    stop_at[b] = at;
-    start_at[b] = at + stops;
-    at += stops + starts;
-  }
-  scratch.resize(events.size());
-  for (size_t e = 0; e < events.size(); ++e) {
-    scratch[(e < n ? start_at : stop_at)[bucket[e]]++] = events[e];
-  }
-  events.swap(scratch);
-  return true;
-}
-
 }  // namespace
 
 std::vector<int> weighted_water_fill(const std::vector<double>& weights, const std::vector<int>& lo,
                                      const std::vector<int>& hi, int capacity) {
-  const size_t n = weights.size();
-  if (lo.size() != n || hi.size() != n) throw InternalError("water fill: size mismatch");
-  long lo_sum = 0, hi_sum = 0;
-  for (size_t i = 0; i < n; ++i) {
-    if (!(weights[i] > 0) || lo[i] < 0 || lo[i] > hi[i]) {
-      throw InternalError(
-          fmt::format("water fill: bad job {} (w {}, [{}, {}])", i, weights[i], lo[i], hi[i]));
-    }
-    lo_sum += lo[i];
-    hi_sum += hi[i];
-  }
-  if (lo_sum > capacity) throw InternalError("water fill: minimums exceed capacity");
-  if (hi_sum <= capacity) return hi;
-  // f(l) = sum clamp(l * w_i, lo_i, hi_i) is piecewise linear in l; sweep its breakpoints
-  // (l, +i+1 when job i starts growing | -(i+1) when it stops), in pair order. Starts are
-  // made in ascending i and stops in descending i, so a stable sort by l alone gives that
-  // order (a few distinct l among many jobs send std::sort into its heapsort); callers pass
-  // jobs in priority order, which often leaves the starts sorted already. Where the levels
-  // are few, they are counted into buckets instead (order_few_levels), the same order.
-  std::vector<std::pair<double, long>> events(2 * n), scratch;
-  for (size_t i = 0; i < n; ++i) {
-    events[i] = {lo[i] / weights[i], static_cast<long>(i) + 1};
-    events[2 * n - 1 - i] = {hi[i] / weights[i], -static_cast<long>(i) - 1};
-  }
-  if (!order_few_levels(events, n, scratch)) {
-    const auto by_level = [](const auto& a, const auto& b) { return a.first < b.first; };
-    const auto stops = events.begin() + static_cast<std::ptrdiff_t>(n);
-    if (!std::is_sorted(events.begin(), stops, by_level)) {
-      std::stable_sort(events.begin(), stops, by_level);
-    }
-    std::stable_sort(stops, events.end(), by_level);
-    std::inplace_merge(events.begin(), stops, events.end());
-  }
-  double level = 0, value = static_cast<double>(lo_sum), slope = 0;
-  for (const auto& [at, id] : events) {
-    const double next = value + slope * (at - level);
-    if (next >= capacity && slope > 0) break;
-    value = next;
-    level = at;
-    const size_t i = static_cast<size_t>(std::labs(id) - 1);
-    slope += id > 0 ? weights[i] : -weights[i];
-  }
-  if (slope > 0) level += (capacity - value) / slope;
-  std::vector<int> shares(n);
-  std::vector<double> remainder(n);
-  int left = capacity;
-  for (size_t i = 0; i < n; ++i) {
-    const double x = std::clamp(level * weights[i], double(lo[i]), double(hi[i]));
-    shares[i] = std::clamp(static_cast<int>(std::floor(x + 1e-9)), lo[i], hi[i]);
-    remainder[i] = x - shares[i];
-    left -= shares[i];
-  }
-  // One more worker each for the `left` jobs below their bound with the largest remainders,
-  // ties to the lower index: a selection, not a sort.
-  std::vector<size_t> below;
-  for (size_t i = 0; i < n; ++i) {
-    if (shares[i] < hi[i]) below.push_back(i);
-  }
-  const auto first = [&](size_t a, size_t b) {
-    return remainder[a] != remainder[b] ? remainder[a] > remainder[b] : a < b;
-  };
-  const size_t more = std::min(below.size(), static_cast<size_t>(std::max(left, 0)));
-  std::nth_element(below.begin(), below.begin() + more, below.end(), first);
-  for (size_t k = 0; k < more; ++k) ++shares[below[k]];
-  return shares;
+  return WaterFill().fill(weights, lo, hi, capacity);
 }
 
 std::vector<size_t> priority_order(Priority priority, const std::vector<JobView>& active,

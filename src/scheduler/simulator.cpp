@@ -188,15 +188,22 @@ class Simulation {
   }
 
   void reallocate(double now) {
-    views_.clear();
+    views_.resize(active_.size());
     constexpr size_t kAhead = 8;  // active jobs lie far apart in state_: fetch ahead
     for (size_t n = 0; n < active_.size(); ++n) {
       if (n + kAhead < active_.size()) __builtin_prefetch(&state_[active_[n + kAhead]]);
       const int id = active_[n];
       const JobState& s = state_[id];
-      views_.push_back({&workload_.jobs[id], s.remaining - s.rate * productive_s(s, now),
-                        s.held_s + s.workers * (now - s.anchor_s), s.type, s.workers,
-                        s.spanning ? spans_.at(id).data() : nullptr, -1, s.fastest_demand_rate});
+      JobView& v = views_[n];  // field by field: a whole view built aside and copied in
+                               // costs more than the rest of this loop
+      v.job = &workload_.jobs[id];
+      v.remaining_work = s.remaining - s.rate * productive_s(s, now);
+      v.attained_service = s.held_s + s.workers * (now - s.anchor_s);
+      v.device_type = s.type;
+      v.workers = s.workers;
+      v.counts = s.spanning ? spans_.at(id).data() : nullptr;
+      v.restart_s = -1;
+      v.fastest_demand_rate = s.fastest_demand_rate;
     }
     const Allocation allocation = policy_.allocate(cluster_, views_, now);
     ++result_.allocations;

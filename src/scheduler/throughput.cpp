@@ -55,7 +55,22 @@ ThroughputCurve ThroughputCurve::amdahl(double one_worker, double parallel_fract
 ThroughputCurve& ThroughputCurve::remember() {
   known_.assign(1, 0.0);
   for (int n = 1; n <= kKnown; ++n) known_.push_back(compute(n));
+  peak_.assign(1, 0.0);
+  for (int n = 1; n <= kKnown; ++n) peak_.push_back(std::max(peak_.back(), known_[n]));
   return *this;
+}
+
+double ThroughputCurve::compute_peak(int workers) const {
+  // Past kKnown workers: linear and Amdahl curves never fall, and a table's is linear
+  // between its points and rising after the last, so its highest lies at a point or at
+  // `workers`.
+  double peak = std::max(peak_.back(), compute(workers));
+  if (kind_ == Kind::kTable) {
+    for (const auto& [n, rate] : points_) {
+      if (n > kKnown && n <= workers) peak = std::max(peak, rate);
+    }
+  }
+  return peak;
 }
 
 double ThroughputCurve::compute(int workers) const {

@@ -68,6 +68,31 @@ TEST_CASE("elastic WFS-SRTF favours the job with less work left", "[unit][schedu
   CHECK(w[0] + w[1] == 8);
 }
 
+TEST_CASE(
+    "elastic WFS moves a running job to a type that is faster at its share, also where "
+    "that type's curve falls before the job's bound",
+    "[unit][scheduler]") {
+  const Cluster cluster({{"a", 4}, {"b", 4}});
+  // Job 0 (weight 3) runs fast only on b and goes there first. Job 1 runs on a, where its
+  // share of 4 runs at 4 steps/s (5 with the migration gain). On b its share is 1 worker,
+  // at 10 steps/s, though b's curve falls to 1 step/s at its bound of 4: it moves.
+  std::vector<Job> jobs = {linear_job(0, 0, 100, 4, 1, 4, 3), linear_job(1, 0, 100, 4, 1, 4, 1)};
+  jobs[0].throughput = make_curves({ThroughputCurve::linear(0.1), ThroughputCurve::linear(10.0)});
+  jobs[1].throughput =
+      make_curves({ThroughputCurve::linear(1.0), ThroughputCurve::table({{1, 10.0}, {4, 1.0}})});
+  auto views = views_of(jobs);
+  views[1].device_type = 0;
+  views[1].workers = 2;
+  using Placements = std::vector<std::pair<int, int>>;  // (type, workers) per job
+  CHECK(placements_of(make_policy("wfs-elastic")->allocate(cluster, views, 0)) ==
+        Placements{{1, 3}, {1, 1}});
+  // Where b's curve is no faster than a's at any count, job 1 stays on a.
+  jobs[1].throughput =
+      make_curves({ThroughputCurve::linear(1.0), ThroughputCurve::table({{1, 4.0}, {4, 1.0}})});
+  CHECK(placements_of(make_policy("wfs-elastic")->allocate(cluster, views, 0)) ==
+        Placements{{1, 4}, {0, 4}});
+}
+
 TEST_CASE("the marginal policy runs the job nearest completion as wide as it can use",
           "[unit][scheduler]") {
   const Cluster cluster({{"gpu", 8}});
@@ -112,12 +137,8 @@ TEST_CASE("the marginal policy keeps a running job on its type and starts others
   auto views = views_of(jobs);
   views[1].device_type = 1;  // job 1 runs on the slow type
   views[1].workers = 2;
-  const auto allocation = make_policy("marginal")->allocate(cluster, views, 0);
-  REQUIRE(allocation.assignments.size() == 2);
-  CHECK(allocation.assignments[0].device_type == 0);
-  CHECK(allocation.assignments[0].workers == 4);
-  CHECK(allocation.assignments[1].device_type == 1);
-  CHECK(allocation.assignments[1].workers == 4);
+  CHECK(placements_of(make_policy("marginal")->allocate(cluster, views, 0)) ==
+        std::vector<std::pair<int, int>>{{0, 4}, {1, 4}});
 }
 
 TEST_CASE("marginal-span adds workers of other types where the split over them gains",

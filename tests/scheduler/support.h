@@ -1,6 +1,7 @@
 // Small builders shared by the scheduler tests.
 #pragma once
 
+#include <utility>
 #include <vector>
 
 #include "vflow/scheduler/policy.h"
@@ -35,6 +36,13 @@ inline std::vector<JobView> views_of(const std::vector<Job>& jobs) {
 inline std::vector<int> workers_of(const Allocation& allocation, size_t n) {
   std::vector<int> out(n, 0);
   for (const auto& a : allocation.assignments) out.at(a.job_id) = a.workers;
+  return out;
+}
+
+/// (device type, workers) of each assignment, in job id order.
+inline std::vector<std::pair<int, int>> placements_of(const Allocation& allocation) {
+  std::vector<std::pair<int, int>> out;
+  for (const auto& a : allocation.assignments) out.emplace_back(a.device_type, a.workers);
   return out;
 }
 

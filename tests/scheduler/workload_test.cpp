@@ -22,6 +22,28 @@ TEST_CASE("table throughput interpolates and extrapolates", "[unit][scheduler]")
   CHECK(ThroughputCurve::linear(1.5).at(4) == Approx(6));
 }
 
+TEST_CASE("a curve's peak is its highest rate at any count up to the one asked",
+          "[unit][scheduler]") {
+  // Rises to 10 at 2 workers, falls to 3 at 4, rises again towards 50 at 100.
+  const auto c = ThroughputCurve::table({{1, 4.0}, {2, 10.0}, {4, 3.0}, {100, 50.0}});
+  CHECK(c.peak(0) == 0);
+  CHECK(c.peak(1) == 4.0);
+  CHECK(c.peak(2) == 10.0);
+  CHECK(c.peak(4) == 10.0);
+  CHECK(c.peak(18) == 10.0);      // at(18) = 9.85
+  CHECK(c.peak(19) == c.at(19));  // 10.34
+  CHECK(c.peak(64) == c.at(64));
+  CHECK(c.peak(80) == c.at(80));  // past the counts computed ahead
+  CHECK(c.peak(200) == c.at(200));
+  // Past those counts a table may fall again: its highest point stays the peak.
+  const auto falls = ThroughputCurve::table({{1, 1.0}, {70, 100.0}, {90, 5.0}});
+  CHECK(falls.peak(69) == falls.at(69));
+  CHECK(falls.peak(95) == 100.0);
+  CHECK(falls.at(95) < 6);
+  const auto amdahl = ThroughputCurve::amdahl(2.0, 0.9);
+  for (int n : {1, 7, 64, 65, 300}) CHECK(amdahl.peak(n) == amdahl.at(n));
+}
+
 TEST_CASE("Gavel-shape generator matches its distributions", "[unit][scheduler]") {
   SyntheticOptions o;
   o.num_jobs = 20000;

@@ -30,12 +30,20 @@ class ThroughputCurve {
     if (static_cast<size_t>(workers) < known_.size()) return known_[workers];
     return workers <= 0 ? 0.0 : compute(workers);
   }
+  /// The highest of at(1..workers): at least the rate of any count up to `workers`, for a
+  /// policy that needs a bound on a curve that need not be monotone (a table). 0 for
+  /// workers <= 0.
+  double peak(int workers) const {
+    if (static_cast<size_t>(workers) < peak_.size()) return peak_[workers];
+    return workers <= 0 ? 0.0 : compute_peak(workers);
+  }
   std::string describe() const;
 
  private:
   enum class Kind { kTable, kLinear, kAmdahl };
   static constexpr int kKnown = 64;  ///< worker counts whose rates are computed once
   double compute(int workers) const;
+  double compute_peak(int workers) const;
   ThroughputCurve& remember();  // fills known_; every factory ends with it
   Kind kind_ = Kind::kLinear;
   std::vector<std::pair<int, double>> points_;  // sorted by worker count
@@ -44,6 +52,7 @@ class ThroughputCurve {
   // at(0..kKnown), as compute() gives them: policies ask for rates at every decision, and
   // a lookup is several times cheaper than the divisions.
   std::vector<double> known_;
+  std::vector<double> peak_;  // peak(0..kKnown)
 };
 
 class ThroughputTable {
