@@ -1,6 +1,7 @@
 #include "vflow/scheduler/policy.h"
 
 #include <catch2/catch.hpp>
+#include <limits>
 #include <map>
 #include <random>
 #include <tuple>
@@ -33,6 +34,42 @@ TEST_CASE("water fill respects min and max and redistributes leftovers", "[unit]
   CHECK(shares[0] + shares[1] + shares[2] + shares[3] + shares[4] == 13);
   CHECK(shares[4] == 1);
   CHECK_THROWS_AS(weighted_water_fill({1, 1}, {5, 5}, {8, 8}, 8), vflow::InternalError);
+}
+
+TEST_CASE("water fill of many jobs of a few weights and bounds is fair to one worker",
+          "[unit][scheduler]") {
+  // Thousands of jobs whose breakpoints fall on a few levels (the bucketed ordering) or on
+  // many (the sorted one). After rounding, no worker can move from a job above its minimum
+  // to one below its maximum and leave the receiver's share per weight still below the
+  // giver's: (x_i + 1) / w_i > (x_j - 1) / w_j.
+  std::mt19937_64 rng(7);
+  for (int round = 0; round < 60; ++round) {
+    const bool few = round % 2 == 0;
+    const size_t n = 1 + rng() % 3000;
+    std::vector<double> w(n);
+    std::vector<int> lo(n), hi(n);
+    long lo_sum = 0, hi_sum = 0;
+    for (size_t i = 0; i < n; ++i) {
+      w[i] = few ? std::vector<double>{1, 5}[rng() % 2] : 0.5 + (rng() % 1000) / 100.0;
+      lo[i] = 1 + static_cast<int>(rng() % 2);
+      hi[i] = lo[i] + std::vector<int>{0, 1, 3, 7}[rng() % 4];
+      lo_sum += lo[i];
+      hi_sum += hi[i];
+    }
+    const int capacity = static_cast<int>(lo_sum + rng() % (hi_sum - lo_sum + 10));
+    const auto x = weighted_water_fill(w, lo, hi, capacity);
+    long total = 0;
+    double below = std::numeric_limits<double>::infinity(), above = 0;
+    for (size_t i = 0; i < n; ++i) {
+      REQUIRE(x[i] >= lo[i]);
+      REQUIRE(x[i] <= hi[i]);
+      total += x[i];
+      if (x[i] < hi[i]) below = std::min(below, (x[i] + 1) / w[i]);
+      if (x[i] > lo[i]) above = std::max(above, (x[i] - 1) / w[i]);
+    }
+    REQUIRE(total == std::min<long>(capacity, hi_sum));
+    CHECK(below > above - 1e-6);
+  }
 }
 
 TEST_CASE("elastic WFS gives weighted shares of a homogeneous cluster", "[unit][scheduler]") {
