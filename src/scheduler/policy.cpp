@@ -486,22 +486,24 @@ class ElasticWfsPolicy : public Policy {
       const size_t i = order[k];
       const Job& job = *active[i].job;
       const double w = share_weight(active[i]);
-      const int own = active[i].workers > 0 ? active[i].device_type : -1;
       const auto rate_at_guess = [&](int t) {
         const int guess = std::clamp(static_cast<int>(count[t] * w / (weight_sum[t] + w)),
                                      job.min_workers, std::min(job.max_workers, count[t]));
         return job.rate(t, guess);
       };
+      const auto fits = [&](int t) { return min_room[t] >= job.min_workers; };
+      const int own = running_type(active[i]);
+      const bool may_stay = own >= 0 && fits(own);
+      // Its own type's rate with the migration gain, where it has room there.
+      const double kept = may_stay ? kMigrationGain * rate_at_guess(own) : 0;
       int best = -1;
-      if (own >= 0 && min_room[own] >= job.min_workers &&
-          stays(job, own, kMigrationGain * rate_at_guess(own), count)) {
+      if (may_stay && stays(job, own, kept, count)) {
         best = own;
       } else {
         double best_rate = 0;
         for (int t = 0; t < n_types; ++t) {
-          if (min_room[t] < job.min_workers) continue;
-          double rate = rate_at_guess(t);
-          if (t == own) rate *= kMigrationGain;
+          if (!fits(t)) continue;
+          const double rate = t == own ? kept : rate_at_guess(t);
           if (best < 0 || rate > best_rate) best = t, best_rate = rate;
         }
       }

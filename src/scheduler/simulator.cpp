@@ -214,16 +214,23 @@ class Simulation {
         apply(c.id, c.type, c.workers, nullptr, now);
         continue;
       }
-      counts_.assign(cluster_.num_types(), 0);
-      counts_[c.type] = c.workers;
-      int workers = c.workers;
-      for (size_t m = c.span_begin; m < c.span_end; ++m) {
-        counts_[spans[m].device_type] = spans[m].workers;
-        workers += spans[m].workers;
-      }
+      const int workers = span_counts(c.type, c.workers, spans, c.span_begin, c.span_end);
       apply(c.id, c.type, workers, &counts_, now);
     }
     record(now);
+  }
+
+  // Workers per type, into counts_, of `workers` of `type` and the job's other types
+  // spans[begin, end); returns their sum.
+  int span_counts(int type, int workers, const std::vector<Assignment>& spans, size_t begin,
+                  size_t end) {
+    counts_.assign(cluster_.num_types(), 0);
+    counts_[type] = workers;
+    for (size_t m = begin; m < end; ++m) {
+      counts_[spans[m].device_type] = spans[m].workers;
+      workers += spans[m].workers;
+    }
+    return workers;
   }
 
   // `counts`: workers per type when the job runs on several, else nullptr.
@@ -318,9 +325,7 @@ class Simulation {
                          job.vnodes));
       }
       if (m > first_span) {  // on several types
-        counts_.assign(cluster_.num_types(), 0);
-        counts_[a.device_type] = a.workers;
-        for (size_t j = first_span; j < m; ++j) counts_[spans[j].device_type] = spans[j].workers;
+        span_counts(a.device_type, a.workers, spans, first_span, m);
         const JobState& s = state_[id];
         if (a.device_type != s.type || !s.spanning || spans_.at(id) != counts_) {
           changes_.push_back({id, a.device_type, a.workers, first_span, m});
@@ -373,7 +378,7 @@ class Simulation {
   std::vector<int> active_;  // arrived, unfinished job ids, ascending
   std::vector<JobView> views_;
   std::unordered_map<int, std::vector<int>> spans_;  // workers per type of jobs on several
-  std::vector<int> counts_;                          // scratch for reallocate
+  std::vector<int> counts_;                          // span_counts()'s
   struct Change {  // a job whose allocation changes, spans[span_begin, span_end) its others
     int id, type, workers;
     size_t span_begin, span_end;
