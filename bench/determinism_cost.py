@@ -6,7 +6,7 @@ default mode and once deterministic, the mode that runs first alternating from
 repeat to repeat so that the machine's drift affects both alike; the table gives
 the median examples/s of each mode over the timed steps (the first WARMUP steps
 of every run are left out) and their ratio, with the min-max over repeats, and a
-second table each mode's step phases. One intra-op thread per worker.
+second table each mode's step phases. One intra-op thread per worker (--threads).
 
 Models (--models, default all), at the sizes of docs/workloads.md:
 
@@ -18,7 +18,7 @@ Models (--models, default all), at the sizes of docs/workloads.md:
     lm        examples/jobs/fortunes-lm.yaml (transformer-lm)
 
     bench/determinism_cost.py [--build build] [--models convnet,mlp-wide]
-                              [--workers 1,2] [--steps 12] [--repeats 5]
+                              [--workers 1,2] [--steps 12] [--repeats 5] [--threads 1]
 """
 import argparse
 import os
@@ -48,7 +48,7 @@ def run(args, model, workers, deterministic):
     steps = vflow_runs.timed_steps(
         args.build, [*extra, "--workers", str(workers),
                      "--set", f"semantic.deterministic={'true' if deterministic else 'false'}"],
-        args.steps, WARMUP)
+        args.steps, WARMUP, args.threads)
     return vflow_runs.summary(steps)
 
 
@@ -59,6 +59,7 @@ def main():
     parser.add_argument("--workers", default="1,2")
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=1, help="intra-op threads per worker")
     args = parser.parse_args()
     models = args.models.split(",")
     for m in models:
@@ -89,7 +90,8 @@ def main():
                 f"{phase(default, k):.2f} / {phase(exact, k):.2f}"
                 for k in ("compute_ms", "sync_ms", "update_ms")) + " |")
     print()
-    print(f"{args.steps} timed steps after {WARMUP}, medians (min-max) of {args.repeats} alternating repeats")
+    print(f"{args.steps} timed steps after {WARMUP}, {args.threads} intra-op thread(s) per worker, "
+          f"medians (min-max) of {args.repeats} alternating repeats")
     print("| model | workers | default examples/s | deterministic examples/s | ratio |")
     print("|---|---|---|---|---|")
     for row in rows:

@@ -1,5 +1,5 @@
-"""Timed vflow-train runs for the benchmarks: one intra-op thread per worker, no
-evaluation, a metrics record every step."""
+"""Timed vflow-train runs for the benchmarks: one intra-op thread per worker unless told,
+no evaluation, a metrics record every step."""
 import json
 import os
 import statistics
@@ -7,11 +7,11 @@ import subprocess
 import tempfile
 
 
-def timing_args(steps, warmup, metrics):
-    """vflow-train settings of a timed run: warmup + steps steps, one intra-op thread, no
-    evaluation, a record of every step in `metrics`."""
+def timing_args(steps, warmup, metrics, threads=1):
+    """vflow-train settings of a timed run: warmup + steps steps, `threads` intra-op threads
+    per worker, no evaluation, a record of every step in `metrics`."""
     return ["--set", "semantic.epochs=null", "--set", f"semantic.steps={warmup + steps}",
-            "--set", "resources.threads=1", "--set", "output.evaluation.enabled=false",
+            "--set", f"resources.threads={threads}", "--set", "output.evaluation.enabled=false",
             "--set", "output.logging.progress=off", "--set", "output.logging.every_steps=1",
             "--set", f"output.logging.metrics={metrics}"]
 
@@ -32,11 +32,12 @@ def summary(steps):
             "update_ms": statistics.mean(r["update_ms"] for r in steps)}
 
 
-def timed_steps(build, args, steps, warmup):
-    """Runs vflow-train with `args` for warmup + steps steps; returns the step records of
-    the metrics file after the first `warmup`."""
+def timed_steps(build, args, steps, warmup, threads=1):
+    """Runs vflow-train with `args` for warmup + steps steps, `threads` intra-op threads per
+    worker; returns the step records of the metrics file after the first `warmup`."""
     with tempfile.TemporaryDirectory() as tmp:
         metrics = os.path.join(tmp, "m.jsonl")
-        cmd = [os.path.join(build, "vflow-train"), *args, *timing_args(steps, warmup, metrics)]
+        cmd = [os.path.join(build, "vflow-train"), *args,
+               *timing_args(steps, warmup, metrics, threads)]
         subprocess.run(cmd, check=True, capture_output=True)
         return step_records(metrics, warmup)

@@ -4,6 +4,7 @@
 #if defined(__GLIBC__)
 #include <malloc.h>
 #endif
+#include <omp.h>
 #include <spdlog/spdlog.h>
 #include <sys/resource.h>
 #include <torch/torch.h>
@@ -157,6 +158,10 @@ void configure_runtime(const JobSpec& spec) {
   keep_freed_memory();
   const auto threads = configured_threads(spec.resources);
   torch::set_num_threads(static_cast<int>(threads));
+  // The library's own parallel loops run on the OpenMP runtime it was linked with. That is
+  // LibTorch's on Debian (this repeats the setting), but PyTorch's wheels carry a copy of
+  // their own, which the line above reaches and the library's loops do not.
+  omp_set_num_threads(static_cast<int>(threads));
   compat::set_deterministic_algorithms(spec.semantic.deterministic);
   compat::use_full_float32();
   if (spec.resources.memory_limit_mb > 0) {
