@@ -142,7 +142,7 @@ int main(int argc, char** argv) {
     if (!device.empty()) overrides.push_back("resources.device=" + device);
     auto spec = vflow::engine::load_job_spec(spec_path, overrides);
     // Under srun or torchrun, plain "cuda" is this process's local rank's device.
-    spec.resources.device = vflow::job::place_on_this_host(spec.resources).device;
+    spec.resources.device = vflow::job::place_on_this_host(spec).device;
     spdlog::set_level(spdlog::level::warn);
     const auto on = vflow::engine::worker_device(spec.resources);
     if (device_type.empty()) {

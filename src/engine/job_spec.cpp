@@ -347,7 +347,9 @@ const SpecSchema<ResourcesSpec>& resources_schema() {
              "backend can be used, else `gloo` (and always `gloo` when a `layout` mixes CPU and "
              "CUDA workers: every worker must use the same collectives); `gloo`; `nccl` (needs "
              "every worker on a CUDA device: `device: cuda...` and no `layout` entry on `cpu`)");
-    s.integer("threads", &R::threads, 0, 4096, "intra-op threads; 0 = all cores");
+    s.integer("threads", &R::threads, 0, 4096,
+              "intra-op threads; 0 = this host's cores shared among its workers, or 1 in "
+              "deterministic mode");
     s.choice("prefetch", &R::prefetch, {"auto", "true", "false"},
              "load the next vnode's batch on a background thread: `true`, `false`, or `auto` = "
              "on when intra-op threads × workers on this host < cores (a loader without a core "

@@ -75,22 +75,32 @@ std::string first_difference(const std::string& a, const std::string& b) {
 }  // namespace
 
 namespace {
-/// The intra-op threads configure_runtime gives this process: resources.threads, or one
-/// per core.
+int64_t host_cores() {
+  return static_cast<int64_t>(std::max(1U, std::thread::hardware_concurrency()));
+}
+
+/// The intra-op threads of a worker whose resources.threads is resolved, or, where it is 0
+/// (in-process, where no launcher placed it), of the only worker on the host.
 int64_t configured_threads(const ResourcesSpec& resources) {
-  return resources.threads > 0
-             ? resources.threads
-             : static_cast<int64_t>(std::max(1U, std::thread::hardware_concurrency()));
+  return resources.threads > 0 ? resources.threads : host_cores();
 }
 }  // namespace
+
+int64_t intra_op_threads(const JobSpec& spec, int64_t local_workers) {
+  if (spec.resources.threads > 0) return spec.resources.threads;
+  if (spec.semantic.deterministic) return 1;
+  // Every core for each of several workers oversubscribes the host, and each one's
+  // intra-op threads spin while waiting for cores the others hold: two workers of an MLP
+  // 784-2048-2048-10 on 2 cores trained at about 600 examples/s so, 2,090 with one each.
+  return std::max<int64_t>(1, host_cores() / std::max<int64_t>(1, local_workers));
+}
 
 bool prefetch_enabled(const ResourcesSpec& resources, int64_t local_workers) {
   if (resources.prefetch != "auto") return resources.prefetch == "true";
   // A background loader only helps when it gets a core of its own; on a fully
   // subscribed host it competes with the compute threads (measured: about -15%
   // with 2 single-threaded workers on 2 cores).
-  const auto cores = static_cast<int64_t>(std::max(1U, std::thread::hardware_concurrency()));
-  return configured_threads(resources) * std::max<int64_t>(1, local_workers) < cores;
+  return configured_threads(resources) * std::max<int64_t>(1, local_workers) < host_cores();
 }
 
 void seed_initialisation(const SemanticSpec& semantic) {
@@ -156,7 +166,7 @@ void keep_freed_memory() {
 
 void configure_runtime(const JobSpec& spec) {
   keep_freed_memory();
-  const auto threads = configured_threads(spec.resources);
+  const auto threads = intra_op_threads(spec, /*local_workers=*/1);
   torch::set_num_threads(static_cast<int>(threads));
   // The library's own parallel loops run on the OpenMP runtime it was linked with. That is
   // LibTorch's on Debian (this repeats the setting), but PyTorch's wheels carry a copy of
@@ -628,7 +638,9 @@ Trainer::Trainer(JobSpec spec, std::shared_ptr<models::Model> model, data::DataS
   auto& m = *impl_->model;
   m.to(impl_->device);
   set_communicator(std::move(communicator));
-  impl_->prefetch = prefetch_enabled(impl_->spec.resources, /*local_workers=*/1);
+  auto placed = impl_->spec.resources;  // a launched worker's threads are resolved already
+  placed.threads = intra_op_threads(impl_->spec, /*local_workers=*/1);
+  impl_->prefetch = prefetch_enabled(placed, /*local_workers=*/1);
   impl_->kernels =
       std::make_unique<vnode::StatefulKernelSet>(m, impl_->plan.virtual_nodes(), impl_->device);
   impl_->packet =

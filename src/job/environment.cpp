@@ -144,12 +144,14 @@ AgentPlace agent_place_from_environment() {
   return place;
 }
 
-engine::ResourcesSpec place_on_this_host(engine::ResourcesSpec resources) {
+engine::ResourcesSpec place_on_this_host(const engine::JobSpec& spec) {
+  auto resources = spec.resources;
   if (resources.device == "cuda" && torch::cuda::is_available()) {
     // Where CUDA is missing the engine reports it, naming the key.
     const auto count = static_cast<int64_t>(torch::cuda::device_count());
     resources.device = fmt::format("cuda:{}", local_rank() % count);
   }
+  resources.threads = engine::intra_op_threads(spec, local_workers());
   if (resources.prefetch == "auto") {
     resources.prefetch = engine::prefetch_enabled(resources, local_workers()) ? "true" : "false";
   }

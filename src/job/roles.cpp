@@ -139,7 +139,7 @@ RoleOutcome run_elastic_worker_role(const engine::JobSpec& job, const RoleOption
   const auto env = launched ? *launched : volunteer_environment(options);
   LayoutType type;
   engine::JobSpec spec = apply_worker_layout(job, env, type);
-  spec.resources = place_on_this_host(spec.resources);
+  spec.resources = place_on_this_host(spec);
   struct Release {  // the worker's CPU-quota group, if any, goes with it
     std::string name;
     ~Release() { hetero::release_cpu_quota(name); }
@@ -217,7 +217,7 @@ RoleOutcome run_coordinator_role(const engine::JobSpec& spec, const RoleOptions&
 
 RoleOutcome run_training_role(Role role, const engine::JobSpec& job, const RoleOptions& options) {
   engine::JobSpec spec = job;
-  spec.resources = place_on_this_host(spec.resources);
+  spec.resources = place_on_this_host(spec);
   engine::JobRunOptions run;
   run.stop_flag = options.stop_flag;
   run.prepare = options.prepare;

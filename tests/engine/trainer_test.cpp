@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 #include "engine/copy_stream.h"
 #include "support.h"
@@ -245,9 +246,36 @@ TEST_CASE("the worker's device and communication backend follow the resources pa
   } else {
     setenv("VFLOW_LOCAL_RANK", "1", 1);
     const auto count = static_cast<int>(torch::cuda::device_count());
-    CHECK(vflow::engine::worker_device(vflow::job::place_on_this_host(res)).index() == 1 % count);
+    vflow::engine::JobSpec spec;
+    spec.resources = res;
+    CHECK(vflow::engine::worker_device(vflow::job::place_on_this_host(spec)).index() == 1 % count);
     unsetenv("VFLOW_LOCAL_RANK");
   }
+}
+
+TEST_CASE("threads 0 shares the host's cores among its workers, and is one when deterministic",
+          "[unit]") {
+  const auto cores = static_cast<int64_t>(std::max(1U, std::thread::hardware_concurrency()));
+  vflow::engine::JobSpec spec;
+  using vflow::engine::intra_op_threads;
+  CHECK(intra_op_threads(spec, 1) == cores);
+  CHECK(intra_op_threads(spec, 2) == std::max<int64_t>(1, cores / 2));
+  CHECK(intra_op_threads(spec, cores + 1) == 1);  // never none
+  spec.semantic.deterministic = true;  // a result that must not depend on the host's cores
+  CHECK(intra_op_threads(spec, 1) == 1);
+  spec.resources.threads = 3;  // a set value stands
+  CHECK(intra_op_threads(spec, 4) == 3);
+  spec.semantic.deterministic = false;
+  CHECK(intra_op_threads(spec, 4) == 3);
+
+  // A launched worker's resources as placed: the share of this host's workers, and
+  // prefetch auto decided for that share (no core left over here, so off).
+  spec.resources.threads = 0;
+  setenv("VFLOW_LOCAL_WORLD_SIZE", std::to_string(cores).c_str(), 1);
+  const auto placed = vflow::job::place_on_this_host(spec);
+  unsetenv("VFLOW_LOCAL_WORLD_SIZE");
+  CHECK(placed.threads == 1);
+  CHECK(placed.prefetch == "false");
 }
 
 TEST_CASE("on the CPU a batch passes the copy stream untouched", "[unit]") {

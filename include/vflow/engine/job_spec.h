@@ -97,7 +97,7 @@ struct ResourcesSpec {
   /// Collectives: auto (nccl on CUDA devices when the NCCL backend is usable, else
   /// gloo) | gloo | nccl.
   std::string backend = "auto";
-  int64_t threads = 0;  ///< intra-op threads; 0 = all cores
+  int64_t threads = 0;  ///< intra-op threads; 0: see engine::intra_op_threads
   /// Load the next vnode's batch on a background thread: on, off, or auto (on when this
   /// host has a core to spare: intra-op threads x local workers < cores).
   std::string prefetch = "auto";

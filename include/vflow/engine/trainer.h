@@ -97,6 +97,12 @@ class TrainingObserver {
 /// Build the model right after this call so that initialisation depends on the spec only.
 void seed_initialisation(const SemanticSpec& semantic);
 
+/// The intra-op threads of one of `local_workers` workers of `spec` on this host:
+/// resources.threads, or where that is 0, one in deterministic mode (whose result must not
+/// depend on the host's cores, and the thread count changes LibTorch's CPU results) and
+/// otherwise this host's cores shared among the workers, at least one each.
+int64_t intra_op_threads(const JobSpec& spec, int64_t local_workers);
+
 /// Whether `resources.prefetch` turns the background loader on for a worker that shares
 /// this host with `local_workers` - 1 others (auto: when its intra-op threads times the
 /// local workers leave a core free). The job layer decides auto for a launched worker.

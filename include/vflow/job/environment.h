@@ -55,9 +55,10 @@ struct AgentPlace {
 };
 AgentPlace agent_place_from_environment();
 
-/// The resources part as this process applies it among the workers a launcher placed on
-/// this host: plain "cuda" becomes the local rank's device (local_rank() modulo the
-/// devices visible), and `prefetch: auto` is decided for local_workers() workers.
-engine::ResourcesSpec place_on_this_host(engine::ResourcesSpec resources);
+/// The job's resources part as this process applies it among the workers a launcher placed
+/// on this host: plain "cuda" becomes the local rank's device (local_rank() modulo the
+/// devices visible), `threads: 0` the threads engine::intra_op_threads gives one of
+/// local_workers() workers, and `prefetch: auto` is decided for them.
+engine::ResourcesSpec place_on_this_host(const engine::JobSpec& spec);
 
 }  // namespace vflow::job
