@@ -191,6 +191,37 @@ VFLOW_KERNEL RangeSeen sum_rounded_double(const float* const* parts, int ranks,
   return {largest};
 }
 
+/// sum_rounded_double of R parts in one pass, no partial sums stored: the same additions
+/// in the same order, so the same bits.
+template <int R>
+__attribute__((always_inline)) inline RangeSeen sum_rounded_double_of(const float* const* parts,
+                                                                      float* __restrict dst,
+                                                                      int64_t n) {
+  const float* __restrict p0 = parts[0];
+  const float* __restrict p1 = parts[1];
+  const float* __restrict p2 = parts[2];
+  const float* __restrict p3 = parts[R - 1];
+  uint32_t largest = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    double t = static_cast<double>(scaled(p0[i], largest));
+    t += static_cast<double>(scaled(p1[i], largest));
+    t += static_cast<double>(scaled(p2[i], largest));
+    if (R == 4) t += static_cast<double>(scaled(p3[i], largest));
+    dst[i] = static_cast<float>(t * kUnit);
+  }
+  return {largest};
+}
+
+VFLOW_KERNEL RangeSeen sum_rounded_double3(const float* const* parts, float* __restrict dst,
+                                           int64_t n) {
+  return sum_rounded_double_of<3>(parts, dst, n);
+}
+
+VFLOW_KERNEL RangeSeen sum_rounded_double4(const float* const* parts, float* __restrict dst,
+                                           int64_t n) {
+  return sum_rounded_double_of<4>(parts, dst, n);
+}
+
 /// sum_rounded of two parts in float: each rounded value is an integer float, and their
 /// float sum rounds the exact sum once. The reference rounds it to double first (the int64
 /// total's conversion), but double rounding through a format of at least 2 * 24 + 2 bits
@@ -308,7 +339,9 @@ double FixedPointSum::sum_rounded(const float* const* parts, int ranks, float* d
     for (int64_t bb = b; bb < e; bb += kBlock) {
       for (int k = 0; k < ranks; ++k) at[k] = parts[k] + bb;
       const int64_t m = std::min(e, bb + kBlock) - bb;
-      RangeSeen r = sum_rounded_double(at.data(), ranks, dst + bb, m);
+      RangeSeen r = ranks == 3   ? sum_rounded_double3(at.data(), dst + bb, m)
+                    : ranks == 4 ? sum_rounded_double4(at.data(), dst + bb, m)
+                                 : sum_rounded_double(at.data(), ranks, dst + bb, m);
       if (ranks > 2 && r.largest >= exact_from)
         r = sum_rounded_exact(at.data(), ranks, dst + bb, m);
       chunk.merge(r);
