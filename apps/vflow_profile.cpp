@@ -141,8 +141,11 @@ int main(int argc, char** argv) {
   return vflow::apps::run_reporting_errors([&]() -> int {
     if (!device.empty()) overrides.push_back("resources.device=" + device);
     auto spec = vflow::engine::load_job_spec(spec_path, overrides);
-    // Under srun or torchrun, plain "cuda" is this process's local rank's device.
-    spec.resources.device = vflow::job::place_on_this_host(spec).device;
+    // Under srun or torchrun, plain "cuda" is this process's local rank's device; threads 0
+    // becomes the count a worker here runs, which names the default device type.
+    const auto placed = vflow::job::place_on_this_host(spec);
+    spec.resources.device = placed.device;
+    spec.resources.threads = placed.threads;
     spdlog::set_level(spdlog::level::warn);
     const auto on = vflow::engine::worker_device(spec.resources);
     if (device_type.empty()) {

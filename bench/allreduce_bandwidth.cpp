@@ -82,7 +82,7 @@ int main(int argc, char** argv) {
   app.add_option("--sizes-mb", sizes_mb, "buffer sizes in MiB")->delimiter(',');
   app.add_option("--repeats", repeats, "timed calls per size");
   CLI11_PARSE(app, argc, argv);
-  torch::set_num_threads(1);
+  vflow::engine::set_intra_op_threads(1);
   vflow::job::Coordinator coordinator("127.0.0.1", 0, std::chrono::seconds(30));
   std::cout << "2 processes on loopback, float32 sum-allreduce, median of " << repeats
             << " calls per size (GB/s = buffer bytes / time)\n\n";

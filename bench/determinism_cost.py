@@ -90,7 +90,9 @@ def main():
                 f"{phase(default, k):.2f} / {phase(exact, k):.2f}"
                 for k in ("compute_ms", "sync_ms", "update_ms")) + " |")
     print()
-    print(f"{args.steps} timed steps after {WARMUP}, {args.threads} intra-op thread(s) per worker, "
+    threads = (f"{args.threads} intra-op thread(s) per worker" if args.threads > 0 else
+               "resources.threads 0 (each mode's own count)")
+    print(f"{args.steps} timed steps after {WARMUP}, {threads}, "
           f"medians (min-max) of {args.repeats} alternating repeats")
     print("| model | workers | default examples/s | deterministic examples/s | ratio |")
     print("|---|---|---|---|---|")

@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cstdio>
 
+#include "vflow/engine/trainer.h"
 #include "vflow/vnode/gradient_buffer.h"
 
 namespace {
@@ -79,7 +80,7 @@ int main(int argc, char** argv) {
   app.add_option("--repeats", repeats, "timed blocks per optimizer");
   app.add_option("--hidden", hidden, "the MLP's hidden widths")->delimiter(',');
   CLI11_PARSE(app, argc, argv);
-  torch::set_num_threads(threads);
+  vflow::engine::set_intra_op_threads(threads);
 
   vflow::engine::OptimizerSpec sgd;
   sgd.name = "sgd";  // momentum 0.9, Nesterov, weight decay 5e-4: the defaults

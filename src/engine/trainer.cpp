@@ -4,7 +4,9 @@
 #if defined(__GLIBC__)
 #include <malloc.h>
 #endif
+#ifdef _OPENMP
 #include <omp.h>
+#endif
 #include <spdlog/spdlog.h>
 #include <sys/resource.h>
 #include <torch/torch.h>
@@ -164,14 +166,30 @@ void keep_freed_memory() {
 }
 }  // namespace
 
+void set_intra_op_threads(int64_t threads) {
+  torch::set_num_threads(static_cast<int>(threads));
+#ifdef _OPENMP
+  // The library's own loops run on the OpenMP runtime it was linked with: LibTorch's on
+  // Debian, where this repeats the setting. PyTorch's wheels carry a copy of their own, and
+  // which copy each library's calls bind to depends on the load order; this sets both.
+  omp_set_num_threads(static_cast<int>(threads));
+#endif
+}
+
+void note_deterministic_threads() {
+  spdlog::info(
+      "[runtime] deterministic mode with resources.threads 0: one intra-op thread, since the "
+      "thread count changes LibTorch's CPU results; set resources.threads to use more (every "
+      "run that must agree bit for bit with the same value)");
+}
+
 void configure_runtime(const JobSpec& spec) {
   keep_freed_memory();
   const auto threads = intra_op_threads(spec, /*local_workers=*/1);
-  torch::set_num_threads(static_cast<int>(threads));
-  // The library's own parallel loops run on the OpenMP runtime it was linked with. That is
-  // LibTorch's on Debian (this repeats the setting), but PyTorch's wheels carry a copy of
-  // their own, which the line above reaches and the library's loops do not.
-  omp_set_num_threads(static_cast<int>(threads));
+  if (spec.resources.threads == 0 && spec.semantic.deterministic && host_cores() > 1) {
+    note_deterministic_threads();  // in-process; a launched worker's was resolved already
+  }
+  set_intra_op_threads(threads);
   compat::set_deterministic_algorithms(spec.semantic.deterministic);
   compat::use_full_float32();
   if (spec.resources.memory_limit_mb > 0) {

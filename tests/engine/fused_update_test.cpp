@@ -7,6 +7,7 @@
 #include <catch2/catch.hpp>
 #include <sstream>
 
+#include "vflow/engine/trainer.h"
 #include "vflow/vnode/gradient_buffer.h"
 
 using vflow::engine::OptimizerSpec;
@@ -112,7 +113,7 @@ TEST_CASE("the fused SGD and AdamW follow LibTorch's over 100 steps", "[unit]") 
   const int threads = GENERATE(1, 2);
   CAPTURE(variant.name, variant.weight_decay, variant.momentum, flat_gradients, threads);
   const int saved_threads = torch::get_num_threads();
-  torch::set_num_threads(threads);
+  vflow::engine::set_intra_op_threads(threads);
   auto spec = spec_of(variant.name, variant.weight_decay);
   spec.momentum = variant.momentum;
   spec.dampening = variant.dampening;
@@ -139,7 +140,7 @@ TEST_CASE("the fused SGD and AdamW follow LibTorch's over 100 steps", "[unit]") 
   check_close(*fused_net, *reference_net);
   // The frozen parameter is untouched.
   CHECK(torch::equal(fused_net->frozen, reference_net->frozen));
-  torch::set_num_threads(saved_threads);
+  vflow::engine::set_intra_op_threads(saved_threads);
 }
 
 TEST_CASE("the fused optimizers' checkpoints are LibTorch's: each resumes the other", "[unit]") {
@@ -201,7 +202,7 @@ TEST_CASE(
   const int threads = GENERATE(1, 2);
   CAPTURE(variant.name, variant.momentum, threads);
   const int saved_threads = torch::get_num_threads();
-  torch::set_num_threads(threads);
+  vflow::engine::set_intra_op_threads(threads);
   auto spec = spec_of(variant.name, variant.weight_decay);
   spec.momentum = variant.momentum;
   spec.nesterov = variant.nesterov;
@@ -253,5 +254,5 @@ TEST_CASE(
   const auto pr = reduced_net->parameters();
   for (size_t i = 0; i < pa.size(); ++i) CHECK(torch::equal(pa[i], pr[i]));
   CHECK(!torch::equal(pa[0], make()->parameters()[0]));
-  torch::set_num_threads(saved_threads);
+  vflow::engine::set_intra_op_threads(saved_threads);
 }

@@ -10,6 +10,8 @@
 #include <limits>
 #include <vector>
 
+#include "vflow/engine/trainer.h"
+
 using vflow::vnode::FixedPointSum;
 
 namespace {
@@ -66,7 +68,7 @@ TEST_CASE("the fused exact sum equals the int64 sum of rounded values, bit for b
   const int vnodes = GENERATE(1, 3);
   CAPTURE(threads, strided, vnodes);
   const int saved = torch::get_num_threads();
-  torch::set_num_threads(threads);
+  vflow::engine::set_intra_op_threads(threads);
   std::vector<torch::Tensor> parts;
   for (int k = 0; k < vnodes; ++k) parts.push_back(awkward_values(n, 11 + k));
   const auto expected = reference_sum(parts);
@@ -137,7 +139,7 @@ TEST_CASE("the fused exact sum equals the int64 sum of rounded values, bit for b
     CHECK(same_bits(torch::cat(values), expected.index_select(0, large.nonzero().view({-1}))));
     CHECK(same_bits(dense, expected.masked_fill(large, 0).to(torch::kInt32)));
   }
-  torch::set_num_threads(saved);
+  vflow::engine::set_intra_op_threads(saved);
 }
 
 TEST_CASE("the exact sum reports values outside its range, NaN included", "[unit]") {
