@@ -176,7 +176,8 @@ void set_intra_op_threads(int64_t threads) {
 #endif
 }
 
-void note_deterministic_threads() {
+void note_deterministic_threads(const JobSpec& spec) {
+  if (spec.resources.threads != 0 || !spec.semantic.deterministic || host_cores() == 1) return;
   spdlog::info(
       "[runtime] deterministic mode with resources.threads 0: one intra-op thread, since the "
       "thread count changes LibTorch's CPU results; set resources.threads to use more (every "
@@ -186,9 +187,7 @@ void note_deterministic_threads() {
 void configure_runtime(const JobSpec& spec) {
   keep_freed_memory();
   const auto threads = intra_op_threads(spec, /*local_workers=*/1);
-  if (spec.resources.threads == 0 && spec.semantic.deterministic && host_cores() > 1) {
-    note_deterministic_threads();  // in-process; a launched worker's was resolved already
-  }
+  note_deterministic_threads(spec);  // in-process; a launched worker's was resolved already
   set_intra_op_threads(threads);
   compat::set_deterministic_algorithms(spec.semantic.deterministic);
   compat::use_full_float32();

@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <thread>
 #include <tuple>
 
 #include "vflow/core/address.h"
@@ -153,10 +152,7 @@ engine::ResourcesSpec place_on_this_host(const engine::JobSpec& spec) {
     resources.device = fmt::format("cuda:{}", local_rank() % count);
   }
   resources.threads = engine::intra_op_threads(spec, local_workers());
-  if (spec.resources.threads == 0 && spec.semantic.deterministic && local_rank() == 0 &&
-      std::thread::hardware_concurrency() > 1) {
-    engine::note_deterministic_threads();
-  }
+  if (local_rank() == 0) engine::note_deterministic_threads(spec);
   if (resources.prefetch == "auto") {
     resources.prefetch = engine::prefetch_enabled(resources, local_workers()) ? "true" : "false";
   }

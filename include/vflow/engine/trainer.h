@@ -106,8 +106,9 @@ int64_t intra_op_threads(const JobSpec& spec, int64_t local_workers);
 /// Sets this process's intra-op threads: LibTorch's and those of the library's own loops.
 void set_intra_op_threads(int64_t threads);
 
-/// Logs that deterministic mode runs one intra-op thread where resources.threads is 0.
-void note_deterministic_threads();
+/// Logs that `spec` runs one intra-op thread, where it is deterministic, leaves
+/// resources.threads at 0 and this host has more than one core; else nothing.
+void note_deterministic_threads(const JobSpec& spec);
 
 /// Whether `resources.prefetch` turns the background loader on for a worker that shares
 /// this host with `local_workers` - 1 others (auto: when its intra-op threads times the
