@@ -1,15 +1,20 @@
 #include "vflow/core/process.h"
 
 #include <fmt/format.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
+#include <fstream>
 #include <map>
+#include <sstream>
 
 #include "vflow/core/error.h"
 
@@ -87,6 +92,78 @@ std::string this_executable(const std::string& fallback) {
   const ssize_t n = readlink("/proc/self/exe", path, sizeof path - 1);
   if (n <= 0) return fallback;
   return std::string(path, static_cast<size_t>(n));
+}
+
+double cgroup_quota_cores(const std::string& text) {
+  std::istringstream in(text);
+  std::string quota;
+  long long period = 0;
+  if (!(in >> quota >> period) || period <= 0 || quota == "max") return 0;
+  char* end = nullptr;
+  const long long q = std::strtoll(quota.c_str(), &end, 10);
+  if (end == quota.c_str() || *end != '\0' || q <= 0) return 0;
+  return static_cast<double>(q) / static_cast<double>(period);
+}
+
+namespace {
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return in ? text.str() : std::string();
+}
+
+/// The smallest CPU quota in cores along this process's cgroup and its parents, 0 = none.
+/// A path that this mount namespace does not show (a container without its own cgroup
+/// namespace) is looked for from its nearest visible ancestor up.
+double cgroup_quota() {
+  std::ifstream self("/proc/self/cgroup");
+  std::string line;
+  double smallest = 0;
+  const auto take = [&](const std::string& root, std::string path, bool v2) {
+    while (true) {
+      const std::string dir = root + (path == "/" ? "" : path);
+      const std::string text =
+          v2 ? read_text(dir + "/cpu.max")
+             : read_text(dir + "/cpu.cfs_quota_us") + " " + read_text(dir + "/cpu.cfs_period_us");
+      const double cores = cgroup_quota_cores(text);
+      if (cores > 0 && (smallest == 0 || cores < smallest)) smallest = cores;
+      if (path == "/" || path.empty()) return;
+      const auto slash = path.find_last_of('/');
+      path = slash == 0 ? "/" : path.substr(0, slash);
+    }
+  };
+  while (std::getline(self, line)) {
+    // hierarchy-id:controllers:path; cgroup v2 is "0::path".
+    const auto a = line.find(':');
+    const auto b = line.find(':', a + 1);
+    if (a == std::string::npos || b == std::string::npos) continue;
+    const std::string controllers = line.substr(a + 1, b - a - 1);
+    const std::string path = line.substr(b + 1);
+    if (line.compare(0, a, "0") == 0 && controllers.empty()) {
+      take("/sys/fs/cgroup", path, /*v2=*/true);
+      continue;
+    }
+    std::stringstream list(controllers);
+    std::string c;
+    while (std::getline(list, c, ',')) {
+      if (c == "cpu") take("/sys/fs/cgroup/" + controllers, path, /*v2=*/false);
+    }
+  }
+  return smallest;
+}
+
+}  // namespace
+
+int64_t usable_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  int64_t cores = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 0;
+  if (cores <= 0) cores = std::max<long>(1, sysconf(_SC_NPROCESSORS_ONLN));
+  const double quota = cgroup_quota();
+  if (quota > 0) cores = std::min<int64_t>(cores, static_cast<int64_t>(std::ceil(quota - 1e-9)));
+  return std::max<int64_t>(1, cores);
 }
 
 int exit_code_of_status(int status) {

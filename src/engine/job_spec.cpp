@@ -348,8 +348,8 @@ const SpecSchema<ResourcesSpec>& resources_schema() {
              "CUDA workers: every worker must use the same collectives); `gloo`; `nccl` (needs "
              "every worker on a CUDA device: `device: cuda...` and no `layout` entry on `cpu`)");
     s.integer("threads", &R::threads, 0, 4096,
-              "intra-op threads; 0 = this host's cores shared among its workers, or 1 in "
-              "deterministic mode");
+              "intra-op threads; 0 = the cores a worker may use (its CPU affinity and "
+              "cgroup CPU quota) shared among this host's workers, or 1 in deterministic mode");
     s.choice("prefetch", &R::prefetch, {"auto", "true", "false"},
              "load the next vnode's batch on a background thread: `true`, `false`, or `auto` = "
              "on when intra-op threads × workers on this host < cores (a loader without a core "

@@ -32,6 +32,7 @@
 #include "vflow/comm/split_sum.h"
 #include "vflow/core/clock.h"
 #include "vflow/core/error.h"
+#include "vflow/core/process.h"
 #include "vflow/core/spec_node.h"
 #include "vflow/engine/checkpoint.h"
 #include "vflow/engine/fingerprint.h"
@@ -77,9 +78,9 @@ std::string first_difference(const std::string& a, const std::string& b) {
 }  // namespace
 
 namespace {
-int64_t host_cores() {
-  return static_cast<int64_t>(std::max(1U, std::thread::hardware_concurrency()));
-}
+/// The cores this worker may use: its CPU affinity and its cgroup's CPU quota count, so a
+/// worker in a container limited to 2 of a host's 64 cores runs 2 threads, not 64.
+int64_t host_cores() { return usable_cores(); }
 
 /// The intra-op threads of a worker whose resources.threads is resolved, or, where it is 0
 /// (in-process, where no launcher placed it), of the only worker on the host.

@@ -9,6 +9,7 @@
 
 #include "core/output_file.h"
 #include "vflow/core/error.h"
+#include "vflow/core/process.h"
 #include "vflow/core/spec_node.h"
 
 namespace vflow::hetero {
@@ -122,7 +123,7 @@ std::string default_device_type(bool cuda, std::string gpu_name, int64_t threads
     std::replace(gpu_name.begin(), gpu_name.end(), ' ', '-');
     return gpu_name.empty() ? "cuda" : "cuda-" + gpu_name;
   }
-  if (threads <= 0) threads = static_cast<int64_t>(std::thread::hardware_concurrency());
+  if (threads <= 0) threads = usable_cores();
   return cpu_quota > 0 ? fmt::format("cpu-{}t-q{}", threads, cpu_quota)
                        : fmt::format("cpu-{}t", threads);
 }

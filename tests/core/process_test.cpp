@@ -2,6 +2,7 @@
 #include "vflow/core/process.h"
 
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -62,4 +63,34 @@ TEST_CASE("a spawned process can lead a group of its own and is reported like a 
   vflow::SpawnOptions missing;
   missing.command = {"/nonexistent/program"};
   CHECK(run(missing).first == 127);
+}
+
+TEST_CASE("a cgroup's CPU quota reads as cores, and no limit as none", "[unit]") {
+  using vflow::cgroup_quota_cores;
+  CHECK(cgroup_quota_cores("50000 100000\n") == 0.5);  // cgroup v2 cpu.max
+  CHECK(cgroup_quota_cores("250000 100000") == 2.5);
+  CHECK(cgroup_quota_cores("max 100000\n") == 0);
+  CHECK(cgroup_quota_cores("-1\n 100000\n") == 0);  // cgroup v1: no quota
+  CHECK(cgroup_quota_cores("5000\n 10000\n") == 0.5);
+  CHECK(cgroup_quota_cores("") == 0);  // unreadable files
+  CHECK(cgroup_quota_cores(" ") == 0);
+  CHECK(cgroup_quota_cores("12x 100000") == 0);
+  CHECK(cgroup_quota_cores("50000 0") == 0);
+}
+
+TEST_CASE("the usable cores follow the CPU affinity", "[unit]") {
+  cpu_set_t all;
+  REQUIRE(sched_getaffinity(0, sizeof all, &all) == 0);
+  const int64_t allowed = CPU_COUNT(&all);
+  CHECK(vflow::usable_cores() >= 1);
+  CHECK(vflow::usable_cores() <= allowed);
+  int first = 0;
+  while (!CPU_ISSET(first, &all)) ++first;
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(first, &one);
+  REQUIRE(sched_setaffinity(0, sizeof one, &one) == 0);  // this thread only
+  const int64_t pinned = vflow::usable_cores();
+  REQUIRE(sched_setaffinity(0, sizeof all, &all) == 0);
+  CHECK(pinned == 1);
 }

@@ -1,3 +1,4 @@
+#include <sched.h>
 #include <torch/torch.h>
 
 #include <catch2/catch.hpp>
@@ -8,6 +9,7 @@
 #include "engine/copy_stream.h"
 #include "support.h"
 #include "vflow/core/error.h"
+#include "vflow/core/process.h"
 #include "vflow/engine/checkpoint.h"
 #include "vflow/engine/job.h"
 #include "vflow/engine/lr_schedule.h"
@@ -255,7 +257,7 @@ TEST_CASE("the worker's device and communication backend follow the resources pa
 
 TEST_CASE("threads 0 shares the host's cores among its workers, and is one when deterministic",
           "[unit]") {
-  const auto cores = static_cast<int64_t>(std::max(1U, std::thread::hardware_concurrency()));
+  const auto cores = vflow::usable_cores();  // the CPU affinity and cgroup quota's count
   vflow::engine::JobSpec spec;
   using vflow::engine::intra_op_threads;
   CHECK(intra_op_threads(spec, 1) == cores);
@@ -276,6 +278,19 @@ TEST_CASE("threads 0 shares the host's cores among its workers, and is one when 
   unsetenv("VFLOW_LOCAL_WORLD_SIZE");
   CHECK(placed.threads == 1);
   CHECK(placed.prefetch == "false");
+
+  // A worker allowed one CPU (taskset, a cpuset) runs one thread, however many the host has.
+  cpu_set_t all;
+  REQUIRE(sched_getaffinity(0, sizeof all, &all) == 0);
+  int first = 0;
+  while (!CPU_ISSET(first, &all)) ++first;
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(first, &one);
+  REQUIRE(sched_setaffinity(0, sizeof one, &one) == 0);
+  const auto pinned = intra_op_threads(spec, 1);
+  REQUIRE(sched_setaffinity(0, sizeof all, &all) == 0);
+  CHECK(pinned == 1);
 }
 
 TEST_CASE("on the CPU a batch passes the copy stream untouched", "[unit]") {

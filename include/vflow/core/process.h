@@ -4,6 +4,7 @@
 
 #include <sys/types.h>
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -40,5 +41,16 @@ std::string current_directory();
 
 /// A wait status as a shell reports it: the exit code, or 128 + the signal.
 int exit_code_of_status(int status);
+
+/// The cores this process may use: the CPUs of its affinity mask (taskset, a cpuset),
+/// and no more than its cgroup's CPU quota rounded up (a container's CPU limit, a
+/// worker's `cpu_quota`), the smallest quota of its cgroup and of every cgroup above it.
+/// At least 1.
+int64_t usable_cores();
+
+/// A CPU quota in cores from the text of a cgroup v2 `cpu.max` file ("50000 100000":
+/// 0.5) or of cgroup v1's `cpu.cfs_quota_us` and `cpu.cfs_period_us` joined by a space;
+/// 0 where there is no limit ("max", a quota of -1) or the text is not a quota.
+double cgroup_quota_cores(const std::string& text);
 
 }  // namespace vflow

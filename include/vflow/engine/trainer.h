@@ -100,7 +100,8 @@ void seed_initialisation(const SemanticSpec& semantic);
 /// The intra-op threads of one of `local_workers` workers of `spec` on this host:
 /// resources.threads, or where that is 0, one in deterministic mode (whose result must not
 /// depend on the host's cores, and the thread count changes LibTorch's CPU results) and
-/// otherwise this host's cores shared among the workers, at least one each.
+/// otherwise the cores this process may use (its CPU affinity and its cgroup's CPU quota,
+/// vflow::usable_cores) shared among this host's workers, at least one each.
 int64_t intra_op_threads(const JobSpec& spec, int64_t local_workers);
 
 /// Sets this process's intra-op threads: LibTorch's and those of the library's own loops.
