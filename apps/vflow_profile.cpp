@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -13,6 +14,7 @@
 #include "exit_code.h"
 #include "vflow/comm/nccl.h"
 #include "vflow/core/clock.h"
+#include "vflow/core/process.h"
 #include "vflow/hetero/cpu_quota.h"
 #include "vflow/job/environment.h"
 #include "vflow/vflow.h"
@@ -141,6 +143,19 @@ int main(int argc, char** argv) {
   return vflow::apps::run_reporting_errors([&]() -> int {
     if (!device.empty()) overrides.push_back("resources.device=" + device);
     auto spec = vflow::engine::load_job_spec(spec_path, overrides);
+    // The quota first: under it, threads 0 are the cores this process may use (as for a
+    // worker whose layout entry gives the same quota).
+    const std::string group = fmt::format("vflow-profile-{}", ::getpid());
+    struct Release {  // the quota group goes with this process, also on an error
+      std::string name;
+      ~Release() {
+        if (!name.empty()) vflow::hetero::release_cpu_quota(name);
+      }
+    } release{cpu_quota > 0 ? group : std::string()};
+    if (cpu_quota > 0) {
+      vflow::hetero::apply_cpu_quota(cpu_quota, group);
+      if (spec.resources.threads == 0) spec.resources.threads = vflow::usable_cores();
+    }
     // Under srun or torchrun, plain "cuda" is this process's local rank's device; threads 0
     // becomes the count a worker here runs, which names the default device type.
     const auto placed = vflow::job::place_on_this_host(spec);
@@ -154,7 +169,6 @@ int main(int argc, char** argv) {
       device_type =
           vflow::hetero::default_device_type(on.is_cuda(), gpu, spec.resources.threads, cpu_quota);
     }
-    if (cpu_quota > 0) vflow::hetero::apply_cpu_quota(cpu_quota, "vflow-" + device_type);
     std::sort(sizes.begin(), sizes.end());
     vflow::hetero::DeviceProfile profile;
     profile.device_type = device_type;
@@ -180,12 +194,11 @@ int main(int argc, char** argv) {
     }
     // Both ranks are threads of this process: under a quota, the process gets one
     // worker's quota per rank while they run, so each runs as one worker of this type.
-    if (cpu_quota > 0) vflow::hetero::apply_cpu_quota(2 * cpu_quota, "vflow-" + device_type);
+    if (cpu_quota > 0) vflow::hetero::apply_cpu_quota(2 * cpu_quota, group);
     profile.allreduce_seconds = allreduce_seconds(numel, on, repeats);
     std::cerr << "optimizer step " << optimizer * 1e3 << " ms, allreduce of " << numel << " floats "
               << profile.allreduce_seconds * 1e3 << " ms\n";
     vflow::hetero::save_profile(profile, out);
-    if (cpu_quota > 0) vflow::hetero::release_cpu_quota("vflow-" + device_type);
     std::cout << "wrote " << out << " (device type " << device_type << ", model " << profile.model
               << ")\n";
     return vflow::kExitOk;

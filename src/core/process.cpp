@@ -15,6 +15,7 @@
 #include <fstream>
 #include <map>
 #include <sstream>
+#include <vector>
 
 #include "vflow/core/error.h"
 
@@ -98,11 +99,18 @@ double cgroup_quota_cores(const std::string& text) {
   std::istringstream in(text);
   std::string quota;
   long long period = 0;
-  if (!(in >> quota >> period) || period <= 0 || quota == "max") return 0;
+  std::string rest;
+  if (!(in >> quota >> period) || (in >> rest) || period <= 0 || quota == "max") return 0;
   char* end = nullptr;
   const long long q = std::strtoll(quota.c_str(), &end, 10);
   if (end == quota.c_str() || *end != '\0' || q <= 0) return 0;
   return static_cast<double>(q) / static_cast<double>(period);
+}
+
+std::string cgroup_path_in_mount(const std::string& root, const std::string& path) {
+  if (root == "/" || path.compare(0, root.size(), root) != 0) return path;
+  if (path.size() == root.size()) return "/";
+  return path[root.size()] == '/' ? path.substr(root.size()) : path;
 }
 
 namespace {
@@ -114,16 +122,48 @@ std::string read_text(const std::string& path) {
   return in ? text.str() : std::string();
 }
 
-/// The smallest CPU quota in cores along this process's cgroup and its parents, 0 = none.
-/// A path that this mount namespace does not show (a container without its own cgroup
-/// namespace) is looked for from its nearest visible ancestor up.
-double cgroup_quota() {
-  std::ifstream self("/proc/self/cgroup");
+/// A mounted cgroup hierarchy: the cgroup at its root, where it is mounted, its version
+/// and (v1) its controllers.
+struct CgroupMount {
+  std::string root, point;
+  bool v2 = false;
+  std::vector<std::string> controllers;
+};
+
+std::vector<std::string> split(const std::string& text, char by) {
+  std::vector<std::string> parts;
+  std::stringstream in(text);
+  std::string part;
+  while (std::getline(in, part, by)) parts.push_back(part);
+  return parts;
+}
+
+/// The cgroup hierarchies mounted in this mount namespace (/proc/self/mountinfo).
+std::vector<CgroupMount> cgroup_mounts() {
+  std::vector<CgroupMount> mounts;
+  std::ifstream info("/proc/self/mountinfo");
   std::string line;
+  while (std::getline(info, line)) {
+    // id parent major:minor root mount-point options [optional...] - type source super-options
+    const auto fields = split(line, ' ');
+    const auto dash = std::find(fields.begin(), fields.end(), "-");
+    if (fields.size() < 5 || dash == fields.end() || fields.end() - dash < 4) continue;
+    const std::string& type = dash[1];
+    if (type != "cgroup" && type != "cgroup2") continue;
+    CgroupMount m{fields[3], fields[4], type == "cgroup2", {}};
+    if (!m.v2) m.controllers = split(dash[3], ',');
+    mounts.push_back(std::move(m));
+  }
+  return mounts;
+}
+
+/// The smallest CPU quota in cores along this process's cgroup and its parents, 0 = none.
+double cgroup_quota() {
+  const auto mounts = cgroup_mounts();
   double smallest = 0;
-  const auto take = [&](const std::string& root, std::string path, bool v2) {
+  const auto take = [&](const std::string& point, std::string path, bool v2) {
     while (true) {
-      const std::string dir = root + (path == "/" ? "" : path);
+      const std::string dir = point + (path == "/" ? "" : path);
       const std::string text =
           v2 ? read_text(dir + "/cpu.max")
              : read_text(dir + "/cpu.cfs_quota_us") + " " + read_text(dir + "/cpu.cfs_period_us");
@@ -134,21 +174,31 @@ double cgroup_quota() {
       path = slash == 0 ? "/" : path.substr(0, slash);
     }
   };
+  std::ifstream self("/proc/self/cgroup");
+  std::string line;
   while (std::getline(self, line)) {
     // hierarchy-id:controllers:path; cgroup v2 is "0::path".
     const auto a = line.find(':');
     const auto b = line.find(':', a + 1);
     if (a == std::string::npos || b == std::string::npos) continue;
-    const std::string controllers = line.substr(a + 1, b - a - 1);
+    const auto controllers = split(line.substr(a + 1, b - a - 1), ',');
     const std::string path = line.substr(b + 1);
-    if (line.compare(0, a, "0") == 0 && controllers.empty()) {
-      take("/sys/fs/cgroup", path, /*v2=*/true);
+    const bool v2 = line.compare(0, a, "0") == 0 && controllers.empty();
+    if (!v2 && std::find(controllers.begin(), controllers.end(), "cpu") == controllers.end()) {
       continue;
     }
-    std::stringstream list(controllers);
-    std::string c;
-    while (std::getline(list, c, ',')) {
-      if (c == "cpu") take("/sys/fs/cgroup/" + controllers, path, /*v2=*/false);
+    bool mounted = false;
+    for (const auto& m : mounts) {
+      if (m.v2 != v2) continue;
+      if (!v2 &&
+          std::find(m.controllers.begin(), m.controllers.end(), "cpu") == m.controllers.end()) {
+        continue;
+      }
+      take(m.point, cgroup_path_in_mount(m.root, path), v2);
+      mounted = true;
+    }
+    if (!mounted) {  // no mount table: where systems mount them
+      take(v2 ? "/sys/fs/cgroup" : "/sys/fs/cgroup/" + line.substr(a + 1, b - a - 1), path, v2);
     }
   }
   return smallest;
@@ -162,7 +212,9 @@ int64_t usable_cores() {
   int64_t cores = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 0;
   if (cores <= 0) cores = std::max<long>(1, sysconf(_SC_NPROCESSORS_ONLN));
   const double quota = cgroup_quota();
-  if (quota > 0) cores = std::min<int64_t>(cores, static_cast<int64_t>(std::ceil(quota - 1e-9)));
+  if (quota > 0 && quota < static_cast<double>(cores)) {
+    cores = static_cast<int64_t>(std::ceil(quota - 1e-9));
+  }
   return std::max<int64_t>(1, cores);
 }
 

@@ -70,6 +70,9 @@ engine::JobSpec apply_worker_layout(engine::JobSpec spec, const ElasticWorkerEnv
   if (entry.cpu_quota > 0) {
     hetero::apply_cpu_quota(entry.cpu_quota, quota_group(env));
     spdlog::info("[hetero] worker {} limited to {} cores", env.member, entry.cpu_quota);
+    // The quota is this worker's own, not shared with the host's other workers: threads 0
+    // are the cores it may use now, undivided (as vflow-profile counts them for the type).
+    if (spec.resources.threads == 0) spec.resources.threads = usable_cores();
   }
   type = {entry.device_type, entry.cpu_quota};
   return spec;

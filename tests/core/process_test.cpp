@@ -78,6 +78,16 @@ TEST_CASE("a cgroup's CPU quota reads as cores, and no limit as none", "[unit]")
   CHECK(cgroup_quota_cores("50000 0") == 0);
 }
 
+TEST_CASE("a cgroup's path is found below the root its hierarchy is mounted from", "[unit]") {
+  using vflow::cgroup_path_in_mount;
+  CHECK(cgroup_path_in_mount("/", "/vflow-9-1") == "/vflow-9-1");
+  // A v1 container without its own cgroup namespace: the host's path, mounted from below.
+  CHECK(cgroup_path_in_mount("/docker/abc", "/docker/abc/vflow-9-1") == "/vflow-9-1");
+  CHECK(cgroup_path_in_mount("/docker/abc", "/docker/abc") == "/");
+  CHECK(cgroup_path_in_mount("/docker/abc", "/docker/abcd/x") == "/docker/abcd/x");
+  CHECK(cgroup_path_in_mount("/docker/abc", "/other") == "/other");
+}
+
 TEST_CASE("the usable cores follow the CPU affinity", "[unit]") {
   cpu_set_t all;
   REQUIRE(sched_getaffinity(0, sizeof all, &all) == 0);
@@ -91,6 +101,6 @@ TEST_CASE("the usable cores follow the CPU affinity", "[unit]") {
   CPU_SET(first, &one);
   REQUIRE(sched_setaffinity(0, sizeof one, &one) == 0);  // this thread only
   const int64_t pinned = vflow::usable_cores();
-  REQUIRE(sched_setaffinity(0, sizeof all, &all) == 0);
+  REQUIRE(sched_setaffinity(0, sizeof all, &all) == 0);  // before any check can end the test
   CHECK(pinned == 1);
 }

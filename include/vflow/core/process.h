@@ -53,4 +53,10 @@ int64_t usable_cores();
 /// 0 where there is no limit ("max", a quota of -1) or the text is not a quota.
 double cgroup_quota_cores(const std::string& text);
 
+/// Where cgroup `path` (as /proc/self/cgroup names it) lies below the mount of a hierarchy
+/// whose root is cgroup `root` (/proc/self/mountinfo's fourth field): a container without
+/// a cgroup namespace sees the host's path, its hierarchy mounted from a cgroup further
+/// down. `path` itself where it is not below `root`.
+std::string cgroup_path_in_mount(const std::string& root, const std::string& path);
+
 }  // namespace vflow
