@@ -154,7 +154,9 @@ int main(int argc, char** argv) {
     } release{cpu_quota > 0 ? group : std::string()};
     if (cpu_quota > 0) {
       vflow::hetero::apply_cpu_quota(cpu_quota, group);
-      if (spec.resources.threads == 0) spec.resources.threads = vflow::usable_cores();
+      if (spec.resources.threads == 0 && !spec.semantic.deterministic) {
+        spec.resources.threads = vflow::usable_cores();
+      }
     }
     // Under srun or torchrun, plain "cuda" is this process's local rank's device; threads 0
     // becomes the count a worker here runs, which names the default device type.

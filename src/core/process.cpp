@@ -14,6 +14,7 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <vector>
 
@@ -107,10 +108,12 @@ double cgroup_quota_cores(const std::string& text) {
   return static_cast<double>(q) / static_cast<double>(period);
 }
 
-std::string cgroup_path_in_mount(const std::string& root, const std::string& path) {
-  if (root == "/" || path.compare(0, root.size(), root) != 0) return path;
-  if (path.size() == root.size()) return "/";
-  return path[root.size()] == '/' ? path.substr(root.size()) : path;
+std::optional<std::string> cgroup_path_in_mount(const std::string& root, const std::string& path) {
+  if (root == "/") return path;
+  if (path.compare(0, root.size(), root) != 0) return std::nullopt;
+  if (path.size() == root.size()) return std::string("/");
+  if (path[root.size()] != '/') return std::nullopt;
+  return path.substr(root.size());
 }
 
 namespace {
@@ -138,6 +141,25 @@ std::vector<std::string> split(const std::string& text, char by) {
   return parts;
 }
 
+/// A mountinfo field with its octal escapes (\040 for a space, \134 for a backslash)
+/// decoded.
+std::string unescape(const std::string& field) {
+  std::string out;
+  for (size_t i = 0; i < field.size(); ++i) {
+    if (field[i] == '\\' && i + 3 < field.size() &&
+        std::all_of(field.begin() + static_cast<long>(i) + 1,
+                    field.begin() + static_cast<long>(i) + 4,
+                    [](char c) { return c >= '0' && c <= '7'; })) {
+      out += static_cast<char>((field[i + 1] - '0') * 64 + (field[i + 2] - '0') * 8 +
+                               (field[i + 3] - '0'));
+      i += 3;
+    } else {
+      out += field[i];
+    }
+  }
+  return out;
+}
+
 /// The cgroup hierarchies mounted in this mount namespace (/proc/self/mountinfo).
 std::vector<CgroupMount> cgroup_mounts() {
   std::vector<CgroupMount> mounts;
@@ -150,7 +172,7 @@ std::vector<CgroupMount> cgroup_mounts() {
     if (fields.size() < 5 || dash == fields.end() || fields.end() - dash < 4) continue;
     const std::string& type = dash[1];
     if (type != "cgroup" && type != "cgroup2") continue;
-    CgroupMount m{fields[3], fields[4], type == "cgroup2", {}};
+    CgroupMount m{unescape(fields[3]), unescape(fields[4]), type == "cgroup2", {}};
     if (!m.v2) m.controllers = split(dash[3], ',');
     mounts.push_back(std::move(m));
   }
@@ -194,8 +216,8 @@ double cgroup_quota() {
           std::find(m.controllers.begin(), m.controllers.end(), "cpu") == m.controllers.end()) {
         continue;
       }
-      take(m.point, cgroup_path_in_mount(m.root, path), v2);
-      mounted = true;
+      mounted = true;  // where the cgroup is not below this mount's root, it is not seen here
+      if (const auto below = cgroup_path_in_mount(m.root, path)) take(m.point, *below, v2);
     }
     if (!mounted) {  // no mount table: where systems mount them
       take(v2 ? "/sys/fs/cgroup" : "/sys/fs/cgroup/" + line.substr(a + 1, b - a - 1), path, v2);

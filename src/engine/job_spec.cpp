@@ -316,7 +316,9 @@ const SpecSchema<ResourcesSpec::Worker>& worker_schema() {
     s.text("device", &W::device, "as `resources.device`; absent = `resources.device`")
         .shown([](const W& w) { return !w.device.empty(); })
         .after([](OptionReader& r, W& w) { check_device(r, w.device, true); });
-    s.integer("threads", &W::threads, 0, 4096, "its intra-op threads; 0 = `resources.threads`");
+    s.integer("threads", &W::threads, 0, 4096,
+              "its intra-op threads; 0 = `resources.threads` (with `cpu_quota` and threads 0: "
+              "the cores it may use under its quota, or 1 in deterministic mode)");
     s.real("cpu_quota", &W::cpu_quota, 0, 4096,
            "cores it may use (a cgroup of its own, cpu controller); 0 = no limit");
     s.text("device_type", &W::device_type,
@@ -349,7 +351,8 @@ const SpecSchema<ResourcesSpec>& resources_schema() {
              "every worker on a CUDA device: `device: cuda...` and no `layout` entry on `cpu`)");
     s.integer("threads", &R::threads, 0, 4096,
               "intra-op threads; 0 = the cores a worker may use (its CPU affinity and "
-              "cgroup CPU quota) shared among this host's workers, or 1 in deterministic mode");
+              "cgroup CPU quota) shared among this host's workers (a layout entry's cpu_quota "
+              "is the worker's own: its cores under it, undivided), or 1 in deterministic mode");
     s.choice("prefetch", &R::prefetch, {"auto", "true", "false"},
              "load the next vnode's batch on a background thread: `true`, `false`, or `auto` = "
              "on when intra-op threads × workers on this host < cores (a loader without a core "

@@ -71,8 +71,11 @@ engine::JobSpec apply_worker_layout(engine::JobSpec spec, const ElasticWorkerEnv
     hetero::apply_cpu_quota(entry.cpu_quota, quota_group(env));
     spdlog::info("[hetero] worker {} limited to {} cores", env.member, entry.cpu_quota);
     // The quota is this worker's own, not shared with the host's other workers: threads 0
-    // are the cores it may use now, undivided (as vflow-profile counts them for the type).
-    if (spec.resources.threads == 0) spec.resources.threads = usable_cores();
+    // are the cores it may use now, undivided (as vflow-profile counts them for the type);
+    // deterministic mode's one thread stays (engine::intra_op_threads).
+    if (spec.resources.threads == 0 && !spec.semantic.deterministic) {
+      spec.resources.threads = usable_cores();
+    }
   }
   type = {entry.device_type, entry.cpu_quota};
   return spec;
@@ -140,13 +143,13 @@ ElasticWorkerEnvironment volunteer_environment(const RoleOptions& options) {
 RoleOutcome run_elastic_worker_role(const engine::JobSpec& job, const RoleOptions& options) {
   const auto launched = elastic_worker_from_environment();
   const auto env = launched ? *launched : volunteer_environment(options);
-  LayoutType type;
-  engine::JobSpec spec = apply_worker_layout(job, env, type);
-  spec.resources = place_on_this_host(spec);
-  struct Release {  // the worker's CPU-quota group, if any, goes with it
+  struct Release {  // the worker's CPU-quota group, if any, goes with it, also on an error
     std::string name;
     ~Release() { hetero::release_cpu_quota(name); }
   } release{quota_group(env)};
+  LayoutType type;
+  engine::JobSpec spec = apply_worker_layout(job, env, type);
+  spec.resources = place_on_this_host(spec);
   ElasticWorkerOptions worker;
   worker.store_host = env.store_host;
   worker.store_port = env.store_port;

@@ -383,17 +383,23 @@ TEST_CASE("when the coordinator dies the workers stop with a checkpoint, none ha
 TEST_CASE("a planned uneven split over CPU-quota workers keeps the homogeneous fingerprint",
           "[multiproc][hetero]") {
   TempDir dir;
-  // Exact mode: worker 0 holds 6 vnodes, two workers limited to half a core hold 3 each.
+  // Exact mode: worker 0 holds 6 vnodes, two workers limited to half a core and to one and
+  // a half hold 3 each. The second may use two cores, yet runs one thread: deterministic
+  // mode's count, since two would change the bits.
   write_file(dir.file("job.yaml"),
              "resources:\n  workers: 3\n  layout:\n    - {vnodes: 6, device: cpu}\n"
-             "    - {vnodes: 3, cpu_quota: 0.5}\n    - {vnodes: 3, cpu_quota: 0.5}\n");
+             "    - {vnodes: 3, cpu_quota: 0.5}\n    - {vnodes: 3, cpu_quota: 1.5}\n");
   const std::string job = kTrain + " " + dir.file("job.yaml") + kJob + kDeterministic +
-                          " --set semantic.steps=60 --set output.logging.examples=";
+                          " --set resources.threads=0 --set semantic.steps=60" +
+                          " --set output.logging.examples=";
   const auto mixed = run_command(job + dir.file("examples.log"));
   INFO(mixed.output);
   REQUIRE(mixed.exit_code == 0);
   CHECK_THAT(mixed.output, Catch::Matchers::Contains("holding [6,3,3] vnodes") &&
-                               Catch::Matchers::Contains("worker 1 limited to 0.5 cores"));
+                               Catch::Matchers::Contains("worker 1 limited to 0.5 cores") &&
+                               Catch::Matchers::Contains("worker 2 limited to 1.5 cores"));
+  CHECK(std::regex_search(mixed.output,
+                          std::regex(R"(\[worker 2\][^\n]* 1 threads on cpu, deterministic)")));
   const auto alone =
       run_command(job + dir.file("alone.log") + " --set resources.layout=null --workers 1");
   INFO(alone.output);

@@ -49,9 +49,16 @@ TEST_CASE("a CPU quota bounds the usable cores, rounded up", "[integration][hete
     return;
   }
   CHECK(half == 1);
-  // A runner under a quota of its own (a container's CPU limit) keeps it below the new group.
+  // The group is made at the hierarchy's root: a runner under a quota of its own (a slice,
+  // a container's limit) may keep it or leave it there, so only a free runner gets exact
+  // counts.
   const int64_t here = vflow::usable_cores();
-  CHECK(usable_cores_under(1.5) == std::min<int64_t>(here, 2));
-  CHECK(usable_cores_under(64.0) == std::min<int64_t>(here, 64));
   CHECK(here <= allowed);
+  if (here == allowed) {
+    CHECK(usable_cores_under(1.5) == std::min<int64_t>(allowed, 2));
+    CHECK(usable_cores_under(64.0) == std::min<int64_t>(allowed, 64));
+  } else {
+    CHECK(usable_cores_under(1.5) <= 2);
+    CHECK(usable_cores_under(64.0) <= std::min<int64_t>(allowed, 64));
+  }
 }

@@ -5,6 +5,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -56,7 +57,7 @@ double cgroup_quota_cores(const std::string& text);
 /// Where cgroup `path` (as /proc/self/cgroup names it) lies below the mount of a hierarchy
 /// whose root is cgroup `root` (/proc/self/mountinfo's fourth field): a container without
 /// a cgroup namespace sees the host's path, its hierarchy mounted from a cgroup further
-/// down. `path` itself where it is not below `root`.
-std::string cgroup_path_in_mount(const std::string& root, const std::string& path);
+/// down. None where `path` is not below `root` (that hierarchy does not show it).
+std::optional<std::string> cgroup_path_in_mount(const std::string& root, const std::string& path);
 
 }  // namespace vflow
