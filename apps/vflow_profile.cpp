@@ -14,7 +14,6 @@
 #include "exit_code.h"
 #include "vflow/comm/nccl.h"
 #include "vflow/core/clock.h"
-#include "vflow/core/process.h"
 #include "vflow/hetero/cpu_quota.h"
 #include "vflow/job/environment.h"
 #include "vflow/vflow.h"
@@ -144,7 +143,7 @@ int main(int argc, char** argv) {
     if (!device.empty()) overrides.push_back("resources.device=" + device);
     auto spec = vflow::engine::load_job_spec(spec_path, overrides);
     // The quota first: under it, threads 0 are the cores this process may use (as for a
-    // worker whose layout entry gives the same quota).
+    // worker whose layout entry gives the same quota, job::place_on_this_host).
     const std::string group = fmt::format("vflow-profile-{}", ::getpid());
     struct Release {  // the quota group goes with this process, also on an error
       std::string name;
@@ -152,15 +151,10 @@ int main(int argc, char** argv) {
         if (!name.empty()) vflow::hetero::release_cpu_quota(name);
       }
     } release{cpu_quota > 0 ? group : std::string()};
-    if (cpu_quota > 0) {
-      vflow::hetero::apply_cpu_quota(cpu_quota, group);
-      if (spec.resources.threads == 0 && !spec.semantic.deterministic) {
-        spec.resources.threads = vflow::usable_cores();
-      }
-    }
+    if (cpu_quota > 0) vflow::hetero::apply_cpu_quota(cpu_quota, group);
     // Under srun or torchrun, plain "cuda" is this process's local rank's device; threads 0
     // becomes the count a worker here runs, which names the default device type.
-    const auto placed = vflow::job::place_on_this_host(spec);
+    const auto placed = vflow::job::place_on_this_host(spec, /*own_quota=*/cpu_quota > 0);
     spec.resources.device = placed.device;
     spec.resources.threads = placed.threads;
     spdlog::set_level(spdlog::level::warn);

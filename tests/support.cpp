@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <fmt/format.h>
 #include <netinet/in.h>
+#include <sched.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -178,6 +179,22 @@ SlurmCluster::SlurmCluster() {
 SlurmCluster::~SlurmCluster() {
   run_command(
       fmt::format("{}/scripts/slurm-local.sh stop {}/slurm", VFLOW_SOURCE_DIR, dir_.path()));
+}
+
+int64_t on_one_cpu(const std::function<int64_t()>& f) {
+  cpu_set_t all;
+  REQUIRE(sched_getaffinity(0, sizeof all, &all) == 0);
+  int first = 0;
+  while (!CPU_ISSET(first, &all)) ++first;
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(first, &one);
+  REQUIRE(sched_setaffinity(0, sizeof one, &one) == 0);
+  struct Restore {
+    const cpu_set_t& all;
+    ~Restore() { sched_setaffinity(0, sizeof all, &all); }
+  } restore{all};
+  return f();
 }
 
 }  // namespace vflow::testing

@@ -61,6 +61,10 @@ std::vector<std::string> run_gloo_ranks(const job::Coordinator& coordinator, int
 /// A TCP port on 127.0.0.1 that was free a moment ago.
 int free_port();
 
+/// `f()` with this thread's CPU affinity narrowed to one CPU (the first it may use), as
+/// taskset -c would start a process; the affinity is restored before it returns or throws.
+int64_t on_one_cpu(const std::function<int64_t()>& f);
+
 /// Runs a shell command and captures its output.
 CommandResult run_command(const std::string& command);
 

@@ -70,12 +70,6 @@ engine::JobSpec apply_worker_layout(engine::JobSpec spec, const ElasticWorkerEnv
   if (entry.cpu_quota > 0) {
     hetero::apply_cpu_quota(entry.cpu_quota, quota_group(env));
     spdlog::info("[hetero] worker {} limited to {} cores", env.member, entry.cpu_quota);
-    // The quota is this worker's own, not shared with the host's other workers: threads 0
-    // are the cores it may use now, undivided (as vflow-profile counts them for the type);
-    // deterministic mode's one thread stays (engine::intra_op_threads).
-    if (spec.resources.threads == 0 && !spec.semantic.deterministic) {
-      spec.resources.threads = usable_cores();
-    }
   }
   type = {entry.device_type, entry.cpu_quota};
   return spec;
@@ -149,7 +143,9 @@ RoleOutcome run_elastic_worker_role(const engine::JobSpec& job, const RoleOption
   } release{quota_group(env)};
   LayoutType type;
   engine::JobSpec spec = apply_worker_layout(job, env, type);
-  spec.resources = place_on_this_host(spec);
+  // A quota is this worker's own: threads 0 are the cores it may use under it, undivided,
+  // as vflow-profile counts them for the type's name.
+  spec.resources = place_on_this_host(spec, /*own_quota=*/type.cpu_quota > 0);
   ElasticWorkerOptions worker;
   worker.store_host = env.store_host;
   worker.store_port = env.store_port;

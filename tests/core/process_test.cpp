@@ -10,6 +10,8 @@
 #include <catch2/catch.hpp>
 #include <string>
 
+#include "support.h"
+
 namespace {
 /// Runs `options` with standard output into a pipe; returns (exit code, output).
 std::pair<int, std::string> run(vflow::SpawnOptions options) {
@@ -95,13 +97,8 @@ TEST_CASE("the usable cores follow the CPU affinity", "[unit]") {
   const int64_t allowed = CPU_COUNT(&all);
   CHECK(vflow::usable_cores() >= 1);
   CHECK(vflow::usable_cores() <= allowed);
-  int first = 0;
-  while (!CPU_ISSET(first, &all)) ++first;
-  cpu_set_t one;
-  CPU_ZERO(&one);
-  CPU_SET(first, &one);
-  REQUIRE(sched_setaffinity(0, sizeof one, &one) == 0);  // this thread only
-  const int64_t pinned = vflow::usable_cores();
-  REQUIRE(sched_setaffinity(0, sizeof all, &all) == 0);  // before any check can end the test
-  CHECK(pinned == 1);
+  CHECK(vflow::testing::on_one_cpu([] { return vflow::usable_cores(); }) == 1);
+  cpu_set_t after;  // and the affinity is the whole mask again
+  REQUIRE(sched_getaffinity(0, sizeof after, &after) == 0);
+  CHECK(CPU_EQUAL(&after, &all));
 }

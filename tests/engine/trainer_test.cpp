@@ -1,4 +1,3 @@
-#include <sched.h>
 #include <torch/torch.h>
 
 #include <catch2/catch.hpp>
@@ -280,17 +279,7 @@ TEST_CASE("threads 0 shares the host's cores among its workers, and is one when 
   CHECK(placed.prefetch == "false");
 
   // A worker allowed one CPU (taskset, a cpuset) runs one thread, however many the host has.
-  cpu_set_t all;
-  REQUIRE(sched_getaffinity(0, sizeof all, &all) == 0);
-  int first = 0;
-  while (!CPU_ISSET(first, &all)) ++first;
-  cpu_set_t one;
-  CPU_ZERO(&one);
-  CPU_SET(first, &one);
-  REQUIRE(sched_setaffinity(0, sizeof one, &one) == 0);
-  const auto pinned = intra_op_threads(spec, 1);
-  REQUIRE(sched_setaffinity(0, sizeof all, &all) == 0);
-  CHECK(pinned == 1);
+  CHECK(vflow::testing::on_one_cpu([&] { return intra_op_threads(spec, 1); }) == 1);
 }
 
 TEST_CASE("on the CPU a batch passes the copy stream untouched", "[unit]") {
