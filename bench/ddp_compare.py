@@ -21,6 +21,7 @@ vflow's workers on one host sum through shared memory (resources.shared_memory, 
 default); --sockets adds a vflow run over Gloo's loopback sockets, side by side.
 """
 import argparse
+import contextlib
 import gzip
 import os
 import re
@@ -97,11 +98,11 @@ def ddp_worker(rank, world, port, model_name, vnodes, micro, steps, queue):
         for v in range(vnodes):
             idx = perm[cursor:cursor + micro]
             cursor = (cursor + world * micro) % (x_all.shape[0] - world * micro)
-            loss = F.cross_entropy(ddp(x_all.index_select(0, idx)), y_all.index_select(0, idx)) / vnodes
-            if v < vnodes - 1:
-                with ddp.no_sync():
-                    loss.backward()
-            else:
+            # no_sync() must hold the forward pass too: DDP decides in forward() whether the
+            # next backward pass synchronises.
+            with ddp.no_sync() if v < vnodes - 1 else contextlib.nullcontext():
+                loss = F.cross_entropy(ddp(x_all.index_select(0, idx)),
+                                       y_all.index_select(0, idx)) / vnodes
                 loss.backward()
         opt.step()
 
