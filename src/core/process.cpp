@@ -226,12 +226,29 @@ double cgroup_quota() {
   return smallest;
 }
 
+/// The CPUs of this process's affinity mask, 0 when it cannot be read. The mask is sized
+/// for the host and grown while the kernel finds it too small, so that hosts of more CPUs
+/// than a fixed cpu_set_t holds (1024) count theirs too.
+int64_t affinity_cpus() {
+  long cpus = std::max<long>(CPU_SETSIZE, sysconf(_SC_NPROCESSORS_CONF));
+  for (int tries = 0; tries < 8; ++tries, cpus *= 2) {
+    cpu_set_t* set = CPU_ALLOC(cpus);
+    if (set == nullptr) return 0;
+    const size_t bytes = CPU_ALLOC_SIZE(cpus);
+    CPU_ZERO_S(bytes, set);
+    const bool read = sched_getaffinity(0, bytes, set) == 0;
+    const int error = errno;
+    const int64_t count = read ? CPU_COUNT_S(bytes, set) : 0;
+    CPU_FREE(set);
+    if (read || error != EINVAL) return count;
+  }
+  return 0;
+}
+
 }  // namespace
 
 int64_t usable_cores() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  int64_t cores = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 0;
+  int64_t cores = affinity_cpus();
   if (cores <= 0) cores = std::max<long>(1, sysconf(_SC_NPROCESSORS_ONLN));
   const double quota = cgroup_quota();
   if (quota > 0 && quota < static_cast<double>(cores)) {
