@@ -7,8 +7,10 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cmath>
 #include <exception>
 #include <iostream>
+#include <numeric>
 #include <thread>
 
 #include "exit_code.h"
@@ -29,6 +31,17 @@ int64_t peak_rss_bytes() {
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
+}
+
+/// The sample standard deviation of `v` over `typical` (0 for fewer than two values): how
+/// much a step's compute varies, which the planner adds as the wait for the last of
+/// several workers.
+double relative_spread(const std::vector<double>& v, double typical) {
+  if (v.size() < 2 || typical <= 0) return 0;
+  const double mean = std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size());
+  double squares = 0;
+  for (const double x : v) squares += (x - mean) * (x - mean);
+  return std::sqrt(squares / static_cast<double>(v.size() - 1)) / typical;
 }
 
 /// Peak memory so far: the process's peak RSS on the CPU, the device memory in use on a
@@ -74,7 +87,8 @@ vflow::hetero::DeviceProfile::Point measure(vflow::engine::JobSpec spec, int64_t
     update.push_back(info.update_seconds);
   }
   *optimizer_seconds = median(update);
-  return {size, median(compute), peak_bytes(trainer->device())};
+  const double typical = median(compute);
+  return {size, typical, peak_bytes(trainer->device()), relative_spread(compute, typical)};
 }
 
 /// One allreduce of the gradient buffer (on `device`) between two local workers on Gloo,
@@ -176,8 +190,10 @@ int main(int argc, char** argv) {
     double optimizer = 0;
     for (const int64_t size : sizes) {
       profile.points.push_back(measure(spec, size, repeats, &optimizer));
-      std::cerr << "vnode size " << size << ": " << profile.points.back().seconds * 1e3
-                << " ms, peak memory " << profile.points.back().peak_bytes / (1 << 20) << " MiB\n";
+      const auto& point = profile.points.back();
+      std::cerr << "vnode size " << size << ": " << point.seconds * 1e3 << " ms, spread "
+                << point.spread * 100 << " %, peak memory " << point.peak_bytes / (1 << 20)
+                << " MiB\n";
     }
     profile.optimizer_seconds = optimizer;
     int64_t numel = 0;

@@ -55,6 +55,11 @@ int64_t DeviceProfile::vnode_peak_bytes(int64_t size) const {
       interpolate(*this, size, [](const Point& p) { return p.peak_bytes; }));
 }
 
+double DeviceProfile::vnode_spread(int64_t size) const {
+  if (!points.empty() && size <= points.front().vnode_size) return points.front().spread;
+  return interpolate(*this, size, [](const Point& p) { return p.spread; });
+}
+
 DeviceProfile load_profile(const std::string& path) {
   const SpecNode root = load_yaml_file(path, "profile");
   OptionReader r(root);
@@ -85,6 +90,7 @@ DeviceProfile load_profile(const std::string& path) {
     point.vnode_size = pr.get_int("vnode_size", 0, 1, int64_t{1} << 40);
     point.seconds = pr.get_double("seconds", 0, 0, 1e9);
     point.peak_bytes = pr.get_int("peak_bytes", 0, 0, int64_t{1} << 62);
+    point.spread = pr.get_double("spread", 0, 0, 10);
     pr.finish();
     if (!p.points.empty() && point.vnode_size <= p.points.back().vnode_size) {
       pr.fail("vnode_size", "measurements must be in ascending vnode_size order");
@@ -109,8 +115,9 @@ void save_profile(const DeviceProfile& p, const std::string& path) {
   if (p.gradient_bytes > 0) text += fmt::format("gradient_bytes: {}\n", p.gradient_bytes);
   text += "points:\n";
   for (const auto& point : p.points) {
-    text += fmt::format("  - {{vnode_size: {}, seconds: {:.9g}, peak_bytes: {}}}\n",
-                        point.vnode_size, point.seconds, point.peak_bytes);
+    text += fmt::format("  - {{vnode_size: {}, seconds: {:.9g}, peak_bytes: {}", point.vnode_size,
+                        point.seconds, point.peak_bytes);
+    text += point.spread > 0 ? fmt::format(", spread: {:.4g}}}\n", point.spread) : "}\n";
   }
   if (const std::string error = core::write_file_atomically(path, text); !error.empty()) {
     throw Error(fmt::format("{}: cannot write the profile: {}", path, error));

@@ -32,6 +32,12 @@ TEST_CASE("profiles, a plan and its printed layout run as a job", "[integration]
              Catch::Matchers::Contains("device_type: slow\n") &&
                  Catch::Matchers::Contains("device: cpu\nthreads: 1\n"));
   CHECK(vflow::hetero::load_profile(dir.file("slow.yaml")).gradient_bytes > 0);
+  // How much a step varies, from the timed steps (two timings alike to the nanosecond
+  // would give 0).
+  for (const auto& point : vflow::hetero::load_profile(dir.file("fast.yaml")).points) {
+    CHECK(point.spread > 0);
+    CHECK(point.spread < 10);
+  }
 
   const auto plan =
       run_command(kPlan + kJob + " --profile " + dir.file("fast.yaml") + " --profile " +

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <functional>
 #include <limits>
 #include <map>
@@ -205,12 +206,59 @@ TEST_CASE("profiles round-trip through their file and bad files name the line", 
   CHECK(h.cpu_quota == 0.5);
   CHECK(h.gradient_bytes == 1686952);
   CHECK(h.allreduce_seconds == Approx(0.004));
+  CHECK(h.points[1].spread == 0);  // not measured
+  CHECK(h.vnode_spread(32) == 0);
+  auto noisy = p;  // measured at sizes 1, 4, 16, 64, 256
+  noisy.points[2].spread = 0.06;
+  noisy.points[3].spread = 0.02;
+  for (size_t i : {0, 1}) noisy.points[i].spread = 0.13;
+  noisy.points[4].spread = 0.02;
+  save_profile(noisy, dir.file("noisy.yaml"));
+  const auto n = load_profile(dir.file("noisy.yaml"));
+  CHECK(n.points[2].spread == Approx(0.06));
+  CHECK(n.vnode_spread(1) == Approx(0.13));
+  CHECK(n.vnode_spread(40) == Approx(0.04));  // halfway between 16 and 64
+  CHECK(n.vnode_spread(256) == Approx(0.02));
+  DeviceProfile below;  // a ratio, not a time: below the smallest size it stays
+  below.device_type = "x";
+  below.points.push_back({8, 0.01, 0, 0.05});
+  CHECK(below.vnode_spread(2) == Approx(0.05));
   vflow::testing::write_file(dir.file("bad.yaml"),
                              "device_type: cpu\npoints:\n  - {vnode_size: 8, seconds: 0.1}\n"
                              "  - {vnode_size: 4, seconds: 0.2}\n");
   CHECK_THROWS_WITH(
       load_profile(dir.file("bad.yaml")),
       Catch::Matchers::Contains("bad.yaml:4") && Catch::Matchers::Contains("ascending vnode_size"));
+}
+
+TEST_CASE("a step waits for the expected last of its noisy workers", "[unit][hetero]") {
+  // Every vnode of 8 examples takes 0.010 s on "a" (per example 0.00125 s), 0.005 s on "b".
+  auto a = profile("a", 0, 0.00125, 0.002, 0.004);
+  auto b = profile("b", 0, 0.000625, 0.002, 0.004);
+  const double exact_pair = 0.002 + 4 * 0.010 + 0.004;  // optimizer + 4 vnodes + allreduce
+  auto r = request(8, {{"a", 2, 0}}, {a, b});
+  CHECK(predict_step_seconds(r, {{"a", 4}, {"a", 4}}) == Approx(exact_pair));
+  for (auto& point : a.points) point.spread = 0.05;
+  r = request(8, {{"a", 3, 0}, {"b", 1, 0}}, {a, b});
+  // Two balanced workers of spread sd: the later of two normal times is sd / sqrt(pi) later
+  // on average (exact for two).
+  const double sd = 0.05 * 0.040;
+  CHECK(predict_step_seconds(r, {{"a", 4}, {"a", 4}}) ==
+        Approx(exact_pair + sd / std::sqrt(M_PI)).epsilon(1e-12));
+  // Three: the exact 3 / (2 sqrt(pi)) sd, within Clark's approximation.
+  const double allreduce3 = 0.004 * 2 * 2 / 3.0;
+  const double sd3 = 0.05 * 0.020;
+  const double three = predict_step_seconds(r, {{"a", 2}, {"a", 2}, {"a", 2}, {"b", 0}}) - 0.002 -
+                       0.020 - allreduce3;
+  CHECK(three == Approx(3 / (2 * std::sqrt(M_PI)) * sd3).epsilon(0.005));
+  // A worker far ahead of the slowest adds no wait: "b" without spread at 2 vnodes
+  // (0.012 s) beside "a" at 6 (0.062 s, sd 0.003).
+  CHECK(predict_step_seconds(r, {{"a", 6}, {"b", 2}}) ==
+        Approx(0.002 + 0.060 + 0.004).epsilon(1e-12));
+  // The plan's predicted step is this expected finish too, never below the slowest mean.
+  const auto plan = plan_exact(request(8, {{"a", 2, 0}}, {a, b}));
+  CHECK(plan.predicted_step_seconds == Approx(predict_step_seconds(r, plan.workers)));
+  CHECK(plan.predicted_step_seconds > exact_pair);
 }
 
 TEST_CASE("From VirtualFlow's published V100/P100 figures the planner picks its split", "[unit]") {

@@ -46,12 +46,15 @@ struct WorkerShare {
 
 struct Plan {
   std::vector<WorkerShare> workers;   ///< workers with at least one vnode
-  double predicted_step_seconds = 0;  ///< slowest worker + optimizer step + allreduce
+  double predicted_step_seconds = 0;  ///< last worker's finish + allreduce
   std::string describe() const;       ///< one line per device type
 };
 
-/// Predicted step time of an assignment: the slowest worker's vnodes and optimizer
-/// step, plus the allreduce of the workers taking part (allreduce_seconds).
+/// Predicted step time of an assignment: when the last worker has finished its vnodes and
+/// optimizer step, plus the allreduce of the workers taking part (allreduce_seconds). Where
+/// the profiles measured a spread, the expected finish of the last of the workers' noisy
+/// times, which is later than the slowest mean (docs/heterogeneous.md, "Noisy workers");
+/// else the slowest worker's time.
 double predict_step_seconds(const PlanRequest& request, const std::vector<WorkerShare>& shares);
 
 /// Exact mode: equal vnode sizes (so DESIGN.md §2 holds bitwise), per-worker vnode

@@ -14,6 +14,9 @@ struct DeviceProfile {
     int64_t vnode_size = 0;  ///< examples in the vnode
     double seconds = 0;      ///< forward + backward + accumulation of one vnode
     int64_t peak_bytes = 0;  ///< peak memory while processing it (0 = not measured)
+    /// How much a step's compute varies from step to step: the standard deviation of the
+    /// measured steps over their median (0 = not measured).
+    double spread = 0;
   };
   std::string device_type;  ///< e.g. "cpu-1t" or "cuda-NVIDIA-H200"
   /// How a worker of this type runs (vflow-plan writes them into the job's layout):
@@ -33,6 +36,9 @@ struct DeviceProfile {
   double vnode_seconds(int64_t size) const;
   /// Peak memory for a vnode of `size` (same interpolation; 0 when not measured).
   int64_t vnode_peak_bytes(int64_t size) const;
+  /// The relative spread of a worker's compute at vnode `size`: linear between measured
+  /// sizes, the smallest size's below it (a ratio, not a time).
+  double vnode_spread(int64_t size) const;
 };
 
 /// The name a device type gets when none is given (vflow-profile's, and a worker's for
