@@ -243,7 +243,10 @@ class Simulation {
       // its assignment becomes one it spanned; else it restarts on another type.
       const bool stays = type == s.type || (s.spanning && spans_.at(id)[type] > 0);
       ++(stays ? r.resizes : r.migrations);
-      s.pause_until = now + (stays ? options_.resize_pause_s : options_.restart_s);
+      // A resize within a pause comes after it: a job still restarting or resizing does not
+      // get its pause shortened to a resize's.
+      s.pause_until =
+          stays ? std::max(s.pause_until, now) + options_.resize_pause_s : now + options_.restart_s;
     } else if (workers > 0) {
       s.pause_until = now + (s.ever_ran ? options_.restart_s : options_.startup_s);
       if (!s.ever_ran) r.start_s = now;

@@ -56,6 +56,19 @@ TEST_CASE("elastic shares change at arrivals and completions", "[unit][scheduler
   CHECK(r.jobs[0].device_seconds == Approx(4 * 50 + 2 * 50 + 4 * 40));
 }
 
+TEST_CASE("a resize within a pause comes after it", "[unit][scheduler]") {
+  // Six devices. Job 0 runs alone on six until job 1 arrives at 50 (300 steps done): three
+  // each, and job 0 pauses for 10 s. Job 2 arrives at 55, within that pause: two each, and
+  // job 0's second resize pauses it from 60 to 70, not to 65. Then 700 steps at 2 a second.
+  std::vector<Job> jobs = {linear_job(0, 0, 1000, 6, 1, 6), linear_job(1, 50, 1e6, 6, 1, 6),
+                           linear_job(2, 55, 1e6, 6, 1, 6)};
+  SimOptions paused = no_pauses();
+  paused.resize_pause_s = 10;
+  const auto r = run("wfs-elastic", jobs, 6, paused);
+  CHECK(r.jobs[0].resizes == 2);
+  CHECK(r.jobs[0].finish_s == Approx(70 + 700 / 2.0));
+}
+
 TEST_CASE("a preempted non-elastic job pays the restart cost", "[unit][scheduler]") {
   std::vector<Job> jobs = {linear_job(0, 0, 400, 4, 4, 4, 1), linear_job(1, 50, 100, 4, 4, 4, 5)};
   SimOptions options = no_pauses();
