@@ -111,6 +111,9 @@ int main(int argc, char** argv) {
                    "seconds a preemption costs a job until its own is measured (marginal "
                    "weighs it; 0: not at all)")
       ->check(CLI::NonNegativeNumber);
+  live->add_option("--resize-pause", live_options.resize_pause_s,
+                   "seconds a resize pauses a job (marginal weighs it; 0: not at all)")
+      ->check(CLI::NonNegativeNumber);
   live->add_option("--poll", live_options.poll_s, "event-loop period, seconds")
       ->check(vflow::apps::positive_number());
   if (const int code = vflow::apps::parse_command_line(app, argc, argv); code >= 0) return code;

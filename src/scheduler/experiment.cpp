@@ -77,6 +77,7 @@ ExperimentResult run_experiment(const ExperimentOptions& options,
   for (const auto& name : policies) {
     PolicyOptions policy_options = options.config.policy;
     policy_options.restart_s = options.config.sim.restart_s;
+    policy_options.resize_pause_s = options.config.sim.resize_pause_s;
     auto policy = make_policy(name, policy_options);
     SimOptions sim = options.config.sim;
     if (log && result.workload.jobs.size() >= 1000) {

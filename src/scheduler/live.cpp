@@ -190,6 +190,7 @@ class LiveRun {
     if (options.out_dir.empty()) throw SpecError("live: an output directory is required (--out)");
     PolicyOptions policy_options = options.policy_options;
     policy_options.restart_s = options.restart_s;
+    policy_options.resize_pause_s = options.resize_pause_s;
     policy_ = make_policy(options.policy, policy_options);
     jobs_ = jobs;
     std::stable_sort(jobs_.begin(), jobs_.end(),

@@ -26,6 +26,15 @@ double restart_cost(const JobView& v, const PolicyOptions& options) {
   return v.restart_s >= 0 ? v.restart_s : options.restart_s;
 }
 
+// Seconds of pause that a grant of `step` workers of type t, from `from`, saves a running job
+// (< 0: costs it): giving it back exactly the workers it runs on there saves the pause of
+// resizing it; a grant beyond them costs that pause.
+double pause_saved(const JobView& v, int t, int from, int step, double pause) {
+  if (pause <= 0 || v.workers == 0) return 0;
+  const int now = v.counts != nullptr ? v.counts[t] : (v.device_type == t ? v.workers : 0);
+  return (from + step == now ? pause : 0) - (from >= now ? pause : 0);
+}
+
 double priority_key(Priority priority, const JobView& v, const PolicyOptions& options) {
   const Job& job = *v.job;
   switch (priority) {
@@ -548,6 +557,8 @@ class MarginalPolicy : public Policy {
   }
 
  protected:
+  const PolicyOptions& options() const { return options_; }
+
   // The steps a job has left, never 0: gains are per remaining step.
   static double steps_left(const JobView& v) {
     return std::max(v.remaining_work, 1e-9 * v.job->total_work);
@@ -565,21 +576,24 @@ class MarginalPolicy : public Policy {
     // Gain per device of growing job i on type t from `from` workers by `step`: the share of
     // its remaining work that the step adds per second.
     const auto left = [&](size_t i) { return steps_left(active[i]); };
-    // The steps over which a grant's gain counts: a running job's first grant on its own type
-    // also saves the restart that stopping it would cost, as if it had that much less left
-    // (SRTF with a switching cost: a job goes first iff its time plus the restart is less
-    // than the running one's).
-    const auto left_of = [&](size_t i, int t, int from, double rate) {
+    // The steps over which a grant's gain counts, for a running job on its own type what the
+    // grant saves or costs it in pauses, as steps less (or more) left at the grant's rate: its
+    // first grant saves the restart that stopping it would cost (SRTF with a switching cost:
+    // a job goes first iff its time plus the restart is less than the running one's); the
+    // grant that gives it back exactly the workers it runs on saves the pause of shrinking
+    // it; a grant beyond them costs the pause of growing it.
+    const auto left_of = [&](size_t i, int t, int from, int step, double rate) {
       const JobView& v = active[i];
-      if (from > 0 || v.workers == 0 || v.device_type != t) return left(i);
-      const double restart = restart_cost(v, options_);
-      if (restart <= 0) return left(i);
-      return std::max(left(i) - restart * rate, 1e-9 * v.job->total_work);
+      if (v.workers == 0 || v.device_type != t) return left(i);
+      const double saved = (from == 0 ? restart_cost(v, options_) : 0) +
+                           pause_saved(v, t, from, step, options_.resize_pause_s);
+      if (saved == 0) return left(i);
+      return std::max(left(i) - saved * rate, 1e-9 * v.job->total_work);
     };
     const auto gain = [&](size_t i, int t, int from, int step) {
       const Job& job = *active[i].job;
       const double more = job.rate(t, from + step);
-      return (more - job.rate(t, from)) / (left_of(i, t, from, more) * step);
+      return (more - job.rate(t, from)) / (left_of(i, t, from, step, more) * step);
     };
     struct Grant {
       double gain;
@@ -632,14 +646,12 @@ class MarginalPolicy : public Policy {
         for (size_t i : on[t]) {
           const Job& job = *active[i].job;
           if (workers[i] == 0 && job.min_workers != 1) return false;
-          const double remaining = left(i);
           const ThroughputCurve& curve = (*job.throughput)[t];  // job.rate(t, ·)
           double rate = curve.at(workers[i]);
           double level = std::numeric_limits<double>::infinity();
           for (int w = workers[i]; w < bound[i]; ++w) {
             const double more = curve.at(w + 1);
-            const double over = w == 0 ? left_of(i, t, 0, more) : remaining;
-            level = std::min(level, (more - rate) / over);  // as gain(i, t, w, 1)
+            level = std::min(level, (more - rate) / left_of(i, t, w, 1, more));  // gain(i, t, w, 1)
             items.push_back({level, static_cast<uint32_t>(i)});
             rate = more;
           }
@@ -848,7 +860,11 @@ class SpanningPolicy : public MarginalPolicy {
         const int held = mine[u];
         for (int step = 1; step <= std::min(free[u], k.room); ++step) {
           mine[u] = held + step;
-          const double gain = (job.mixed_rate(mine, n_types) - k.rate) / (k.left * step);
+          const double rate = job.mixed_rate(mine, n_types);
+          // Growing the running job pauses it (as in settle's grants).
+          const double pause = pause_saved(active[k.job], u, held, step, options().resize_pause_s);
+          const double left = std::max(k.left - pause * rate, 1e-9 * job.total_work);
+          const double gain = (rate - k.rate) / (left * step);
           const Offer o{gain, c, u, step};
           if (gain > 0 && (!found || best < o)) best = o, found = true;
         }
@@ -908,7 +924,8 @@ std::unique_ptr<Policy> make_policy(const std::string& name, const PolicyOptions
   if (name == "marginal") return std::make_unique<MarginalPolicy>(given);
   if (name == "marginal-span") return std::make_unique<SpanningPolicy>(given);
   PolicyOptions options = given;
-  options.restart_s = 0;  // only marginal weighs the restart
+  options.restart_s = 0;  // only marginal weighs the restart and the resize pause
+  options.resize_pause_s = 0;
   if (name == "wfs-elastic") {
     return std::make_unique<ElasticWfsPolicy>(name, Priority::kWeights, options);
   }

@@ -339,6 +339,51 @@ TEST_CASE("a policy's allocation depends on the jobs it sees, not on its earlier
   }
 }
 
+TEST_CASE("the marginal policy weighs the pause of resizing a running job", "[unit][scheduler]") {
+  // Two devices, linear jobs (a step a second a worker). Job 0 runs on one worker with 100
+  // steps left; job 1 waits with 110. Job 0's second worker saves it 50 s and job 1's first
+  // saves 110 s of waiting, per step left alike: 1/100 against 1/110, so without pauses
+  // job 0 grows. Growing costs job 0 a pause at its new rate of 2: with a 10 s pause, as if
+  // 120 steps were left, and job 1 starts instead.
+  const Cluster cluster({{"gpu", 2}});
+  std::vector<Job> jobs = {linear_job(0, 0, 100, 1, 1, 2), linear_job(1, 0, 110, 1, 1, 2)};
+  auto views = views_of(jobs);
+  views[0].device_type = 0;
+  views[0].workers = 1;
+  const auto decide = [&](const std::string& policy, double restart_s, double pause_s) {
+    PolicyOptions options;
+    options.restart_s = restart_s;
+    options.resize_pause_s = pause_s;
+    return workers_of(make_policy(policy, options)->allocate(cluster, views, 0), 2);
+  };
+  for (const char* policy : {"marginal", "marginal-span"}) {
+    CHECK(decide(policy, 0, 0) == std::vector<int>{2, 0});
+    CHECK(decide(policy, 0, 10) == std::vector<int>{1, 1});
+  }
+  // Job 0 runs on both devices with 100 left; job 1 arrives with 95. Stopping job 0 costs a
+  // 30 s restart, so its first worker stays (gain 1/70); its second gains 1/100 against job
+  // 1's 1/95 and goes, unless keeping job 0 at two workers saves it a 10 s pause: 1/80.
+  views[0].workers = 2;
+  views[0].remaining_work = 100;
+  views[1].remaining_work = 95;
+  CHECK(decide("marginal", 30, 0) == std::vector<int>{1, 1});
+  CHECK(decide("marginal", 30, 10) == std::vector<int>{2, 0});
+  // The same where a waiting job's first grant is two workers (a long job here), which
+  // takes the decision's other path (one grant at a time from a heap).
+  jobs.push_back(linear_job(2, 0, 10000, 2, 2, 2));
+  views = {views[0], views[1], views_of(jobs)[2]};
+  views[0].job = &jobs[0];
+  views[1].job = &jobs[1];
+  const auto decide3 = [&](double pause_s) {
+    PolicyOptions options;
+    options.restart_s = 30;
+    options.resize_pause_s = pause_s;
+    return workers_of(make_policy("marginal", options)->allocate(cluster, views, 0), 3);
+  };
+  CHECK(decide3(0) == std::vector<int>{1, 1, 0});
+  CHECK(decide3(10) == std::vector<int>{2, 0, 0});
+}
+
 TEST_CASE("the marginal policy stops a running job only where the restart it costs is worth it",
           "[unit][scheduler]") {
   // One device; job 0 runs with 100 s of work left, job 1 arrives with 80 s. Running job 1

@@ -65,6 +65,9 @@ struct LiveOptions {
   /// the job's own is measured (LiveJobOutcome: its last start plus its last stop, or the
   /// mean stop so far); 0: no restart is weighed. Replaces policy_options.restart_s.
   double restart_s = 30;
+  /// What resizing a running job pauses it, for marginal's objective; 0: not weighed.
+  /// Replaces policy_options.resize_pause_s.
+  double resize_pause_s = 0.1;
   std::string train_binary;       ///< vflow-train executable; required
   std::string out_dir;            ///< job logs (logs/NAME.log) and checkpoints; required
   double poll_s = 0.15;           ///< event-loop period, seconds

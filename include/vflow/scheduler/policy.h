@@ -78,6 +78,11 @@ struct PolicyOptions {
   /// cost (JobView::restart_s) replaces it where known; 0 weighs no restart at all. Other
   /// policies get 0.
   double restart_s = 0;
+  /// marginal and marginal-span: the pause of resizing a running job (the simulator's
+  /// resize_pause_s). Growing a running job costs it this much, as if that much more work
+  /// at its new rate were left, and keeping its worker count saves it; 0 weighs no pause.
+  /// Other policies get 0.
+  double resize_pause_s = 0;
 };
 
 /// Names: marginal, marginal-span (jobs may span device types), wfs-elastic (user weights),
