@@ -215,17 +215,19 @@ sched::LiveResult run_and_check(const std::vector<TestJob>& jobs, int slots,
 
 TEST_CASE("live mode resizes real jobs without changing their results", "[multiproc][scheduler]") {
   // a fills the pool alone; b and c arrive while it trains, so a shrinks, then grows again.
-  const auto result = run_and_check(
-      {{"a", 1, 400, 0, 1, 3}, {"b", 2, 200, 1.5, 1, 2}, {"c", 3, 200, 3, 1, 2}}, 3, "wfs-elastic");
+  const auto result =
+      run_and_check({{"a", 1, 1000, 0, 1, 3}, {"b", 2, 200, 1.5, 1, 2}, {"c", 3, 200, 3, 1, 2}}, 3,
+                    "wfs-elastic");
   CHECK(result.experiment.summaries.at(0).resizes >= 1);
 }
 
 TEST_CASE("live mode preempts a job with a checkpoint and resumes it unchanged",
           "[multiproc][scheduler]") {
   // The heavier job b takes the whole pool from a, which stops, waits, and resumes from its
-  // checkpoint once b is done.
+  // checkpoint once b is done. a is long enough to be still training when b arrives (at
+  // 300 steps a quick machine had finished it by then).
   const auto result =
-      run_and_check({{"a", 1, 300, 0, 2, 2}, {"b", 2, 150, 1.5, 2, 2, 5}}, 2, "priority");
+      run_and_check({{"a", 1, 1200, 0, 2, 2}, {"b", 2, 150, 1.5, 2, 2, 5}}, 2, "priority");
   CHECK(result.experiment.summaries.at(0).preemptions == 1);
   CHECK(result.outcomes.at(0).launches == 2);
   // What the preemption cost a is measured: the stop, and each launch that made progress
@@ -251,7 +253,7 @@ TEST_CASE("live mode on node agents schedules over their slots and resizes jobs 
           "[multiproc][scheduler][etcd][agents]") {
   const AgentCluster cluster;
   const auto result =
-      run_and_check({{"a", 1, 400, 0, 1, 3}, {"b", 2, 200, 1.5, 1, 2}, {"c", 3, 200, 3, 1, 2}}, 3,
+      run_and_check({{"a", 1, 1000, 0, 1, 3}, {"b", 2, 200, 1.5, 1, 2}, {"c", 3, 200, 3, 1, 2}}, 3,
                     "wfs-elastic", &cluster);
   CHECK(result.experiment.summaries.at(0).resizes >= 1);
 }
