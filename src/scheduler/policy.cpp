@@ -745,52 +745,96 @@ class MarginalPolicy : public Policy {
     return home;
   }
 
-  // The device type each job competes on, -1 for none: in SRTF `order`, like `srtf`'s
-  // placement, the fastest type with room for the job's demand, else the one where the room
-  // left runs it fastest, else its fastest type. A running job stays unless a type with
-  // room for its demand would run it kMigrationGain times as fast.
+  // The device type each job competes on, -1 for none. A running job stays where no type
+  // would run it kMigrationGain times as fast. The others choose by choose_type: first those
+  // that the devices left hold at their demand, taken in SRTF `order`, the one that loses
+  // most without its fastest type first, so that a fast type goes to the jobs it saves the
+  // most seconds, not to the shortest (for whom it saves the fewest); then the rest, in
+  // SRTF order. Which jobs run, and on how many workers, the grants decide.
   std::vector<int> place(const Cluster& cluster, const std::vector<JobView>& active,
                          const std::vector<size_t>& order) const {
     std::vector<int> room = device_counts(cluster), home(active.size(), -1);
-    std::vector<double> demand_rates(cluster.num_types());
+    std::vector<size_t> movers;  // in `order`: the jobs that choose a type below
     for (size_t k = 0; k < order.size(); ++k) {
       fetch_ahead(active, order, k);
       const size_t i = order[k];
       const Job& job = *active[i].job;
       const int now = running_type(active[i]);
       // Where no type runs the job kMigrationGain times as fast as its own, it stays (as
-      // below, without reading every type's rate).
+      // choose_type would decide, without reading every type's rate).
       const double fastest = active[i].fastest_demand_rate;
       if (now >= 0 && fastest > 0 && fastest < kMigrationGain * job.rate(now, job.demand)) {
         home[i] = now;
         room[now] -= std::min(room[now], job.demand);
+      } else {
+        movers.push_back(i);
+      }
+    }
+    // The jobs that get their demand, in SRTF order while the devices left hold it (over all
+    // types), choose first, those that lose most without their fastest type first: the
+    // seconds its fastest type saves a job's remaining work over the next fastest.
+    long left = std::accumulate(room.begin(), room.end(), 0L);
+    std::vector<std::pair<double, size_t>> first;  // (-seconds saved, job)
+    std::vector<size_t> later;                     // in SRTF order
+    for (size_t i : movers) {
+      const Job& job = *active[i].job;
+      if (job.demand > left) {
+        later.push_back(i);
         continue;
       }
-      for (int t = 0; t < cluster.num_types(); ++t) demand_rates[t] = job.rate(t, job.demand);
-      const auto at_demand = [&](int t) { return demand_rates[t]; };
-      int best = fastest_type(
-          cluster, [&](int t) { return room[t] >= job.demand; }, at_demand);
-      // Moving pays the restart: it must also save more than that on the remaining work.
-      const auto worth_moving = [&](int to) {
-        return at_demand(to) >= kMigrationGain * at_demand(now) &&
-               steps_left(active[i]) * (1 / at_demand(now) - 1 / at_demand(to)) >
-                   restart_cost(active[i], options_);
-      };
-      if (now >= 0 && (best < 0 || !worth_moving(best))) best = now;
-      if (best < 0) {
-        best = fastest_type(
-            cluster, [&](int t) { return room[t] >= job.min_workers; },
-            [&](int t) { return job.rate(t, std::clamp(room[t], job.min_workers, job.demand)); });
+      left -= job.demand;
+      double best = 0, next = 0;
+      for (int t = 0; t < cluster.num_types(); ++t) {
+        const double r = job.rate(t, job.demand);
+        if (r > best) {
+          next = best, best = r;
+        } else if (r > next) {
+          next = r;
+        }
       }
-      if (best < 0) {
-        best = fastest_type(
-            cluster, [&](int t) { return job.min_workers <= cluster.type(t).count; }, at_demand);
-      }
-      if (best < 0) continue;
-      home[i] = best;
-      room[best] -= std::min(room[best], job.demand);
+      first.emplace_back(next > 0 ? -steps_left(active[i]) * (1 / next - 1 / best) : 0.0, i);
     }
+    std::stable_sort(first.begin(), first.end(),
+                     [](const auto& a, const auto& b) { return a.first < b.first; });
+    std::vector<double> demand_rates(cluster.num_types());
+    for (const auto& f : first) choose_type(cluster, active, f.second, room, home, demand_rates);
+    for (size_t i : later) choose_type(cluster, active, i, room, home, demand_rates);
     return home;
+  }
+
+  // Job i's type (home[i]; none where no type could ever hold its minimum), taking its
+  // demand from `room`: the fastest type with room for its demand, where a running job moves
+  // only to one kMigrationGain times as fast that saves more than its restart; else the type
+  // whose room runs it fastest at its minimum or more; else its fastest type that can hold
+  // its minimum at all.
+  void choose_type(const Cluster& cluster, const std::vector<JobView>& active, size_t i,
+                   std::vector<int>& room, std::vector<int>& home,
+                   std::vector<double>& demand_rates) const {
+    const Job& job = *active[i].job;
+    const int now = running_type(active[i]);
+    for (int t = 0; t < cluster.num_types(); ++t) demand_rates[t] = job.rate(t, job.demand);
+    const auto at_demand = [&](int t) { return demand_rates[t]; };
+    int best = fastest_type(
+        cluster, [&](int t) { return room[t] >= job.demand; }, at_demand);
+    // Moving pays the restart: it must also save more than that on the remaining work.
+    const auto worth_moving = [&](int to) {
+      return at_demand(to) >= kMigrationGain * at_demand(now) &&
+             steps_left(active[i]) * (1 / at_demand(now) - 1 / at_demand(to)) >
+                 restart_cost(active[i], options_);
+    };
+    if (now >= 0 && (best < 0 || !worth_moving(best))) best = now;
+    if (best < 0) {
+      best = fastest_type(
+          cluster, [&](int t) { return room[t] >= job.min_workers; },
+          [&](int t) { return job.rate(t, std::clamp(room[t], job.min_workers, job.demand)); });
+    }
+    if (best < 0) {
+      best = fastest_type(
+          cluster, [&](int t) { return job.min_workers <= cluster.type(t).count; }, at_demand);
+    }
+    if (best < 0) return;
+    home[i] = best;
+    room[best] -= std::min(room[best], job.demand);
   }
 
   Ranking ranking_;

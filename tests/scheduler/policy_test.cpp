@@ -339,6 +339,34 @@ TEST_CASE("a policy's allocation depends on the jobs it sees, not on its earlier
   }
 }
 
+TEST_CASE("marginal gives a fast type to the jobs it saves the most seconds", "[unit][scheduler]") {
+  // One fast device (2 steps/s) and one slow one (1 step/s). The jobs the devices hold are
+  // chosen shortest first, as in SRTF; among those the fast type goes to the job whose
+  // remaining work it shortens most: the 20-step job (10 s saved) before the 10-step one
+  // (5 s), and a long job before both.
+  const Cluster cluster({{"fast", 1}, {"slow", 1}});
+  const auto job_of = [](int id, double work) {
+    Job job = linear_job(id, 0, work, 1, 1, 1);
+    job.throughput = make_curves({ThroughputCurve::linear(2.0), ThroughputCurve::linear(1.0)});
+    job.demand_rate = 2;
+    return job;
+  };
+  const auto types_of = [&](const std::vector<Job>& jobs) {
+    const Allocation a = make_policy("marginal")->allocate(cluster, views_of(jobs), 0);
+    std::vector<int> type(jobs.size(), -1);
+    for (const auto& x : a.assignments) type.at(x.job_id) = x.device_type;
+    return type;
+  };
+  // The 1000-step job waits: the two shorter ones fill both devices.
+  CHECK(types_of({job_of(0, 10), job_of(1, 20), job_of(2, 1000)}) == std::vector<int>{1, 0, -1});
+  CHECK(types_of({job_of(0, 10), job_of(1, 1000)}) == std::vector<int>{1, 0});
+  // On one type it is SRTF's choice of who runs.
+  const Cluster one({{"gpu", 1}});
+  std::vector<Job> jobs = {linear_job(0, 0, 1000, 1, 1, 1), linear_job(1, 0, 10, 1, 1, 1)};
+  CHECK(workers_of(make_policy("marginal")->allocate(one, views_of(jobs), 0), 2) ==
+        std::vector<int>{0, 1});
+}
+
 TEST_CASE("the marginal policy weighs the pause of resizing a running job", "[unit][scheduler]") {
   // Two devices, linear jobs (a step a second a worker). Job 0 runs on one worker with 100
   // steps left; job 1 waits with 110. Job 0's second worker saves it 50 s and job 1's first
