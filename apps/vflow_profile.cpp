@@ -159,12 +159,7 @@ int main(int argc, char** argv) {
     // The quota first: under it, threads 0 are the cores this process may use (as for a
     // worker whose layout entry gives the same quota, job::place_on_this_host).
     const std::string group = fmt::format("vflow-profile-{}", ::getpid());
-    struct Release {  // the quota group goes with this process, also on an error
-      std::string name;
-      ~Release() {
-        if (!name.empty()) vflow::hetero::release_cpu_quota(name);
-      }
-    } release{cpu_quota > 0 ? group : std::string()};
+    const vflow::hetero::CpuQuotaRelease release(cpu_quota > 0 ? group : std::string());
     if (cpu_quota > 0) vflow::hetero::apply_cpu_quota(cpu_quota, group);
     // Under srun or torchrun, plain "cuda" is this process's local rank's device; threads 0
     // becomes the count a worker here runs, which names the default device type.

@@ -137,10 +137,7 @@ ElasticWorkerEnvironment volunteer_environment(const RoleOptions& options) {
 RoleOutcome run_elastic_worker_role(const engine::JobSpec& job, const RoleOptions& options) {
   const auto launched = elastic_worker_from_environment();
   const auto env = launched ? *launched : volunteer_environment(options);
-  struct Release {  // the worker's CPU-quota group, if any, goes with it, also on an error
-    std::string name;
-    ~Release() { hetero::release_cpu_quota(name); }
-  } release{quota_group(env)};
+  const hetero::CpuQuotaRelease release(quota_group(env));  // the worker's quota group, if any
   LayoutType type;
   engine::JobSpec spec = apply_worker_layout(job, env, type);
   // A quota is this worker's own: threads 0 are the cores it may use under it, undivided,

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+#include <utility>
 
 namespace vflow::hetero {
 
@@ -15,5 +16,20 @@ void apply_cpu_quota(double cores, const std::string& name);
 /// Moves this process back to the root cgroup and removes the group `name` made by
 /// apply_cpu_quota (best effort, never throws).
 void release_cpu_quota(const std::string& name);
+
+/// Releases the quota group `name` (release_cpu_quota) when it goes out of scope, also when
+/// an error unwinds it; an empty name releases nothing.
+class CpuQuotaRelease {
+ public:
+  explicit CpuQuotaRelease(std::string name) : name_(std::move(name)) {}
+  ~CpuQuotaRelease() {
+    if (!name_.empty()) release_cpu_quota(name_);
+  }
+  CpuQuotaRelease(const CpuQuotaRelease&) = delete;
+  CpuQuotaRelease& operator=(const CpuQuotaRelease&) = delete;
+
+ private:
+  std::string name_;
+};
 
 }  // namespace vflow::hetero
