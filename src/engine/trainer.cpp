@@ -19,7 +19,6 @@
 #include <mutex>
 #include <optional>
 #include <sstream>
-#include <thread>
 
 #include "core/input_file.h"
 #include "core/output_file.h"

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
-#include <thread>
 
 #include "core/output_file.h"
 #include "vflow/core/error.h"

@@ -538,8 +538,9 @@ class ElasticWfsPolicy : public Policy {
 };
 
 // Elastic shortest remaining time by marginal gain (the water-filling floor that AFS and
-// Pollux build on), for mean JCT, so weights do not count: each job is given a type in SRTF
-// order (`place`), then every device goes, one at a time, to the job whose completion it
+// Pollux build on), for mean JCT, so weights do not count: each job is given a type
+// (`place`: who gets its demand in SRTF order, which type by the seconds it saves), then
+// every device goes, one at a time, to the job whose completion it
 // advances most, counted as the fraction of the job's remaining work one more worker does
 // per second. A job's first grant is its minimum worker count at once. With linear scaling
 // this is SRTF at up to each job's maximum; with diminishing returns, a device that a long
