@@ -89,7 +89,7 @@ DeviceProfile load_profile(const std::string& path) {
     point.vnode_size = pr.get_int("vnode_size", 0, 1, int64_t{1} << 40);
     point.seconds = pr.get_double("seconds", 0, 0, 1e9);
     point.peak_bytes = pr.get_int("peak_bytes", 0, 0, int64_t{1} << 62);
-    point.spread = pr.get_double("spread", 0, 0, 10);
+    point.spread = pr.get_double("spread", 0, 0, 1e9);
     pr.finish();
     if (!p.points.empty() && point.vnode_size <= p.points.back().vnode_size) {
       pr.fail("vnode_size", "measurements must be in ascending vnode_size order");

@@ -219,6 +219,11 @@ TEST_CASE("profiles round-trip through their file and bad files name the line", 
   CHECK(n.vnode_spread(1) == Approx(0.13));
   CHECK(n.vnode_spread(40) == Approx(0.04));  // halfway between 16 and 64
   CHECK(n.vnode_spread(256) == Approx(0.02));
+  // One stalled step among the timed ones can make the spread large: vflow-profile writes
+  // it, and the file loads.
+  noisy.points[0].spread = 25;
+  save_profile(noisy, dir.file("stalled.yaml"));
+  CHECK(load_profile(dir.file("stalled.yaml")).points[0].spread == Approx(25));
   DeviceProfile below;  // a ratio, not a time: below the smallest size it stays
   below.device_type = "x";
   below.points.push_back({8, 0.01, 0, 0.05});
