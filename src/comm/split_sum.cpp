@@ -51,8 +51,10 @@ SplitSum::Listed merged(Pairs pairs) {
 
 }  // namespace
 
-SplitSum::SplitSum(int64_t numel, torch::Device device) : numel_(numel), device_(device) {
+SplitSum::SplitSum(int64_t numel, torch::Device device, int64_t reserved)
+    : numel_(numel), device_(device), reserved_(reserved) {
   VFLOW_ASSERT(numel >= 0 && numel < (int64_t{1} << 31), "a split sum of 2^31 elements or more");
+  VFLOW_ASSERT(reserved >= 0 && reserved <= numel, "a reserve outside the split sum");
 }
 
 int64_t SplitSum::dense_limit(int world) {
@@ -62,14 +64,15 @@ int64_t SplitSum::dense_limit(int world) {
   return (int64_t{1} << 31) / rounded;
 }
 
-int64_t SplitSum::capacity(int64_t numel, int world) {
-  return std::max<int64_t>(2048, numel / (int64_t{256} * world));
+int64_t SplitSum::capacity(int64_t numel, int world, int64_t reserved) {
+  VFLOW_ASSERT(world >= 1 && reserved >= 0, "a split sum's capacity over no ranks");
+  return std::max<int64_t>(2048, numel / (int64_t{256} * world)) + (reserved + world - 1) / world;
 }
 
 torch::Tensor SplitSum::dense(int world) {
   if (world != world_) {
     world_ = world;
-    capacity_ = capacity(numel_, world);
+    capacity_ = capacity(numel_, world, reserved_);
     carrier_ = torch::zeros({world * region_size(capacity_) + numel_},
                             torch::TensorOptions(torch::kInt32).device(device_));
   }

@@ -666,8 +666,8 @@ Trainer::Trainer(JobSpec spec, std::shared_ptr<models::Model> model, data::DataS
   impl_->kernels->bind_table(impl_->packet->table());
   if (impl_->spec.semantic.deterministic) {
     impl_->exact = std::make_unique<vnode::FixedPointSum>(impl_->packet->numel(), impl_->device);
-    impl_->exact_reduction =
-        std::make_unique<comm::SplitSum>(impl_->packet->numel(), impl_->device);
+    impl_->exact_reduction = std::make_unique<comm::SplitSum>(impl_->packet->numel(), impl_->device,
+                                                              impl_->kernels->table_numel());
   }
   if (impl_->spec.resources.bucket_mb > 0) {
     BucketedReduction::Prepare prepare;

@@ -21,12 +21,17 @@ class Communicator;
 class SplitSum {
  public:
   /// Pairs each rank carries inside the dense allreduce: numel / (256 · world), at
-  /// least 2048 (a ConvNet of 0.4 M parameters lists about 600 a rank on two ranks): the
-  /// regions add about 5 % to a large model's allreduce, more only to a small one's.
-  static int64_t capacity(int64_t numel, int world);
+  /// least 2048 (a ConvNet of 0.4 M parameters lists about 600 a rank on two ranks), plus
+  /// the rank's share of `reserved`, elements known to be large in most steps (the
+  /// stateful-kernel table's batch statistics: ResNet-18 lists about 5,400 of its table's
+  /// 19,208 a rank on two ranks, and 2,000 gradients). The regions add about 5 % to a
+  /// large model's allreduce, more only to a small one's or one with a large table, and
+  /// spare it the second collective.
+  static int64_t capacity(int64_t numel, int world, int64_t reserved = 0);
 
-  /// For dense parts of `numel` elements on `device`.
-  SplitSum(int64_t numel, torch::Device device);
+  /// For dense parts of `numel` elements on `device`, `reserved` of them usually listed
+  /// (see capacity()).
+  SplitSum(int64_t numel, torch::Device device, int64_t reserved = 0);
 
   /// The magnitude every element of a rank's dense part must stay below when `world`
   /// ranks add theirs: 2^31 / (world rounded up to a power of two).
@@ -62,6 +67,7 @@ class SplitSum {
  private:
   int64_t numel_;
   torch::Device device_;
+  int64_t reserved_;
   int world_ = 0;
   int64_t capacity_ = 0;
   torch::Tensor carrier_;        // int32: [per rank: count, capacity_ x (index, low, high) | dense]
