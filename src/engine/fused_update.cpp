@@ -34,6 +34,7 @@ bool cpu_float(const torch::Tensor& t) {
 struct Gradient {
   torch::Tensor values;  // when reduced is null
   const vnode::FixedPointSum::Reduced* reduced = nullptr;
+  bool rounding = false;  // values are rounded to multiples of 2^-36 as they are read
 
   /// The float gradient is on the CPU, or the gradient is a reduced sum.
   bool on_cpu() const { return reduced != nullptr || cpu_float(values); }
@@ -166,6 +167,16 @@ class FusedOptimizer : public torch::optim::Optimizer, public FixedPointStep {
     return loss;
   }
 
+  void step_rounding() override {
+    torch::NoGradGuard no_grad;
+    flat_.bind();
+    const auto gradients = flat_.flat_gradients();
+    VFLOW_ASSERT(cpu_float(flat_.flat()) && gradients.defined() && cpu_float(gradients),
+                 "a rounding step of parameters or gradients not one float32 buffer on the CPU");
+    update(flat_.flat(), Gradient{gradients, nullptr, /*rounding=*/true}, options().get_lr());
+    ++steps_;
+  }
+
   void step_fixed_point(const vnode::FixedPointSum::Reduced& g) override {
     torch::NoGradGuard no_grad;
     flat_.bind();
@@ -266,7 +277,9 @@ class FusedSgd final : public FusedOptimizer<torch::optim::SGD, torch::optim::SG
       float* bp = s.use_momentum ? state_[0].data_ptr<float>() : nullptr;
       gradient.for_runs(p.numel(), [&](int64_t b, int64_t e, const float* g, const int32_t* q) {
         float* buf = bp ? bp + b : nullptr;
-        if (g != nullptr) {
+        if (g != nullptr && gradient.rounding) {
+          sgd_kernel(pp + b, RoundedGradients{g}, buf, e - b, s);
+        } else if (g != nullptr) {
           sgd_kernel(pp + b, g, buf, e - b, s);
         } else {
           sgd_kernel(pp + b, q, vnode::FixedPointSum::Reduced::kUnit, buf, e - b, s);
@@ -334,7 +347,9 @@ class FusedAdamW final : public FusedOptimizer<torch::optim::AdamW, torch::optim
       float* mp = m.data_ptr<float>();
       float* vp = v.data_ptr<float>();
       gradient.for_runs(p.numel(), [&](int64_t b, int64_t e, const float* g, const int32_t* q) {
-        if (g != nullptr) {
+        if (g != nullptr && gradient.rounding) {
+          adamw_kernel(pp + b, RoundedGradients{g}, mp + b, vp + b, e - b, s);
+        } else if (g != nullptr) {
           adamw_kernel(pp + b, g, mp + b, vp + b, e - b, s);
         } else {
           adamw_kernel(pp + b, q, vnode::FixedPointSum::Reduced::kUnit, mp + b, vp + b, e - b, s);

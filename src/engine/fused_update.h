@@ -26,14 +26,19 @@ inline torch::Tensor evaluate_closure(const torch::optim::Optimizer::LossClosure
   return closure();
 }
 
-/// What the fused optimizers offer beyond LibTorch's interface: a step whose gradient is
-/// deterministic mode's reduced sum where it lies, so that it is never written out as
-/// floats (bitwise the step after FixedPointSum::assemble, one pass less).
+/// What the fused optimizers offer beyond LibTorch's interface: steps that take
+/// deterministic mode's gradient as it lies, the reduced sum never written out as floats
+/// (bitwise the step after FixedPointSum::assemble) or one worker's floats never rounded
+/// in a pass of their own (after round_in_place): one pass less either way.
 class FixedPointStep {
  public:
   /// One step with gradient `g` (the flat gradient, in the parameters' order). The
   /// parameters must be float32 on the CPU.
   virtual void step_fixed_point(const vnode::FixedPointSum::Reduced& g) = 0;
+  /// One step with the gradients where step() reads them (one flat float32 buffer on the
+  /// CPU), each rounded to a multiple of 2^-36 as it is read: bitwise the step after
+  /// FixedPointSum::round_in_place of a worker's only vnode, one pass less.
+  virtual void step_rounding() = 0;
 
  protected:
   ~FixedPointStep() = default;

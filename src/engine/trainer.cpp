@@ -238,6 +238,9 @@ struct Trainer::Impl {
   FixedPointStep* fixed_point_step = nullptr;
   /// That summed gradient (reduce_packet), for this step's update.
   std::optional<vnode::FixedPointSum::Reduced> reduced_gradient;
+  /// Or: this step's update rounds the gradients of one worker's only vnode as it reads
+  /// them (FixedPointStep::step_rounding).
+  bool rounding_gradient = false;
   std::vector<torch::Tensor> ema;  // semantic.ema: the parameters' average, in their order
   std::shared_ptr<comm::Communicator> comm;
   vnode::VnodeRange held;  // the vnodes this worker processes
@@ -363,6 +366,7 @@ struct Trainer::Impl {
     packet->clear();
     if (exact) exact->clear();
     reduced_gradient.reset();
+    rounding_gradient = false;
   }
 
   data::Batch take(const WorkItem& item) {
@@ -457,6 +461,9 @@ struct Trainer::Impl {
     if (reduced_gradient) {
       fixed_point_step->step_fixed_point(*reduced_gradient);
       reduced_gradient.reset();
+    } else if (rounding_gradient) {
+      fixed_point_step->step_rounding();
+      rounding_gradient = false;
     } else {
       optimizer->step();
     }
@@ -556,6 +563,13 @@ struct Trainer::Impl {
     }
     const int world = comm->size();
     if (world == 1) {
+      if (fixed_point_step != nullptr && exact->empty()) {
+        // This worker's only vnode: every value's range is checked now, the gradients are
+        // rounded by the update as it reads them, the rest of the packet here.
+        check_range(exact->round_in_place_from(flat, packet->gradients().numel()));
+        rounding_gradient = true;
+        return;
+      }
       check_range(exact->round_in_place(flat));
       return;
     }

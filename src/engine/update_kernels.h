@@ -20,6 +20,17 @@ void sgd_kernel(float* __restrict p, const float* __restrict g, float* __restric
 void sgd_kernel(float* __restrict p, const int32_t* __restrict q, float unit, float* __restrict buf,
                 int64_t n, const SgdScalars& s);
 
+/// Gradients rounded to multiples of 2^-36 as they are read (deterministic mode's one
+/// vnode on one worker: vnode/fixed_point_rounding.h), bitwise what
+/// vnode::FixedPointSum::round_in_place leaves for values in its range.
+struct RoundedGradients {
+  const float* g;
+};
+
+/// The same with each gradient rounded as it is read.
+void sgd_kernel(float* __restrict p, RoundedGradients g, float* __restrict buf, int64_t n,
+                const SgdScalars& s);
+
 struct AdamWScalars {
   float decay_factor;  // 1 - lr · weight_decay
   float beta1, one_minus_beta1, beta2, one_minus_beta2;
@@ -33,5 +44,9 @@ void adamw_kernel(float* __restrict p, const float* __restrict g, float* __restr
 /// The same with gradients float(q[i]) · unit.
 void adamw_kernel(float* __restrict p, const int32_t* __restrict q, float unit, float* __restrict m,
                   float* __restrict v, int64_t n, const AdamWScalars& s);
+
+/// The same with each gradient rounded as it is read.
+void adamw_kernel(float* __restrict p, RoundedGradients g, float* __restrict m, float* __restrict v,
+                  int64_t n, const AdamWScalars& s);
 
 }  // namespace vflow::engine

@@ -14,27 +14,19 @@
 #include <vector>
 
 #include "vflow/core/error.h"
+#include "vnode/fixed_point_rounding.h"
 
 namespace vflow::vnode {
 
 namespace {
 
-constexpr float kScaleF = 68719476736.0f;                // 2^36
-constexpr float kUnitF = FixedPointSum::Reduced::kUnit;  // 2^-36
+using rounding::round_even;
+constexpr float kScaleF = rounding::kScale;  // 2^36
+constexpr float kUnitF = rounding::kUnit;    // 2^-36
+static_assert(kUnitF == FixedPointSum::Reduced::kUnit && kScaleF == FixedPointSum::kScale);
 constexpr double kUnit = 1.0 / FixedPointSum::kScale;
 constexpr int64_t kChunk = int64_t{1} << 15;  // elements per parallel task
 constexpr int64_t kBlock = 1024;              // split: the unit rescanned for its large values
-
-/// The nearest integer to x, ties to even, for any finite float: below 2^23 in
-/// magnitude, adding and subtracting 2^23 (with x's sign) leaves the rounded value;
-/// above, every float is an integer already. Both sides are computed, so that the
-/// select vectorises (even without SSE4.1's roundps).
-inline float round_even(float x) {
-  constexpr float kBig = 8388608.0f;  // 2^23
-  const float big = std::copysign(kBig, x);
-  const float rounded = (x + big) - big;
-  return std::fabs(x) < kBig ? rounded : x;
-}
 
 /// The largest magnitude seen, as the bits of a non-negative float: their integer order
 /// is the floats' order, and NaN's bits come above infinity's, so one integer maximum
@@ -110,6 +102,17 @@ VFLOW_KERNEL RangeSeen round_alone(float* __restrict v, int64_t n) {
   uint32_t largest = 0;
   // A float that is an integer times 2^-36 converts to itself: no int64 step.
   for (int64_t i = 0; i < n; ++i) v[i] = scaled(v[i], largest) * kUnitF;
+  return {largest};
+}
+
+VFLOW_KERNEL RangeSeen range_only(const float* __restrict v, int64_t n) {
+  uint32_t largest = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t bits = 0;
+    std::memcpy(&bits, &v[i], sizeof bits);
+    bits &= 0x7fffffffu;
+    largest = bits > largest ? bits : largest;
+  }
   return {largest};
 }
 
@@ -314,6 +317,28 @@ double FixedPointSum::round_in_place(torch::Tensor& values) {
   const int64_t* s = sum_.data_ptr<int64_t>();
   const auto seen = for_chunks(values.numel(), [&](int64_t b, int64_t e, int64_t) {
     return alone ? round_alone(v + b, e - b) : round_with_sum(v + b, s + b, e - b);
+  });
+  return seen.result();
+}
+
+double FixedPointSum::round_in_place_from(torch::Tensor& values, int64_t from) {
+  VFLOW_ASSERT(values.numel() == sum_.numel(), "a fixed-point sum of another size");
+  VFLOW_ASSERT(empty_, "rounding from an offset needs a worker's only vnode");
+  VFLOW_ASSERT(from >= 0 && from <= values.numel(), "rounding from outside the buffer");
+  if (!fast_path(values)) {
+    const double largest = generic_largest(values);
+    if (largest < kLimit) {
+      auto tail = values.narrow(0, from, values.numel() - from);
+      tail.copy_(generic_rounded(tail).to(torch::kFloat64).mul_(kUnit));
+    }
+    return largest;
+  }
+  float* v = values.data_ptr<float>();
+  const auto seen = for_chunks(values.numel(), [&](int64_t b, int64_t e, int64_t) {
+    const int64_t split = std::clamp(from, b, e);
+    RangeSeen r = range_only(v + b, split - b);
+    r.merge(round_alone(v + split, e - split));
+    return r;
   });
   return seen.result();
 }

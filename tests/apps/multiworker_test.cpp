@@ -132,6 +132,19 @@ TEST_CASE(
   CHECK(fingerprints_in(r.output).empty());
 }
 
+TEST_CASE("a deterministic job of one vnode on one worker that diverges stops with the range error",
+          "[integration]") {
+  // The fused update rounds such a worker's gradients as it reads them; their range is
+  // checked before it, in the pass that rounds the rest of the packet.
+  const auto r = run_command(kTrain + kJob + kDeterministic +
+                             " --set semantic.optimizer.lr=1e5 --set semantic.virtual_nodes=1"
+                             " --set semantic.global_batch=4 --workers 1");
+  INFO(r.output);
+  CHECK(r.exit_code == 1);
+  CHECK_THAT(r.output, Catch::Matchers::Contains("is outside the deterministic reduction's range"));
+  CHECK(fingerprints_in(r.output).empty());
+}
+
 TEST_CASE("a worker that fails makes the launcher fail without hanging", "[multiproc]") {
   // Rank 1 cannot read its data directory... all ranks read the same spec, so make the job
   // itself fail on every rank: a data path that does not exist.

@@ -102,6 +102,39 @@ struct Variant {
   bool nesterov;
 };
 
+/// The optimizer's spec of a variant.
+OptimizerSpec spec_of(const Variant& v) {
+  auto spec = spec_of(v.name, v.weight_decay);
+  spec.momentum = v.momentum;
+  spec.dampening = v.dampening;
+  spec.nesterov = v.nesterov;
+  return spec;
+}
+
+/// Intra-op threads for a scope.
+class Threads {
+ public:
+  explicit Threads(int threads) : saved_(torch::get_num_threads()) {
+    vflow::engine::set_intra_op_threads(threads);
+  }
+  ~Threads() { vflow::engine::set_intra_op_threads(saved_); }
+  Threads(const Threads&) = delete;
+  Threads& operator=(const Threads&) = delete;
+
+ private:
+  int saved_;
+};
+
+/// A weight over two parallel chunks of the update (2^14 elements each), so that
+/// special elements can fall at a chunk's edges, and a bias, the same at every call.
+std::shared_ptr<torch::nn::Module> two_parameters() {
+  torch::manual_seed(5);
+  auto net = std::make_shared<torch::nn::Module>();
+  net->register_parameter("w", torch::randn({40000}) * 0.1);
+  net->register_parameter("b", torch::randn({7}) * 0.1);
+  return net;
+}
+
 }  // namespace
 
 TEST_CASE("the fused SGD and AdamW follow LibTorch's over 100 steps", "[unit]") {
@@ -112,12 +145,8 @@ TEST_CASE("the fused SGD and AdamW follow LibTorch's over 100 steps", "[unit]") 
   const bool flat_gradients = GENERATE(true, false);
   const int threads = GENERATE(1, 2);
   CAPTURE(variant.name, variant.weight_decay, variant.momentum, flat_gradients, threads);
-  const int saved_threads = torch::get_num_threads();
-  vflow::engine::set_intra_op_threads(threads);
-  auto spec = spec_of(variant.name, variant.weight_decay);
-  spec.momentum = variant.momentum;
-  spec.dampening = variant.dampening;
-  spec.nesterov = variant.nesterov;
+  const Threads use(threads);
+  const auto spec = spec_of(variant);
   auto [fused_net, reference_net] = twins();
   // The trainer's layout: every gradient a view into one flat buffer.
   std::unique_ptr<vflow::vnode::GradientBuffer> buffer;
@@ -140,7 +169,6 @@ TEST_CASE("the fused SGD and AdamW follow LibTorch's over 100 steps", "[unit]") 
   check_close(*fused_net, *reference_net);
   // The frozen parameter is untouched.
   CHECK(torch::equal(fused_net->frozen, reference_net->frozen));
-  vflow::engine::set_intra_op_threads(saved_threads);
 }
 
 TEST_CASE("the fused optimizers' checkpoints are LibTorch's: each resumes the other", "[unit]") {
@@ -201,20 +229,10 @@ TEST_CASE(
                                 Variant{"adamw", 0.01, 0, 0, false});
   const int threads = GENERATE(1, 2);
   CAPTURE(variant.name, variant.momentum, threads);
-  const int saved_threads = torch::get_num_threads();
-  vflow::engine::set_intra_op_threads(threads);
-  auto spec = spec_of(variant.name, variant.weight_decay);
-  spec.momentum = variant.momentum;
-  spec.nesterov = variant.nesterov;
-  // Over two parallel chunks of the update (2^14 elements), so that listed elements
-  // fall at a chunk's edges.
-  const auto make = [] {
-    torch::manual_seed(5);
-    auto net = std::make_shared<torch::nn::Module>();
-    net->register_parameter("w", torch::randn({40000}) * 0.1);
-    net->register_parameter("b", torch::randn({7}) * 0.1);
-    return net;
-  };
+  const Threads use(threads);
+  const auto spec = spec_of(variant);
+  // Listed elements fall at the edges of the update's parallel chunks.
+  const auto make = two_parameters;
   auto assembled_net = make();
   auto reduced_net = make();
   // The trainer's layout: the gradients are the first part of a flat buffer (here with
@@ -254,5 +272,66 @@ TEST_CASE(
   const auto pr = reduced_net->parameters();
   for (size_t i = 0; i < pa.size(); ++i) CHECK(torch::equal(pa[i], pr[i]));
   CHECK(!torch::equal(pa[0], make()->parameters()[0]));
-  vflow::engine::set_intra_op_threads(saved_threads);
+}
+
+TEST_CASE(
+    "a fused step that rounds one worker's gradients as it reads them is bitwise the step "
+    "after rounding them in place",
+    "[unit]") {
+  const auto variant = GENERATE(Variant{"sgd", 5e-4, 0.9, 0, true}, Variant{"sgd", 0, 0, 0, false},
+                                Variant{"adamw", 0.01, 0, 0, false});
+  const int threads = GENERATE(1, 2);
+  CAPTURE(variant.name, variant.momentum, threads);
+  const Threads use(threads);
+  const auto spec = spec_of(variant);
+  const auto make = two_parameters;
+  auto rounded_net = make();
+  auto reading_net = make();
+  // The trainer's layout: gradients first, then 5 elements (table, loss, control word).
+  vflow::vnode::GradientBuffer rounded_buffer(rounded_net->parameters(), 5);
+  vflow::vnode::GradientBuffer reading_buffer(reading_net->parameters(), 5);
+  const int64_t n = 40007;
+  auto first = vflow::engine::make_fused_optimizer(spec, rounded_net->parameters());
+  auto second = vflow::engine::make_fused_optimizer(spec, reading_net->parameters());
+  auto& reading = dynamic_cast<vflow::engine::FixedPointStep&>(*second);
+  for (int k = 0; k < 6; ++k) {
+    torch::manual_seed(100 + k);
+    // Values of every magnitude in the sum's range, most with bits below 2^-36 to round
+    // away, some exact ties, some above 2^-13 (where 2^36 x needs more than float's 24
+    // bits), zeros, and the largest allowed.
+    auto values = torch::randn({n + 5}) * torch::pow(10.0, torch::randint(-12, 3, {n + 5}));
+    values[3] = 0.0f;
+    values[4] = std::ldexp(5.0f, -37);  // 2.5 units: a tie, rounds to 2
+    values[5] = -std::ldexp(3.0f, -37);
+    values[6] = 1048575.9f;
+    values[n + 1] = 0.123456789f;  // past the gradients: rounded by the pass alike
+    vflow::vnode::FixedPointSum rounded_sum(n + 5, torch::kCPU);
+    vflow::vnode::FixedPointSum reading_sum(n + 5, torch::kCPU);
+    rounded_buffer.flat().copy_(values);
+    reading_buffer.flat().copy_(values);
+    const double a = rounded_sum.round_in_place(rounded_buffer.flat());
+    const double b = reading_sum.round_in_place_from(reading_buffer.flat(), n);
+    CHECK(a == b);
+    CHECK(a < vflow::vnode::FixedPointSum::kLimit);
+    // The part past the gradients is rounded alike; the gradients are left as they were.
+    CHECK(
+        torch::equal(reading_buffer.flat().narrow(0, n, 5), rounded_buffer.flat().narrow(0, n, 5)));
+    CHECK(torch::equal(reading_buffer.flat().narrow(0, 0, n), values.narrow(0, 0, n)));
+    CHECK(!torch::equal(rounded_buffer.flat().narrow(0, 0, n), values.narrow(0, 0, n)));
+    first->step();
+    reading.step_rounding();
+  }
+  const auto pa = rounded_net->parameters();
+  const auto pr = reading_net->parameters();
+  for (size_t i = 0; i < pa.size(); ++i) CHECK(torch::equal(pa[i], pr[i]));
+  CHECK(!torch::equal(pa[0], make()->parameters()[0]));
+}
+
+TEST_CASE("rounding from an offset still finds a value out of the exact sum's range", "[unit]") {
+  vflow::vnode::FixedPointSum sum(100, torch::kCPU);
+  auto values = torch::full({100}, 0.5f);
+  values[10] = 2e6f;  // in the part left unrounded
+  CHECK(sum.round_in_place_from(values, 50) == Approx(2e6));
+  values[10] = std::nanf("");
+  CHECK(std::isnan(sum.round_in_place_from(values, 50)));
 }

@@ -41,6 +41,12 @@ class FixedPointSum {
   /// Returns the largest magnitude among `values` before (as absorb). Clears the sum.
   double round_in_place(torch::Tensor& values);
 
+  /// One worker with one vnode (nothing absorbed): checks the range of every element of
+  /// `values` (returns the largest magnitude, as absorb) but rounds only those from
+  /// `from` on. The first `from` stay as they are for a reader that rounds each as it
+  /// reads it (vnode/fixed_point_rounding.h; the fused update): one pass less.
+  double round_in_place_from(torch::Tensor& values, int64_t from);
+
   /// The reduction's parts of the sum plus the rounded `values` (left as they are):
   /// elements of magnitude below `dense_limit` (units of 2^-36, a power of two up to
   /// 2^31) go to `dense` (int32, `numel` elements), the others are 0 there and listed in
