@@ -80,22 +80,49 @@ inline double to_double(int64_t t) {
 // rounds once by IEEE rules, so all versions give the same bits.
 #define VFLOW_KERNEL __attribute__((target_clones("avx512f", "avx2", "default")))
 
-VFLOW_KERNEL RangeSeen absorb_first(float* __restrict v, int64_t* __restrict s, int64_t n) {
-  uint32_t largest = 0;
+/// absorb into the 32-bit running sum d (|d| < 2^30 on entry and exit; First: d is zero
+/// on entry, not read): where the rounded value q and d + q stay below 2^30 in magnitude,
+/// d += q and the value is cleared; elsewhere d is left and the value too, for the caller
+/// to add to the spilled int64 values. Returns how many it left.
+template <bool First>
+__attribute__((always_inline)) inline int32_t absorb32_body(float* __restrict v,
+                                                            int32_t* __restrict d, int64_t n,
+                                                            uint32_t& largest) {
+  constexpr float kRoomF = 1073741824.0f;  // 2^30
+  constexpr int32_t kRoom = 1 << 30;
+  uint32_t seen = largest;
+  int32_t left = 0;
+  // Masks as integers rather than selects of floats and integers: the form the compiler
+  // vectorises.
   for (int64_t i = 0; i < n; ++i) {
-    s[i] = to_int64(scaled(v[i], largest));
-    v[i] = 0.0f;
+    const float x = v[i];
+    const float q = scaled(x, seen);
+    const int32_t small = std::fabs(q) < kRoomF ? 1 : 0;
+    const auto qi = static_cast<int32_t>(small != 0 ? q : 0.0f);
+    const int32_t s = First ? 0 : d[i];
+    const int32_t t = s + qi;  // both below 2^30
+    const int32_t ok = small & (t < kRoom ? 1 : 0) & (t > -kRoom ? 1 : 0);
+    d[i] = s + (qi & -ok);  // t where ok, else s
+    uint32_t bits = 0;
+    std::memcpy(&bits, &x, sizeof bits);
+    bits &= static_cast<uint32_t>(ok - 1);  // 0.0f where ok, else x
+    float kept = 0;
+    std::memcpy(&kept, &bits, sizeof kept);
+    v[i] = kept;
+    left += 1 - ok;
   }
-  return {largest};
+  largest = seen;
+  return left;
 }
 
-VFLOW_KERNEL RangeSeen absorb_more(float* __restrict v, int64_t* __restrict s, int64_t n) {
-  uint32_t largest = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    s[i] += to_int64(scaled(v[i], largest));
-    v[i] = 0.0f;
-  }
-  return {largest};
+VFLOW_KERNEL int32_t absorb32_first(float* __restrict v, int32_t* __restrict d, int64_t n,
+                                    uint32_t& largest) {
+  return absorb32_body<true>(v, d, n, largest);
+}
+
+VFLOW_KERNEL int32_t absorb32_more(float* __restrict v, int32_t* __restrict d, int64_t n,
+                                   uint32_t& largest) {
+  return absorb32_body<false>(v, d, n, largest);
 }
 
 VFLOW_KERNEL RangeSeen round_alone(float* __restrict v, int64_t n) {
@@ -116,10 +143,10 @@ VFLOW_KERNEL RangeSeen range_only(const float* __restrict v, int64_t n) {
   return {largest};
 }
 
-VFLOW_KERNEL RangeSeen round_with_sum(float* __restrict v, const int64_t* __restrict s, int64_t n) {
+VFLOW_KERNEL RangeSeen round_with_sum(float* __restrict v, const int32_t* __restrict s, int64_t n) {
   uint32_t largest = 0;
   for (int64_t i = 0; i < n; ++i) {
-    const int64_t t = s[i] + to_int64(scaled(v[i], largest));
+    const int64_t t = static_cast<int64_t>(s[i]) + to_int64(scaled(v[i], largest));
     v[i] = static_cast<float>(to_double(t) * kUnit);
   }
   return {largest};
@@ -140,13 +167,13 @@ VFLOW_KERNEL int32_t split_alone(const float* __restrict v, int32_t* __restrict 
   return count;
 }
 
-VFLOW_KERNEL int32_t split_with_sum(const float* __restrict v, const int64_t* __restrict s,
+VFLOW_KERNEL int32_t split_with_sum(const float* __restrict v, const int32_t* __restrict s,
                                     int32_t* __restrict d, int64_t limit, int64_t n,
                                     RangeSeen& seen) {
   uint32_t largest = 0;
   int32_t count = 0;
   for (int64_t i = 0; i < n; ++i) {
-    const int64_t t = s[i] + to_int64(scaled(v[i], largest));
+    const int64_t t = static_cast<int64_t>(s[i]) + to_int64(scaled(v[i], largest));
     // Masks rather than a select: the form the compiler vectorises for int64.
     const auto small = static_cast<int32_t>((t < limit) & (t > -limit));
     d[i] = static_cast<int32_t>(t) & -small;
@@ -271,58 +298,114 @@ torch::Tensor generic_rounded(const torch::Tensor& values) {
 
 }  // namespace
 
-FixedPointSum::FixedPointSum(int64_t numel, torch::Device device)
-    : sum_(torch::zeros({numel}, torch::TensorOptions(torch::kInt64).device(device))) {}
+FixedPointSum::FixedPointSum(int64_t numel, torch::Device device) : numel_(numel) {
+  if (device.is_cpu()) {
+    sum32_ = torch::zeros({numel}, torch::kInt32);
+  } else {
+    sum_ = torch::zeros({numel}, torch::TensorOptions(torch::kInt64).device(device));
+  }
+}
 
-void FixedPointSum::clear() { empty_ = true; }
+void FixedPointSum::clear() {
+  empty_ = true;
+  spilled_.clear();
+}
+
+torch::Tensor& FixedPointSum::generic_sum() {
+  // Values that are not float32 on the CPU: the int64 sum of tensor operations (a CPU
+  // sum allocates it at its first such value; a job's values are all of one kind).
+  if (!sum_.defined()) sum_ = torch::zeros({numel_}, torch::kInt64);
+  VFLOW_ASSERT(spilled_.empty(), "a fixed-point sum of two kinds at once");
+  return sum_;
+}
 
 double FixedPointSum::absorb(torch::Tensor& values) {
-  VFLOW_ASSERT(values.numel() == sum_.numel(), "a fixed-point sum of another size");
-  if (!fast_path(values)) {
+  VFLOW_ASSERT(values.numel() == numel_, "a fixed-point sum of another size");
+  if (!fast_path(values) || !sum32_.defined()) {
     const double largest = generic_largest(values);
     if (!(largest < kLimit)) return largest;
     const auto q = generic_rounded(values);
     if (empty_) {
-      sum_.copy_(q);
+      generic_sum().copy_(q);
     } else {
-      sum_.add_(q);
+      generic_sum().add_(q);
     }
     values.zero_();
     empty_ = false;
     return largest;
   }
   float* v = values.data_ptr<float>();
-  int64_t* s = sum_.data_ptr<int64_t>();
+  int32_t* d = sum32_.data_ptr<int32_t>();
   const bool first = empty_;
-  const auto seen = for_chunks(values.numel(), [&](int64_t b, int64_t e, int64_t) {
-    return first ? absorb_first(v + b, s + b, e - b) : absorb_more(v + b, s + b, e - b);
+  std::vector<Spilled> spills(static_cast<size_t>((numel_ + kChunk - 1) / kChunk));
+  const auto seen = for_chunks(numel_, [&](int64_t b, int64_t e, int64_t c) {
+    uint32_t largest = 0;
+    for (int64_t bb = b; bb < e; bb += kBlock) {
+      const int64_t be = std::min(e, bb + kBlock);
+      const int32_t left = first ? absorb32_first(v + bb, d + bb, be - bb, largest)
+                                 : absorb32_more(v + bb, d + bb, be - bb, largest);
+      if (left == 0) continue;
+      // Rare: the values left are the block's nonzero ones; they go to the int64 list.
+      uint32_t unused = 0;
+      for (int64_t i = bb; i < be; ++i) {
+        if (v[i] == 0.0f) continue;
+        spills[c].emplace_back(i, to_int64(scaled(v[i], unused)));
+        v[i] = 0.0f;
+      }
+    }
+    return RangeSeen{largest};
   });
+  // Each chunk's list is ascending; merged with what earlier vnodes spilled, equal
+  // indices summed.
+  Spilled all = first ? Spilled{} : std::move(spilled_);
+  for (auto& part : spills) all.insert(all.end(), part.begin(), part.end());
+  std::sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  spilled_.clear();
+  for (const auto& [i, t] : all) {
+    if (!spilled_.empty() && spilled_.back().first == i) {
+      spilled_.back().second += t;
+    } else {
+      spilled_.emplace_back(i, t);
+    }
+  }
   empty_ = false;
   return seen.result();
 }
 
 double FixedPointSum::round_in_place(torch::Tensor& values) {
-  VFLOW_ASSERT(values.numel() == sum_.numel(), "a fixed-point sum of another size");
+  VFLOW_ASSERT(values.numel() == numel_, "a fixed-point sum of another size");
   const bool alone = empty_;
   empty_ = true;
-  if (!fast_path(values)) {
+  if (!fast_path(values) || !sum32_.defined()) {
     const double largest = generic_largest(values);
     if (!(largest < kLimit)) return largest;
     auto t = generic_rounded(values);
-    if (!alone) t.add_(sum_);
+    if (!alone) t.add_(generic_sum());
     values.copy_(t.to(torch::kFloat64).mul_(kUnit));
     return largest;
   }
   float* v = values.data_ptr<float>();
-  const int64_t* s = sum_.data_ptr<int64_t>();
+  const int32_t* s = sum32_.data_ptr<int32_t>();
+  // The spilled elements' totals, from the values before the pass overwrites them.
+  std::vector<float> patched;
+  if (!alone) {
+    patched.reserve(spilled_.size());
+    uint32_t unused = 0;
+    for (const auto& [i, t] : spilled_) {
+      const int64_t total = static_cast<int64_t>(s[i]) + t + to_int64(scaled(v[i], unused));
+      patched.push_back(static_cast<float>(to_double(total) * kUnit));
+    }
+  }
   const auto seen = for_chunks(values.numel(), [&](int64_t b, int64_t e, int64_t) {
     return alone ? round_alone(v + b, e - b) : round_with_sum(v + b, s + b, e - b);
   });
+  for (size_t k = 0; k < patched.size(); ++k) v[spilled_[k].first] = patched[k];
+  spilled_.clear();
   return seen.result();
 }
 
 double FixedPointSum::round_in_place_from(torch::Tensor& values, int64_t from) {
-  VFLOW_ASSERT(values.numel() == sum_.numel(), "a fixed-point sum of another size");
+  VFLOW_ASSERT(values.numel() == numel_, "a fixed-point sum of another size");
   VFLOW_ASSERT(empty_, "rounding from an offset needs a worker's only vnode");
   VFLOW_ASSERT(from >= 0 && from <= values.numel(), "rounding from outside the buffer");
   if (!fast_path(values)) {
@@ -379,24 +462,25 @@ double FixedPointSum::sum_rounded(const float* const* parts, int ranks, float* d
 
 double FixedPointSum::split(const torch::Tensor& values, int64_t dense_limit, torch::Tensor& dense,
                             torch::Tensor& index, torch::Tensor& value) {
-  const double largest = split_part(values, dense_limit, dense, index, value, 0, sum_.numel());
-  empty_ = true;
+  const double largest = split_part(values, dense_limit, dense, index, value, 0, numel_);
+  clear();
   return largest;
 }
 
 double FixedPointSum::split_part(const torch::Tensor& values, int64_t dense_limit,
                                  torch::Tensor& dense, torch::Tensor& index, torch::Tensor& value,
                                  int64_t from, int64_t count) const {
-  VFLOW_ASSERT(values.numel() == sum_.numel() && dense.numel() == sum_.numel() &&
+  VFLOW_ASSERT(values.numel() == numel_ && dense.numel() == numel_ &&
                    dense.scalar_type() == torch::kInt32 && dense.is_contiguous(),
                "split into a dense part of another size or type");
-  VFLOW_ASSERT(from >= 0 && count >= 0 && from + count <= sum_.numel(),
+  VFLOW_ASSERT(from >= 0 && count >= 0 && from + count <= numel_,
                "a split of elements outside the sum");
   VFLOW_ASSERT(dense_limit > 0 && dense_limit <= (int64_t{1} << 31) &&
                    (dense_limit & (dense_limit - 1)) == 0,
                "the dense limit must be a power of two up to 2^31");
   const bool alone = empty_;
-  if (!fast_path(values) || !dense.device().is_cpu()) {
+  if (!fast_path(values) || !dense.device().is_cpu() || !sum32_.defined()) {
+    VFLOW_ASSERT(alone || sum_.defined(), "a fixed-point sum split as another kind");
     const auto part = values.narrow(0, from, count);
     const double largest = generic_largest(part);
     if (!(largest < kLimit)) return largest;
@@ -410,12 +494,23 @@ double FixedPointSum::split_part(const torch::Tensor& values, int64_t dense_limi
     return largest;
   }
   const float* v = values.data_ptr<float>() + from;
-  const int64_t* s = sum_.data_ptr<int64_t>() + from;
+  const int32_t* s = sum32_.data_ptr<int32_t>() + from;
   int32_t* d = dense.data_ptr<int32_t>() + from;
   const int64_t n = count;
   const float limit_f = static_cast<float>(dense_limit);
-  std::vector<std::vector<std::pair<int64_t, int64_t>>> large(
-      static_cast<size_t>((n + kChunk - 1) / kChunk));
+  // The spilled elements of the range with their totals, from the values as they are.
+  Spilled spilled;
+  if (!alone) {
+    uint32_t unused = 0;
+    auto it = std::lower_bound(spilled_.begin(), spilled_.end(), from,
+                               [](const auto& p, int64_t i) { return p.first < i; });
+    for (; it != spilled_.end() && it->first < from + count; ++it) {
+      const int64_t i = it->first - from;
+      spilled.emplace_back(
+          it->first, static_cast<int64_t>(s[i]) + it->second + to_int64(scaled(v[i], unused)));
+    }
+  }
+  std::vector<Spilled> large(static_cast<size_t>((n + kChunk - 1) / kChunk));
   const auto seen = for_chunks(n, [&](int64_t b, int64_t e, int64_t c) {
     RangeSeen chunk;
     for (int64_t bb = b; bb < e; bb += kBlock) {
@@ -428,23 +523,37 @@ double FixedPointSum::split_part(const torch::Tensor& values, int64_t dense_limi
       // Rare: list the block's large values, recomputing them while the block is cached.
       uint32_t unused = 0;
       for (int64_t i = bb; i < be; ++i) {
-        const int64_t t = (alone ? 0 : s[i]) + to_int64(scaled(v[i], unused));
+        const int64_t t = (alone ? 0 : static_cast<int64_t>(s[i])) + to_int64(scaled(v[i], unused));
         if (t >= dense_limit || t <= -dense_limit) large[c].emplace_back(from + i, t);
       }
     }
     return chunk;
   });
-  int64_t total = 0;
-  for (const auto& l : large) total += static_cast<int64_t>(l.size());
+  Spilled listed;
+  for (const auto& l : large) listed.insert(listed.end(), l.begin(), l.end());
+  if (!spilled.empty()) {
+    // A spilled element's total replaces what the pass wrote or listed for it.
+    Spilled kept;
+    auto sp = spilled.begin();
+    for (const auto& p : listed) {
+      while (sp != spilled.end() && sp->first < p.first) ++sp;
+      if (sp == spilled.end() || sp->first != p.first) kept.push_back(p);
+    }
+    for (const auto& [i, t] : spilled) {
+      const bool small = t < dense_limit && t > -dense_limit;
+      d[i - from] = small ? static_cast<int32_t>(t) : 0;
+      if (!small) kept.emplace_back(i, t);
+    }
+    std::sort(kept.begin(), kept.end(),
+              [](const auto& a, const auto& b) { return a.first < b.first; });
+    listed = std::move(kept);
+  }
+  const auto total = static_cast<int64_t>(listed.size());
   index = torch::empty({total}, torch::kInt64);
   value = torch::empty({total}, torch::kInt64);
-  int64_t k = 0;
-  for (const auto& l : large) {
-    for (const auto& [i, t] : l) {
-      index.data_ptr<int64_t>()[k] = i;
-      value.data_ptr<int64_t>()[k] = t;
-      ++k;
-    }
+  for (int64_t k = 0; k < total; ++k) {
+    index.data_ptr<int64_t>()[k] = listed[k].first;
+    value.data_ptr<int64_t>()[k] = listed[k].second;
   }
   return seen.result();
 }

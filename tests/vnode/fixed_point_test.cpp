@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "vflow/engine/trainer.h"
@@ -140,6 +141,65 @@ TEST_CASE("the fused exact sum equals the int64 sum of rounded values, bit for b
     CHECK(same_bits(dense, expected.masked_fill(large, 0).to(torch::kInt32)));
   }
   vflow::engine::set_intra_op_threads(saved);
+}
+
+TEST_CASE("the 32-bit running sum lists what leaves its range and adds it back exactly", "[unit]") {
+  // Values near 2^-6 (2^30 units), where a vnode's value or the running sum leaves the 32
+  // bits the sum keeps an element in, in five vnodes: alone too large, small alone but
+  // large together, large in one vnode and small in the next, cancelling, growing back.
+  const float edge = std::ldexp(1.0f, -6);
+  const int64_t n = 3000;  // three blocks of the kernels' 1024, the last one ragged
+  std::vector<torch::Tensor> parts;
+  for (int k = 0; k < 5; ++k) {
+    torch::manual_seed(40 + k);
+    auto v = (torch::rand({n}) * 2 - 1) * edge * 1.5f;  // about a third beyond the edge
+    auto* p = v.data_ptr<float>();
+    p[0] = 0.6f * edge;                                  // 0.6, 1.2, ...: over after two
+    p[1] = (k % 2 == 0 ? 1 : -1) * 0.9f * edge;          // back and forth
+    p[2] = k == 2 ? 1000.0f : 1e-9f;                     // one large value among small ones
+    p[3] = k < 4 ? 0.99f * edge : -4 * edge;             // grows, then falls back
+    for (int64_t i = 1024; i < 2048; ++i) p[i] = 1e-7f;  // a block that stays small
+    parts.push_back(v);
+  }
+  const auto expected = reference_sum(parts);
+  const auto absorbed = [&] {
+    FixedPointSum sum(n, torch::kCPU);
+    for (size_t k = 0; k + 1 < parts.size(); ++k) {
+      auto values = parts[k].clone();
+      CHECK(sum.absorb(values) < FixedPointSum::kLimit);
+      CHECK(values.abs().max().item<float>() == 0);
+    }
+    return sum;
+  };
+  SECTION("rounded in place") {
+    auto sum = absorbed();
+    auto last = parts.back().clone();
+    sum.round_in_place(last);
+    CHECK(same_bits(last, as_floats(expected)));
+  }
+  SECTION("split whole and in parts") {
+    const int64_t limit = int64_t{1} << 29;  // the dense limit of three or four ranks
+    const auto large = expected.abs().ge(limit);
+    CHECK(large.sum().item<int64_t>() > 100);
+    auto sum = absorbed();
+    auto dense = torch::full({n}, 7, torch::kInt32);
+    std::vector<torch::Tensor> indices, values;
+    for (const auto& [from, count] : {std::pair<int64_t, int64_t>{2, 2998}, {0, 2}}) {
+      torch::Tensor index, value;
+      sum.split_part(parts.back(), limit, dense, index, value, from, count);
+      indices.push_back(index);
+      values.push_back(value);
+    }
+    const auto index = torch::cat({indices[1], indices[0]});
+    CHECK(same_bits(index, large.nonzero().view({-1})));
+    CHECK(same_bits(torch::cat({values[1], values[0]}), expected.index_select(0, index)));
+    CHECK(same_bits(dense, expected.masked_fill(large, 0).to(torch::kInt32)));
+    torch::Tensor whole_index, whole_value;
+    auto whole = torch::empty({n}, torch::kInt32);
+    sum.split(parts.back(), limit, whole, whole_index, whole_value);
+    CHECK(same_bits(whole, dense));
+    CHECK(same_bits(whole_index, index));
+  }
 }
 
 TEST_CASE("the exact sum reports values outside its range, NaN included", "[unit]") {

@@ -2,7 +2,8 @@
 // reproducibility across worker counts").
 //
 // Each vnode's weighted gradient (and table row, and loss) is rounded to a multiple of
-// 2^-36 and added as an int64 to a worker's sum; the sum over workers is integer
+// 2^-36 and added as an integer to a worker's sum (32 bits an element on the CPU, with
+// the few elements that leave that range listed in int64); the sum over workers is integer
 // addition too, so the total is the same however vnodes are spread over workers and in
 // whatever order they are added. The float buffer of a vnode is read and cleared in one
 // pass. The last vnode a worker computes needs no int64 step of its own: its values are
@@ -18,6 +19,7 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 namespace vflow::vnode {
@@ -100,8 +102,20 @@ class FixedPointSum {
   void clear();
 
  private:
-  torch::Tensor sum_;  // int64
-  bool empty_ = true;  // sum_ is zero: the first absorb writes instead of adding
+  using Spilled = std::vector<std::pair<int64_t, int64_t>>;  // (index, int64 value)
+
+  torch::Tensor& generic_sum();
+
+  int64_t numel_;
+  // On the CPU the running sum is 32 bits an element, half the memory traffic of each
+  // absorb: element i's total is sum32_[i] plus its entry in spilled_ (ascending,
+  // distinct indices), which takes a vnode's value where adding it would carry the
+  // element to 2^30 or beyond. Elsewhere (and for values not float32) it is the int64
+  // tensor sum_ of tensor operations.
+  torch::Tensor sum32_;
+  Spilled spilled_;
+  torch::Tensor sum_;
+  bool empty_ = true;  // the sum is zero: the first absorb writes instead of adding
 };
 
 }  // namespace vflow::vnode
