@@ -82,8 +82,8 @@ inline double to_double(int64_t t) {
 
 /// absorb into the 32-bit running sum d (|d| < 2^30 on entry and exit; First: d is zero
 /// on entry, not read): where the rounded value q and d + q stay below 2^30 in magnitude,
-/// d += q and the value is cleared; elsewhere d is left and the value too, for the caller
-/// to add to the spilled int64 values. Returns how many it left.
+/// d += q and the value is cleared; elsewhere d is left (0 where First) and the value
+/// too, for the caller to move both to the spilled int64 values. Returns how many it left.
 template <bool First>
 __attribute__((always_inline)) inline int32_t absorb32_body(float* __restrict v,
                                                             int32_t* __restrict d, int64_t n,
@@ -296,6 +296,13 @@ torch::Tensor generic_rounded(const torch::Tensor& values) {
   return values.to(torch::kFloat64).mul_(FixedPointSum::kScale).round_().to(torch::kInt64);
 }
 
+/// The first of `list` (ascending indices) at index `i` or beyond.
+template <typename List>
+auto first_at(const List& list, int64_t i) {
+  return std::lower_bound(list.begin(), list.end(), i,
+                          [](const auto& p, int64_t at) { return p.first < at; });
+}
+
 }  // namespace
 
 FixedPointSum::FixedPointSum(int64_t numel, torch::Device device) : numel_(numel) {
@@ -345,27 +352,37 @@ double FixedPointSum::absorb(torch::Tensor& values) {
       const int32_t left = first ? absorb32_first(v + bb, d + bb, be - bb, largest)
                                  : absorb32_more(v + bb, d + bb, be - bb, largest);
       if (left == 0) continue;
-      // Rare: the values left are the block's nonzero ones; they go to the int64 list.
+      // Rare: the values left are the block's nonzero ones. Each goes to the int64 list
+      // with the element's int32 sum, which starts again from zero, so that an element
+      // whose sum has grown large does not spill again at every vnode.
       uint32_t unused = 0;
       for (int64_t i = bb; i < be; ++i) {
         if (v[i] == 0.0f) continue;
-        spills[c].emplace_back(i, to_int64(scaled(v[i], unused)));
+        spills[c].emplace_back(i, static_cast<int64_t>(d[i]) + to_int64(scaled(v[i], unused)));
+        d[i] = 0;
         v[i] = 0.0f;
       }
     }
     return RangeSeen{largest};
   });
-  // Each chunk's list is ascending; merged with what earlier vnodes spilled, equal
-  // indices summed.
-  Spilled all = first ? Spilled{} : std::move(spilled_);
-  for (auto& part : spills) all.insert(all.end(), part.begin(), part.end());
-  std::sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  // The chunks' lists, in chunk order, are ascending; merged with what earlier vnodes
+  // spilled, equal indices summed.
+  Spilled fresh;
+  for (auto& part : spills) fresh.insert(fresh.end(), part.begin(), part.end());
+  const Spilled earlier = first ? Spilled{} : std::move(spilled_);
   spilled_.clear();
-  for (const auto& [i, t] : all) {
-    if (!spilled_.empty() && spilled_.back().first == i) {
-      spilled_.back().second += t;
+  spilled_.reserve(earlier.size() + fresh.size());
+  auto a = earlier.begin();
+  auto b = fresh.begin();
+  while (a != earlier.end() || b != fresh.end()) {
+    if (b == fresh.end() || (a != earlier.end() && a->first < b->first)) {
+      spilled_.push_back(*a++);
+    } else if (a == earlier.end() || b->first < a->first) {
+      spilled_.push_back(*b++);
     } else {
-      spilled_.emplace_back(i, t);
+      spilled_.emplace_back(a->first, a->second + b->second);
+      ++a;
+      ++b;
     }
   }
   empty_ = false;
@@ -386,20 +403,26 @@ double FixedPointSum::round_in_place(torch::Tensor& values) {
   }
   float* v = values.data_ptr<float>();
   const int32_t* s = sum32_.data_ptr<int32_t>();
-  // The spilled elements' totals, from the values before the pass overwrites them.
-  std::vector<float> patched;
-  if (!alone) {
-    patched.reserve(spilled_.size());
+  const Spilled& spilled = spilled_;
+  const auto seen = for_chunks(values.numel(), [&](int64_t b, int64_t e, int64_t) {
+    if (alone) return round_alone(v + b, e - b);
+    // The chunk's spilled elements' totals, from the values before the pass overwrites
+    // them (the chunk is then in cache for the pass), put in after it.
+    const auto first = first_at(spilled, b);
+    const auto last = first_at(spilled, e);
+    std::vector<float> patched;
+    patched.reserve(static_cast<size_t>(last - first));
     uint32_t unused = 0;
-    for (const auto& [i, t] : spilled_) {
-      const int64_t total = static_cast<int64_t>(s[i]) + t + to_int64(scaled(v[i], unused));
+    for (auto it = first; it != last; ++it) {
+      const int64_t i = it->first;
+      const int64_t total =
+          static_cast<int64_t>(s[i]) + it->second + to_int64(scaled(v[i], unused));
       patched.push_back(static_cast<float>(to_double(total) * kUnit));
     }
-  }
-  const auto seen = for_chunks(values.numel(), [&](int64_t b, int64_t e, int64_t) {
-    return alone ? round_alone(v + b, e - b) : round_with_sum(v + b, s + b, e - b);
+    const RangeSeen r = round_with_sum(v + b, s + b, e - b);
+    for (auto it = first; it != last; ++it) v[it->first] = patched[it - first];
+    return r;
   });
-  for (size_t k = 0; k < patched.size(); ++k) v[spilled_[k].first] = patched[k];
   spilled_.clear();
   return seen.result();
 }
@@ -498,20 +521,20 @@ double FixedPointSum::split_part(const torch::Tensor& values, int64_t dense_limi
   int32_t* d = dense.data_ptr<int32_t>() + from;
   const int64_t n = count;
   const float limit_f = static_cast<float>(dense_limit);
-  // The spilled elements of the range with their totals, from the values as they are.
-  Spilled spilled;
-  if (!alone) {
-    uint32_t unused = 0;
-    auto it = std::lower_bound(spilled_.begin(), spilled_.end(), from,
-                               [](const auto& p, int64_t i) { return p.first < i; });
-    for (; it != spilled_.end() && it->first < from + count; ++it) {
-      const int64_t i = it->first - from;
-      spilled.emplace_back(
-          it->first, static_cast<int64_t>(s[i]) + it->second + to_int64(scaled(v[i], unused)));
-    }
-  }
   std::vector<Spilled> large(static_cast<size_t>((n + kChunk - 1) / kChunk));
   const auto seen = for_chunks(n, [&](int64_t b, int64_t e, int64_t c) {
+    // The chunk's spilled elements with their totals, from the values as they are (the
+    // chunk is then in cache for the pass); they replace what the pass writes for them.
+    Spilled totals;
+    if (!alone) {
+      uint32_t unused = 0;
+      const auto last = first_at(spilled_, from + e);
+      for (auto it = first_at(spilled_, from + b); it != last; ++it) {
+        const int64_t i = it->first - from;
+        totals.emplace_back(
+            it->first, static_cast<int64_t>(s[i]) + it->second + to_int64(scaled(v[i], unused)));
+      }
+    }
     RangeSeen chunk;
     for (int64_t bb = b; bb < e; bb += kBlock) {
       const int64_t be = std::min(e, bb + kBlock);
@@ -527,27 +550,26 @@ double FixedPointSum::split_part(const torch::Tensor& values, int64_t dense_limi
         if (t >= dense_limit || t <= -dense_limit) large[c].emplace_back(from + i, t);
       }
     }
-    return chunk;
-  });
-  Spilled listed;
-  for (const auto& l : large) listed.insert(listed.end(), l.begin(), l.end());
-  if (!spilled.empty()) {
-    // A spilled element's total replaces what the pass wrote or listed for it.
+    if (totals.empty()) return chunk;
     Spilled kept;
-    auto sp = spilled.begin();
-    for (const auto& p : listed) {
-      while (sp != spilled.end() && sp->first < p.first) ++sp;
-      if (sp == spilled.end() || sp->first != p.first) kept.push_back(p);
+    auto sp = totals.begin();
+    for (const auto& p : large[c]) {
+      while (sp != totals.end() && sp->first < p.first) ++sp;
+      if (sp == totals.end() || sp->first != p.first) kept.push_back(p);
     }
-    for (const auto& [i, t] : spilled) {
+    for (const auto& [i, t] : totals) {
       const bool small = t < dense_limit && t > -dense_limit;
       d[i - from] = small ? static_cast<int32_t>(t) : 0;
       if (!small) kept.emplace_back(i, t);
     }
     std::sort(kept.begin(), kept.end(),
-              [](const auto& a, const auto& b) { return a.first < b.first; });
-    listed = std::move(kept);
-  }
+              [](const auto& x, const auto& y) { return x.first < y.first; });
+    large[c] = std::move(kept);
+    return chunk;
+  });
+  // The chunks' lists, in chunk order, are ascending.
+  Spilled listed;
+  for (const auto& l : large) listed.insert(listed.end(), l.begin(), l.end());
   const auto total = static_cast<int64_t>(listed.size());
   index = torch::empty({total}, torch::kInt64);
   value = torch::empty({total}, torch::kInt64);
