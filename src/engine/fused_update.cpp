@@ -39,30 +39,40 @@ struct Gradient {
   /// The float gradient is on the CPU, or the gradient is a reduced sum.
   bool on_cpu() const { return reduced != nullptr || cpu_float(values); }
 
-  /// f(begin, end, floats, integers) over [0, n) in parallel chunks, one pointer of the
-  /// two set, at `begin` of its source: for floats one call a chunk; for a reduced sum
-  /// runs of dense integers between the listed elements, and each listed element alone
-  /// with its float.
+  /// f(begin, end, source) over [0, n) in parallel chunks, `source` the gradients of
+  /// [begin, end) as an update kernel takes them: for floats a `const float*` a chunk
+  /// (RoundedGradients where they are rounded as they are read); for a reduced sum runs
+  /// of ReducedGradients between the listed elements, and each listed element alone as
+  /// a `const float*` to its float.
   template <typename F>
   void for_runs(int64_t n, F f) const {
     if (reduced == nullptr) {
       const float* g = values.data_ptr<float>();
-      for_chunks(n, [&](int64_t b, int64_t e) { f(b, e, g + b, nullptr); });
+      for_chunks(n, [&](int64_t b, int64_t e) {
+        if (rounding) {
+          f(b, e, RoundedGradients{g + b});
+        } else {
+          f(b, e, g + b);
+        }
+      });
       return;
     }
     const auto& r = *reduced;
     VFLOW_ASSERT(r.numel == n, "a reduced gradient of another size");
+    const auto dense = [&](int64_t at) {
+      return ReducedGradients{r.dense + at, vnode::FixedPointSum::Reduced::kUnit};
+    };
     for_chunks(n, [&](int64_t b, int64_t e) {
       auto k = static_cast<size_t>(std::lower_bound(r.index.begin(), r.index.end(), b) -
                                    r.index.begin());
       int64_t at = b;
       for (; k < r.index.size() && r.index[k] < e; ++k) {
         const int64_t i = r.index[k];
-        if (at < i) f(at, i, nullptr, r.dense + at);
-        f(i, i + 1, &r.listed[k], nullptr);
+        if (at < i) f(at, i, dense(at));
+        f(i, i + 1, &r.listed[k]);
         at = i + 1;
       }
-      if (at < e) f(at, e, nullptr, r.dense + at);
+      if (at < e) f(at, e, dense(at));
     });
   }
 };
@@ -275,15 +285,8 @@ class FusedSgd final : public FusedOptimizer<torch::optim::SGD, torch::optim::SG
     if (cpu_float(p) && gradient.on_cpu()) {
       float* pp = p.data_ptr<float>();
       float* bp = s.use_momentum ? state_[0].data_ptr<float>() : nullptr;
-      gradient.for_runs(p.numel(), [&](int64_t b, int64_t e, const float* g, const int32_t* q) {
-        float* buf = bp ? bp + b : nullptr;
-        if (g != nullptr && gradient.rounding) {
-          sgd_kernel(pp + b, RoundedGradients{g}, buf, e - b, s);
-        } else if (g != nullptr) {
-          sgd_kernel(pp + b, g, buf, e - b, s);
-        } else {
-          sgd_kernel(pp + b, q, vnode::FixedPointSum::Reduced::kUnit, buf, e - b, s);
-        }
+      gradient.for_runs(p.numel(), [&](int64_t b, int64_t e, auto g) {
+        sgd_kernel(pp + b, g, bp ? bp + b : nullptr, e - b, s);
       });
       return;
     }
@@ -346,14 +349,8 @@ class FusedAdamW final : public FusedOptimizer<torch::optim::AdamW, torch::optim
       float* pp = p.data_ptr<float>();
       float* mp = m.data_ptr<float>();
       float* vp = v.data_ptr<float>();
-      gradient.for_runs(p.numel(), [&](int64_t b, int64_t e, const float* g, const int32_t* q) {
-        if (g != nullptr && gradient.rounding) {
-          adamw_kernel(pp + b, RoundedGradients{g}, mp + b, vp + b, e - b, s);
-        } else if (g != nullptr) {
-          adamw_kernel(pp + b, g, mp + b, vp + b, e - b, s);
-        } else {
-          adamw_kernel(pp + b, q, vnode::FixedPointSum::Reduced::kUnit, mp + b, vp + b, e - b, s);
-        }
+      gradient.for_runs(p.numel(), [&](int64_t b, int64_t e, auto g) {
+        adamw_kernel(pp + b, g, mp + b, vp + b, e - b, s);
       });
       return;
     }

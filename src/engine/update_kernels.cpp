@@ -12,9 +12,9 @@
 namespace vflow::engine {
 
 // Plain loops over restrict pointers, with loop-invariant branches the compiler hoists.
-// Each body is written once, over a gradient source G: floats, or int32 values times a
-// unit, or floats rounded as they are read. The bodies are always inlined, so each clone compiles
-// them for its own target.
+// Each body is written once, over a gradient source G: floats, int32 values times a unit,
+// or floats rounded as they are read. The bodies are always inlined, so each clone
+// compiles them for its own target.
 #define VFLOW_KERNEL __attribute__((target_clones("avx2", "default")))
 // The kernels that round as they read are bound by their instructions more than by memory
 // (about 0.7 ms more than the plain SGD on the 5.8 M-parameter MLP in AVX2, 0.15 ms in
@@ -88,9 +88,9 @@ VFLOW_KERNEL void sgd_kernel(float* __restrict p, const float* __restrict g, flo
   sgd_body(p, FloatGradients{g}, buf, n, s);
 }
 
-VFLOW_KERNEL void sgd_kernel(float* __restrict p, const int32_t* __restrict q, float unit,
-                             float* __restrict buf, int64_t n, const SgdScalars& s) {
-  sgd_body(p, FixedGradients{q, unit}, buf, n, s);
+VFLOW_KERNEL void sgd_kernel(float* __restrict p, ReducedGradients g, float* __restrict buf,
+                             int64_t n, const SgdScalars& s) {
+  sgd_body(p, FixedGradients{g.q, g.unit}, buf, n, s);
 }
 
 VFLOW_ROUNDING_KERNEL void sgd_kernel(float* __restrict p, RoundedGradients g,
@@ -103,10 +103,9 @@ VFLOW_KERNEL void adamw_kernel(float* __restrict p, const float* __restrict g, f
   adamw_body(p, FloatGradients{g}, m, v, n, s);
 }
 
-VFLOW_KERNEL void adamw_kernel(float* __restrict p, const int32_t* __restrict q, float unit,
-                               float* __restrict m, float* __restrict v, int64_t n,
-                               const AdamWScalars& s) {
-  adamw_body(p, FixedGradients{q, unit}, m, v, n, s);
+VFLOW_KERNEL void adamw_kernel(float* __restrict p, ReducedGradients g, float* __restrict m,
+                               float* __restrict v, int64_t n, const AdamWScalars& s) {
+  adamw_body(p, FixedGradients{g.q, g.unit}, m, v, n, s);
 }
 
 VFLOW_ROUNDING_KERNEL void adamw_kernel(float* __restrict p, RoundedGradients g,

@@ -16,9 +16,15 @@ struct SgdScalars {
 /// n elements: parameters p, gradients g, momentum buffer buf (unused without momentum).
 void sgd_kernel(float* __restrict p, const float* __restrict g, float* __restrict buf, int64_t n,
                 const SgdScalars& s);
-/// The same with gradients float(q[i]) · unit (deterministic mode's reduced integers).
-void sgd_kernel(float* __restrict p, const int32_t* __restrict q, float unit, float* __restrict buf,
-                int64_t n, const SgdScalars& s);
+/// Gradients float(q[i]) · unit: deterministic mode's reduced integers.
+struct ReducedGradients {
+  const int32_t* q;
+  float unit;
+};
+
+/// The same with reduced integers for gradients.
+void sgd_kernel(float* __restrict p, ReducedGradients g, float* __restrict buf, int64_t n,
+                const SgdScalars& s);
 
 /// Gradients rounded to multiples of 2^-36 as they are read (deterministic mode's one
 /// vnode on one worker: vnode/fixed_point_rounding.h), bitwise what
@@ -41,9 +47,9 @@ struct AdamWScalars {
 /// n elements: parameters p, gradients g, first and second moments m and v.
 void adamw_kernel(float* __restrict p, const float* __restrict g, float* __restrict m,
                   float* __restrict v, int64_t n, const AdamWScalars& s);
-/// The same with gradients float(q[i]) · unit.
-void adamw_kernel(float* __restrict p, const int32_t* __restrict q, float unit, float* __restrict m,
-                  float* __restrict v, int64_t n, const AdamWScalars& s);
+/// The same with reduced integers for gradients.
+void adamw_kernel(float* __restrict p, ReducedGradients g, float* __restrict m, float* __restrict v,
+                  int64_t n, const AdamWScalars& s);
 
 /// The same with each gradient rounded as it is read.
 void adamw_kernel(float* __restrict p, RoundedGradients g, float* __restrict m, float* __restrict v,

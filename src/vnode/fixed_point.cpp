@@ -296,6 +296,13 @@ torch::Tensor generic_rounded(const torch::Tensor& values) {
   return values.to(torch::kFloat64).mul_(FixedPointSum::kScale).round_().to(torch::kInt64);
 }
 
+/// A spilled element's total with the last vnode's value x: its int32 sum, its listed
+/// int64 value and x rounded.
+inline int64_t spilled_total(int32_t sum, int64_t listed, float x) {
+  uint32_t unused = 0;
+  return static_cast<int64_t>(sum) + listed + to_int64(scaled(x, unused));
+}
+
 /// The first of `list` (ascending indices) at index `i` or beyond.
 template <typename List>
 auto first_at(const List& list, int64_t i) {
@@ -412,11 +419,8 @@ double FixedPointSum::round_in_place(torch::Tensor& values) {
     const auto last = first_at(spilled, e);
     std::vector<float> patched;
     patched.reserve(static_cast<size_t>(last - first));
-    uint32_t unused = 0;
     for (auto it = first; it != last; ++it) {
-      const int64_t i = it->first;
-      const int64_t total =
-          static_cast<int64_t>(s[i]) + it->second + to_int64(scaled(v[i], unused));
+      const int64_t total = spilled_total(s[it->first], it->second, v[it->first]);
       patched.push_back(static_cast<float>(to_double(total) * kUnit));
     }
     const RangeSeen r = round_with_sum(v + b, s + b, e - b);
@@ -527,12 +531,10 @@ double FixedPointSum::split_part(const torch::Tensor& values, int64_t dense_limi
     // chunk is then in cache for the pass); they replace what the pass writes for them.
     Spilled totals;
     if (!alone) {
-      uint32_t unused = 0;
       const auto last = first_at(spilled_, from + e);
       for (auto it = first_at(spilled_, from + b); it != last; ++it) {
         const int64_t i = it->first - from;
-        totals.emplace_back(
-            it->first, static_cast<int64_t>(s[i]) + it->second + to_int64(scaled(v[i], unused)));
+        totals.emplace_back(it->first, spilled_total(s[i], it->second, v[i]));
       }
     }
     RangeSeen chunk;

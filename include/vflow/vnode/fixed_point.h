@@ -109,9 +109,9 @@ class FixedPointSum {
   int64_t numel_;
   // On the CPU the running sum is 32 bits an element, half the memory traffic of each
   // absorb: element i's total is sum32_[i] plus its entry in spilled_ (ascending,
-  // distinct indices), which takes a vnode's value, with the element's int32 sum
-  // (then zero), where adding it would carry that sum to 2^30 or beyond. Elsewhere (and for values
-  // not float32) it is the int64 tensor sum_ of tensor operations.
+  // distinct indices), which takes a vnode's value, with the element's int32 sum (then
+  // zero), where adding it would carry that sum to 2^30 or beyond. Elsewhere (and for
+  // values not float32) it is the int64 tensor sum_ of tensor operations.
   torch::Tensor sum32_;
   Spilled spilled_;
   torch::Tensor sum_;
