@@ -274,15 +274,20 @@ bool fast_path(const torch::Tensor& values) {
 /// Runs f(begin, end, chunk) over chunks of [0, n) in parallel; returns the chunks'
 /// RangeSeen merged.
 template <typename F>
-RangeSeen for_chunks(int64_t n, F f) {
+RangeSeen for_chunks(int64_t n, F f, bool serial = false) {
   const int64_t chunks = (n + kChunk - 1) / kChunk;
   std::vector<RangeSeen> seen(static_cast<size_t>(chunks));
-  at::parallel_for(0, chunks, 1, [&](int64_t first, int64_t last) {
+  const auto run = [&](int64_t first, int64_t last) {
     for (int64_t c = first; c < last; ++c) {
       const int64_t b = c * kChunk;
       seen[c] = f(b, std::min(n, b + kChunk), c);
     }
-  });
+  };
+  if (serial) {
+    run(0, chunks);
+  } else {
+    at::parallel_for(0, chunks, 1, run);
+  }
   RangeSeen all;
   for (const auto& s : seen) all.merge(s);
   return all;
@@ -321,8 +326,27 @@ FixedPointSum::FixedPointSum(int64_t numel, torch::Device device) : numel_(numel
 }
 
 void FixedPointSum::clear() {
-  empty_ = true;
+  parts_.clear();
   spilled_.clear();
+}
+
+bool FixedPointSum::first_into(int64_t offset, int64_t count) {
+  if (parts_.empty()) spilled_.clear();
+  for (const auto& [o, c] : parts_) {
+    if (o == offset && c == count) return false;
+    VFLOW_ASSERT(offset + count <= o || o + c <= offset,
+                 "the parts absorbed into a fixed-point sum must be the same ranges each time");
+  }
+  parts_.emplace_back(offset, count);
+  return true;
+}
+
+bool FixedPointSum::alone() const {
+  int64_t covered = 0;
+  for (const auto& part : parts_) covered += part.second;
+  VFLOW_ASSERT(parts_.empty() || covered == numel_,
+               "a fixed-point sum read while only some of its parts were absorbed");
+  return parts_.empty();
 }
 
 torch::Tensor& FixedPointSum::generic_sum() {
@@ -335,48 +359,59 @@ torch::Tensor& FixedPointSum::generic_sum() {
 
 double FixedPointSum::absorb(torch::Tensor& values) {
   VFLOW_ASSERT(values.numel() == numel_, "a fixed-point sum of another size");
+  return absorb_part(values, 0);
+}
+
+double FixedPointSum::absorb_part(torch::Tensor& values, int64_t offset, bool serial) {
+  const int64_t n = values.numel();
+  VFLOW_ASSERT(offset >= 0 && offset + n <= numel_, "a part outside the fixed-point sum");
+  const bool first = first_into(offset, n);
   if (!fast_path(values) || !sum32_.defined()) {
     const double largest = generic_largest(values);
     if (!(largest < kLimit)) return largest;
     const auto q = generic_rounded(values);
-    if (empty_) {
-      generic_sum().copy_(q);
+    auto part = generic_sum().narrow(0, offset, n);
+    if (first) {
+      part.copy_(q);
     } else {
-      generic_sum().add_(q);
+      part.add_(q);
     }
     values.zero_();
-    empty_ = false;
     return largest;
   }
   float* v = values.data_ptr<float>();
-  int32_t* d = sum32_.data_ptr<int32_t>();
-  const bool first = empty_;
-  std::vector<Spilled> spills(static_cast<size_t>((numel_ + kChunk - 1) / kChunk));
-  const auto seen = for_chunks(numel_, [&](int64_t b, int64_t e, int64_t c) {
-    uint32_t largest = 0;
-    for (int64_t bb = b; bb < e; bb += kBlock) {
-      const int64_t be = std::min(e, bb + kBlock);
-      const int32_t left = first ? absorb32_first(v + bb, d + bb, be - bb, largest)
-                                 : absorb32_more(v + bb, d + bb, be - bb, largest);
-      if (left == 0) continue;
-      // Rare: the values left are the block's nonzero ones. Each goes to the int64 list
-      // with the element's int32 sum, which starts again from zero, so that an element
-      // whose sum has grown large does not spill again at every vnode.
-      uint32_t unused = 0;
-      for (int64_t i = bb; i < be; ++i) {
-        if (v[i] == 0.0f) continue;
-        spills[c].emplace_back(i, static_cast<int64_t>(d[i]) + to_int64(scaled(v[i], unused)));
-        d[i] = 0;
-        v[i] = 0.0f;
-      }
-    }
-    return RangeSeen{largest};
-  });
+  int32_t* d = sum32_.data_ptr<int32_t>() + offset;
+  std::vector<Spilled> spills(static_cast<size_t>((n + kChunk - 1) / kChunk));
+  const auto seen = for_chunks(
+      n,
+      [&](int64_t b, int64_t e, int64_t c) {
+        uint32_t largest = 0;
+        for (int64_t bb = b; bb < e; bb += kBlock) {
+          const int64_t be = std::min(e, bb + kBlock);
+          const int32_t left = first ? absorb32_first(v + bb, d + bb, be - bb, largest)
+                                     : absorb32_more(v + bb, d + bb, be - bb, largest);
+          if (left == 0) continue;
+          // Rare: the values left are the block's nonzero ones. Each goes to the int64 list
+          // with the element's int32 sum, which starts again from zero, so that an element
+          // whose sum has grown large does not spill again at every vnode.
+          uint32_t unused = 0;
+          for (int64_t i = bb; i < be; ++i) {
+            if (v[i] == 0.0f) continue;
+            spills[c].emplace_back(offset + i,
+                                   static_cast<int64_t>(d[i]) + to_int64(scaled(v[i], unused)));
+            d[i] = 0;
+            v[i] = 0.0f;
+          }
+        }
+        return RangeSeen{largest};
+      },
+      serial);
   // The chunks' lists, in chunk order, are ascending; merged with what earlier vnodes
-  // spilled, equal indices summed.
+  // (and other parts) spilled, equal indices summed.
   Spilled fresh;
   for (auto& part : spills) fresh.insert(fresh.end(), part.begin(), part.end());
-  const Spilled earlier = first ? Spilled{} : std::move(spilled_);
+  if (fresh.empty()) return seen.result();
+  const Spilled earlier = std::move(spilled_);
   spilled_.clear();
   spilled_.reserve(earlier.size() + fresh.size());
   auto a = earlier.begin();
@@ -392,14 +427,13 @@ double FixedPointSum::absorb(torch::Tensor& values) {
       ++b;
     }
   }
-  empty_ = false;
   return seen.result();
 }
 
 double FixedPointSum::round_in_place(torch::Tensor& values) {
   VFLOW_ASSERT(values.numel() == numel_, "a fixed-point sum of another size");
-  const bool alone = empty_;
-  empty_ = true;
+  const bool alone = this->alone();
+  parts_.clear();
   if (!fast_path(values) || !sum32_.defined()) {
     const double largest = generic_largest(values);
     if (!(largest < kLimit)) return largest;
@@ -433,7 +467,7 @@ double FixedPointSum::round_in_place(torch::Tensor& values) {
 
 double FixedPointSum::round_in_place_from(torch::Tensor& values, int64_t from) {
   VFLOW_ASSERT(values.numel() == numel_, "a fixed-point sum of another size");
-  VFLOW_ASSERT(empty_, "rounding from an offset needs a worker's only vnode");
+  VFLOW_ASSERT(empty(), "rounding from an offset needs a worker's only vnode");
   VFLOW_ASSERT(from >= 0 && from <= values.numel(), "rounding from outside the buffer");
   if (!fast_path(values)) {
     const double largest = generic_largest(values);
@@ -505,7 +539,7 @@ double FixedPointSum::split_part(const torch::Tensor& values, int64_t dense_limi
   VFLOW_ASSERT(dense_limit > 0 && dense_limit <= (int64_t{1} << 31) &&
                    (dense_limit & (dense_limit - 1)) == 0,
                "the dense limit must be a power of two up to 2^31");
-  const bool alone = empty_;
+  const bool alone = this->alone();
   if (!fast_path(values) || !dense.device().is_cpu() || !sum32_.defined()) {
     VFLOW_ASSERT(alone || sum_.defined(), "a fixed-point sum split as another kind");
     const auto part = values.narrow(0, from, count);

@@ -73,6 +73,32 @@ TEST_CASE(
   CHECK(train(2, two).fingerprints == train(1, two).fingerprints);
 }
 
+TEST_CASE(
+    "deterministic mode's background absorb changes no result, for odd and even vnodes a "
+    "worker, in one reduction or in buckets",
+    "[multiproc]") {
+  // resources.prefetch: true absorbs each vnode's gradients on the background thread while
+  // the next vnode computes into a second buffer (the last one into the packet, which an
+  // odd or even count reaches from either buffer); false absorbs them between vnodes.
+  for (const char* vnodes : {"12", "6"}) {
+    CAPTURE(vnodes);
+    const std::string job = kDeterministic + " --set semantic.virtual_nodes=" + vnodes;
+    const auto between = train(1, job + " --set resources.prefetch=false");
+    REQUIRE(between.fingerprints.size() == 1);
+    const auto background = train(1, job + " --set resources.prefetch=true");
+    CHECK(background.fingerprints == between.fingerprints);
+    CHECK(background.losses == between.losses);
+    // Two workers of 6 or 3 vnodes each, the reduction whole and in buckets.
+    for (const char* mb : {"0", "0.001"}) {
+      CAPTURE(mb);
+      const auto two = train(
+          2, job + " --set resources.prefetch=true --set resources.bucket_mb=" + std::string(mb));
+      CHECK(two.fingerprints == between.fingerprints);
+      CHECK(two.losses == between.losses);
+    }
+  }
+}
+
 TEST_CASE("default jobs agree across worker counts within tolerance", "[multiproc][numeric]") {
   const auto one = train(1, vflow::testing::threads_flag());
   const auto three = train(3, vflow::testing::threads_flag());
@@ -113,6 +139,19 @@ TEST_CASE(
   }
 }
 
+namespace {
+/// A deterministic job with a learning rate that makes it diverge, with `settings`: it
+/// stops with the range error and prints no fingerprint.
+void check_range_error(const std::string& settings) {
+  const auto r =
+      run_command(kTrain + kJob + kDeterministic + " --set semantic.optimizer.lr=1e5" + settings);
+  INFO(r.output);
+  CHECK(r.exit_code == 1);
+  CHECK_THAT(r.output, Catch::Matchers::Contains("is outside the deterministic reduction's range"));
+  CHECK(fingerprints_in(r.output).empty());
+}
+}  // namespace
+
 TEST_CASE(
     "a deterministic job that diverges stops with the range error, in one reduction or in "
     "buckets",
@@ -121,28 +160,24 @@ TEST_CASE(
   // reduction (in buckets: inside the backward pass), not between vnodes.
   const std::string mb = GENERATE("0", "0.001");
   CAPTURE(mb);
-  const auto r =
-      run_command(kTrain + kJob + kDeterministic +
-                  " --set semantic.optimizer.lr=1e5 --set semantic.virtual_nodes=2"
-                  " --set resources.timeout_s=10 --workers 2 --set resources.bucket_mb=" +
-                  mb);
-  INFO(r.output);
-  CHECK(r.exit_code == 1);
-  CHECK_THAT(r.output, Catch::Matchers::Contains("is outside the deterministic reduction's range"));
-  CHECK(fingerprints_in(r.output).empty());
+  check_range_error(
+      " --set semantic.virtual_nodes=2 --set resources.timeout_s=10 --workers 2"
+      " --set resources.bucket_mb=" +
+      mb);
+}
+
+TEST_CASE(
+    "a deterministic job that diverges stops with the range error where its vnodes are absorbed "
+    "in the background",
+    "[integration]") {
+  check_range_error(" --set resources.prefetch=true --set semantic.virtual_nodes=4 --workers 1");
 }
 
 TEST_CASE("a deterministic job of one vnode on one worker that diverges stops with the range error",
           "[integration]") {
   // The fused update rounds such a worker's gradients as it reads them; their range is
   // checked before it, in the pass that rounds the rest of the packet.
-  const auto r = run_command(kTrain + kJob + kDeterministic +
-                             " --set semantic.optimizer.lr=1e5 --set semantic.virtual_nodes=1"
-                             " --set semantic.global_batch=4 --workers 1");
-  INFO(r.output);
-  CHECK(r.exit_code == 1);
-  CHECK_THAT(r.output, Catch::Matchers::Contains("is outside the deterministic reduction's range"));
-  CHECK(fingerprints_in(r.output).empty());
+  check_range_error(" --set semantic.virtual_nodes=1 --set semantic.global_batch=4 --workers 1");
 }
 
 TEST_CASE("a worker that fails makes the launcher fail without hanging", "[multiproc]") {
