@@ -354,9 +354,9 @@ const SpecSchema<ResourcesSpec>& resources_schema() {
               "cgroup CPU quota) shared among this host's workers (a layout entry's cpu_quota "
               "is the worker's own: its cores under it, undivided), or 1 in deterministic mode");
     s.choice("prefetch", &R::prefetch, {"auto", "true", "false"},
-             "work on background threads: load the next vnode's batch, and in deterministic "
-             "mode on a CPU add each vnode's gradients to the exact sum while the next vnode "
-             "computes (into a second gradient buffer): `true`, `false`, or `auto` = on when "
+             "work on a background thread: load the next vnode's batch, and in deterministic "
+             "mode on a CPU run half of each pass of the exact sum: `true`, `false`, or "
+             "`auto` = on when "
              "intra-op threads × workers on this host < cores (a loader without a core of its "
              "own once slowed 2 workers on 2 cores by about 15%; later builds measured no "
              "difference either way, docs/benchmarks.md)");

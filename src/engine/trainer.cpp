@@ -248,10 +248,9 @@ struct Trainer::Impl {
   // Deterministic mode: the exact sum of vnode contributions, and its reduction.
   std::unique_ptr<vnode::FixedPointSum> exact;
   std::unique_ptr<comm::SplitSum> exact_reduction;
-  // Deterministic mode with a core to spare (resources.prefetch): a vnode's gradients are
-  // absorbed on this thread while the next vnode computes into the other buffer.
-  std::unique_ptr<BackgroundTask<double>> absorber;
-  bool absorbing = false;  // an absorb was submitted and not yet waited for
+  // Deterministic mode with a core beyond the intra-op threads (resources.prefetch): the
+  // thread that runs half of each of the exact sum's passes.
+  std::unique_ptr<BackgroundTask<bool>> second_thread;
   // The reduction in buckets, overlapped with the last backward pass.
   std::unique_ptr<BucketedReduction> buckets;
   bool bucketed = false;  // this step reduces through `buckets`
@@ -367,7 +366,6 @@ struct Trainer::Impl {
   void abandon_step() {
     drain_loader();
     kernels->abort_step();
-    settle_absorb();
     packet->clear();
     if (exact) exact->clear();
     reduced_gradient.reset();
@@ -443,7 +441,6 @@ struct Trainer::Impl {
     try {
       ran = run_vnodes(s, batch);
     } catch (...) {
-      settle_absorb();
       if (bucketed) buckets->abandon(*comm);
       throw;
     }
@@ -502,12 +499,8 @@ struct Trainer::Impl {
   /// how many vnodes this worker computed.
   int64_t run_vnodes(int64_t s, const vnode::Slice& batch) {
     int64_t last = -1;  // the last vnode this worker computes
-    int64_t count = 0;  // how many it computes
     for (int64_t v = held.first; v < held.last; ++v) {
-      if (plan.slice(v, batch.size).size > 0) {
-        last = v;
-        ++count;
-      }
+      if (plan.slice(v, batch.size).size > 0) last = v;
     }
     if (last < 0) write_control_word();
     int64_t ordinal = 0;
@@ -520,11 +513,7 @@ struct Trainer::Impl {
       ++ran;
       // Deterministic mode: the previous vnode's contributions become exact integers; the
       // last vnode's are rounded on their way into the reduction.
-      if (exact && ran > 1) {
-        absorb_previous(ran, count);
-      } else if (absorber) {
-        packet->gradient_buffer().bind_alternate(in_alternate(ran, count));
-      }
+      if (exact && ran > 1) check_range(exact->absorb(packet->flat()));
       const data::Batch b = take(WorkItem{s, v});
       // Randomness inside the forward pass depends on (seed, step, vnode) only.
       torch::manual_seed(
@@ -542,65 +531,12 @@ struct Trainer::Impl {
         // The packet past the gradients is final before the last backward pass, so
         // that it can ride in the first bucket.
         write_control_word();
-        // The buckets read the sum from the backward pass's hooks.
-        if (bucketed) finish_absorb();
         if (bucketed && device.is_cpu()) buckets->arm(*comm);
       }
       // Weight n_v / B: the accumulated gradient is the global batch's mean-loss gradient.
       (loss * (static_cast<double>(part.size) / static_cast<double>(batch.size))).backward();
     }
-    finish_absorb();
     return ran;
-  }
-
-  /// Whether the `ran`-th of the `count` vnodes a worker computes in a step computes into
-  /// the second gradient buffer (background absorbs): they alternate, and the last
-  /// computes into the packet.
-  static bool in_alternate(int64_t ran, int64_t count) { return (count - ran) % 2 == 1; }
-
-  /// Deterministic mode, before the `ran`-th of `count` vnodes: the previous vnode's
-  /// contributions join the exact sum. With a core to spare, its gradients do so on the
-  /// background thread while this vnode computes into the other buffer; the rest of the
-  /// packet (a few elements: table rows, loss) here.
-  void absorb_previous(int64_t ran, int64_t count) {
-    if (!absorber) {
-      check_range(exact->absorb(packet->flat()));
-      return;
-    }
-    finish_absorb();  // the one before: its buffer is this vnode's, cleared
-    auto& buffer = packet->gradient_buffer();
-    const int64_t gradients = buffer.layout().numel;
-    auto rest = packet->flat().narrow(0, gradients, packet->numel() - gradients);
-    check_range(exact->absorb_part(rest, gradients));
-    torch::Tensor previous =
-        in_alternate(ran - 1, count) ? buffer.alternate() : packet->gradients();
-    absorber->submit(
-        [this, previous]() mutable { return exact->absorb_part(previous, 0, /*serial=*/true); });
-    absorbing = true;
-    buffer.bind_alternate(in_alternate(ran, count));
-  }
-
-  /// Waits for the background absorb, if one runs, and checks its range.
-  void finish_absorb() {
-    if (!absorbing) return;
-    absorbing = false;
-    check_range(absorber->wait());
-  }
-
-  /// After a step that failed part-way: no absorb still running, the gradients bound to
-  /// the packet again and the second buffer zero.
-  void settle_absorb() {
-    if (!absorber) return;
-    if (absorbing) {
-      absorbing = false;
-      try {
-        absorber->wait();
-      } catch (...) {  // the step is abandoned: what the absorb found no longer matters
-      }
-    }
-    auto& buffer = packet->gradient_buffer();
-    buffer.bind();
-    if (buffer.alternate().defined()) buffer.alternate().zero_();
   }
 
   /// The control word: a stop request anywhere stops every worker after this same step;
@@ -749,9 +685,24 @@ Trainer::Trainer(JobSpec spec, std::shared_ptr<models::Model> model, data::DataS
     impl_->exact = std::make_unique<vnode::FixedPointSum>(impl_->packet->numel(), impl_->device);
     impl_->exact_reduction = std::make_unique<comm::SplitSum>(impl_->packet->numel(), impl_->device,
                                                               impl_->kernels->table_numel());
-    if (impl_->prefetch && impl_->device.is_cpu() &&
-        impl_->packet->flat().scalar_type() == torch::kFloat32) {
-      impl_->absorber = std::make_unique<BackgroundTask<double>>();
+    if (impl_->prefetch && impl_->device.is_cpu()) {
+      impl_->second_thread = std::make_unique<BackgroundTask<bool>>();
+      impl_->exact->share_passes(
+          [task = impl_->second_thread.get()](const std::function<void()>& theirs,
+                                              const std::function<void()>& mine) {
+            task->submit([&theirs] {
+              theirs();
+              return true;
+            });
+            std::exception_ptr error;
+            try {
+              mine();
+            } catch (...) {  // rethrown once the other half is done with the buffer
+              error = std::current_exception();
+            }
+            task->wait();
+            if (error) std::rethrow_exception(error);
+          });
     }
   }
   if (impl_->spec.resources.bucket_mb > 0) {

@@ -273,8 +273,10 @@ bool fast_path(const torch::Tensor& values) {
 
 /// Runs f(begin, end, chunk) over chunks of [0, n) in parallel; returns the chunks'
 /// RangeSeen merged.
+/// With `both`, the first half of the chunks run on its other thread, one after another,
+/// while this thread runs the rest.
 template <typename F>
-RangeSeen for_chunks(int64_t n, F f, bool serial = false) {
+RangeSeen for_chunks(int64_t n, F f, const FixedPointSum::TwoThreads* both = nullptr) {
   const int64_t chunks = (n + kChunk - 1) / kChunk;
   std::vector<RangeSeen> seen(static_cast<size_t>(chunks));
   const auto run = [&](int64_t first, int64_t last) {
@@ -283,8 +285,9 @@ RangeSeen for_chunks(int64_t n, F f, bool serial = false) {
       seen[c] = f(b, std::min(n, b + kChunk), c);
     }
   };
-  if (serial) {
-    run(0, chunks);
+  if (both != nullptr && *both && chunks > 1) {
+    const int64_t half = chunks / 2;
+    (*both)([&] { run(0, half); }, [&] { at::parallel_for(half, chunks, 1, run); });
   } else {
     at::parallel_for(0, chunks, 1, run);
   }
@@ -326,27 +329,8 @@ FixedPointSum::FixedPointSum(int64_t numel, torch::Device device) : numel_(numel
 }
 
 void FixedPointSum::clear() {
-  parts_.clear();
+  empty_ = true;
   spilled_.clear();
-}
-
-bool FixedPointSum::first_into(int64_t offset, int64_t count) {
-  if (parts_.empty()) spilled_.clear();
-  for (const auto& [o, c] : parts_) {
-    if (o == offset && c == count) return false;
-    VFLOW_ASSERT(offset + count <= o || o + c <= offset,
-                 "the parts absorbed into a fixed-point sum must be the same ranges each time");
-  }
-  parts_.emplace_back(offset, count);
-  return true;
-}
-
-bool FixedPointSum::alone() const {
-  int64_t covered = 0;
-  for (const auto& part : parts_) covered += part.second;
-  VFLOW_ASSERT(parts_.empty() || covered == numel_,
-               "a fixed-point sum read while only some of its parts were absorbed");
-  return parts_.empty();
 }
 
 torch::Tensor& FixedPointSum::generic_sum() {
@@ -359,31 +343,25 @@ torch::Tensor& FixedPointSum::generic_sum() {
 
 double FixedPointSum::absorb(torch::Tensor& values) {
   VFLOW_ASSERT(values.numel() == numel_, "a fixed-point sum of another size");
-  return absorb_part(values, 0);
-}
-
-double FixedPointSum::absorb_part(torch::Tensor& values, int64_t offset, bool serial) {
-  const int64_t n = values.numel();
-  VFLOW_ASSERT(offset >= 0 && offset + n <= numel_, "a part outside the fixed-point sum");
-  const bool first = first_into(offset, n);
   if (!fast_path(values) || !sum32_.defined()) {
     const double largest = generic_largest(values);
     if (!(largest < kLimit)) return largest;
     const auto q = generic_rounded(values);
-    auto part = generic_sum().narrow(0, offset, n);
-    if (first) {
-      part.copy_(q);
+    if (empty_) {
+      generic_sum().copy_(q);
     } else {
-      part.add_(q);
+      generic_sum().add_(q);
     }
     values.zero_();
+    empty_ = false;
     return largest;
   }
   float* v = values.data_ptr<float>();
-  int32_t* d = sum32_.data_ptr<int32_t>() + offset;
-  std::vector<Spilled> spills(static_cast<size_t>((n + kChunk - 1) / kChunk));
+  int32_t* d = sum32_.data_ptr<int32_t>();
+  const bool first = empty_;
+  std::vector<Spilled> spills(static_cast<size_t>((numel_ + kChunk - 1) / kChunk));
   const auto seen = for_chunks(
-      n,
+      numel_,
       [&](int64_t b, int64_t e, int64_t c) {
         uint32_t largest = 0;
         for (int64_t bb = b; bb < e; bb += kBlock) {
@@ -397,21 +375,19 @@ double FixedPointSum::absorb_part(torch::Tensor& values, int64_t offset, bool se
           uint32_t unused = 0;
           for (int64_t i = bb; i < be; ++i) {
             if (v[i] == 0.0f) continue;
-            spills[c].emplace_back(offset + i,
-                                   static_cast<int64_t>(d[i]) + to_int64(scaled(v[i], unused)));
+            spills[c].emplace_back(i, static_cast<int64_t>(d[i]) + to_int64(scaled(v[i], unused)));
             d[i] = 0;
             v[i] = 0.0f;
           }
         }
         return RangeSeen{largest};
       },
-      serial);
+      &both_);
   // The chunks' lists, in chunk order, are ascending; merged with what earlier vnodes
-  // (and other parts) spilled, equal indices summed.
+  // spilled, equal indices summed.
   Spilled fresh;
   for (auto& part : spills) fresh.insert(fresh.end(), part.begin(), part.end());
-  if (fresh.empty()) return seen.result();
-  const Spilled earlier = std::move(spilled_);
+  const Spilled earlier = first ? Spilled{} : std::move(spilled_);
   spilled_.clear();
   spilled_.reserve(earlier.size() + fresh.size());
   auto a = earlier.begin();
@@ -427,13 +403,14 @@ double FixedPointSum::absorb_part(torch::Tensor& values, int64_t offset, bool se
       ++b;
     }
   }
+  empty_ = false;
   return seen.result();
 }
 
 double FixedPointSum::round_in_place(torch::Tensor& values) {
   VFLOW_ASSERT(values.numel() == numel_, "a fixed-point sum of another size");
-  const bool alone = this->alone();
-  parts_.clear();
+  const bool alone = empty_;
+  empty_ = true;
   if (!fast_path(values) || !sum32_.defined()) {
     const double largest = generic_largest(values);
     if (!(largest < kLimit)) return largest;
@@ -445,29 +422,32 @@ double FixedPointSum::round_in_place(torch::Tensor& values) {
   float* v = values.data_ptr<float>();
   const int32_t* s = sum32_.data_ptr<int32_t>();
   const Spilled& spilled = spilled_;
-  const auto seen = for_chunks(values.numel(), [&](int64_t b, int64_t e, int64_t) {
-    if (alone) return round_alone(v + b, e - b);
-    // The chunk's spilled elements' totals, from the values before the pass overwrites
-    // them (the chunk is then in cache for the pass), put in after it.
-    const auto first = first_at(spilled, b);
-    const auto last = first_at(spilled, e);
-    std::vector<float> patched;
-    patched.reserve(static_cast<size_t>(last - first));
-    for (auto it = first; it != last; ++it) {
-      const int64_t total = spilled_total(s[it->first], it->second, v[it->first]);
-      patched.push_back(static_cast<float>(to_double(total) * kUnit));
-    }
-    const RangeSeen r = round_with_sum(v + b, s + b, e - b);
-    for (auto it = first; it != last; ++it) v[it->first] = patched[it - first];
-    return r;
-  });
+  const auto seen = for_chunks(
+      values.numel(),
+      [&](int64_t b, int64_t e, int64_t) {
+        if (alone) return round_alone(v + b, e - b);
+        // The chunk's spilled elements' totals, from the values before the pass overwrites
+        // them (the chunk is then in cache for the pass), put in after it.
+        const auto first = first_at(spilled, b);
+        const auto last = first_at(spilled, e);
+        std::vector<float> patched;
+        patched.reserve(static_cast<size_t>(last - first));
+        for (auto it = first; it != last; ++it) {
+          const int64_t total = spilled_total(s[it->first], it->second, v[it->first]);
+          patched.push_back(static_cast<float>(to_double(total) * kUnit));
+        }
+        const RangeSeen r = round_with_sum(v + b, s + b, e - b);
+        for (auto it = first; it != last; ++it) v[it->first] = patched[it - first];
+        return r;
+      },
+      &both_);
   spilled_.clear();
   return seen.result();
 }
 
 double FixedPointSum::round_in_place_from(torch::Tensor& values, int64_t from) {
   VFLOW_ASSERT(values.numel() == numel_, "a fixed-point sum of another size");
-  VFLOW_ASSERT(empty(), "rounding from an offset needs a worker's only vnode");
+  VFLOW_ASSERT(empty_, "rounding from an offset needs a worker's only vnode");
   VFLOW_ASSERT(from >= 0 && from <= values.numel(), "rounding from outside the buffer");
   if (!fast_path(values)) {
     const double largest = generic_largest(values);
@@ -478,12 +458,15 @@ double FixedPointSum::round_in_place_from(torch::Tensor& values, int64_t from) {
     return largest;
   }
   float* v = values.data_ptr<float>();
-  const auto seen = for_chunks(values.numel(), [&](int64_t b, int64_t e, int64_t) {
-    const int64_t split = std::clamp(from, b, e);
-    RangeSeen r = range_only(v + b, split - b);
-    r.merge(round_alone(v + split, e - split));
-    return r;
-  });
+  const auto seen = for_chunks(
+      values.numel(),
+      [&](int64_t b, int64_t e, int64_t) {
+        const int64_t split = std::clamp(from, b, e);
+        RangeSeen r = range_only(v + b, split - b);
+        r.merge(round_alone(v + split, e - split));
+        return r;
+      },
+      &both_);
   return seen.result();
 }
 
@@ -539,7 +522,7 @@ double FixedPointSum::split_part(const torch::Tensor& values, int64_t dense_limi
   VFLOW_ASSERT(dense_limit > 0 && dense_limit <= (int64_t{1} << 31) &&
                    (dense_limit & (dense_limit - 1)) == 0,
                "the dense limit must be a power of two up to 2^31");
-  const bool alone = this->alone();
+  const bool alone = empty_;
   if (!fast_path(values) || !dense.device().is_cpu() || !sum32_.defined()) {
     VFLOW_ASSERT(alone || sum_.defined(), "a fixed-point sum split as another kind");
     const auto part = values.narrow(0, from, count);
@@ -560,49 +543,54 @@ double FixedPointSum::split_part(const torch::Tensor& values, int64_t dense_limi
   const int64_t n = count;
   const float limit_f = static_cast<float>(dense_limit);
   std::vector<Spilled> large(static_cast<size_t>((n + kChunk - 1) / kChunk));
-  const auto seen = for_chunks(n, [&](int64_t b, int64_t e, int64_t c) {
-    // The chunk's spilled elements with their totals, from the values as they are (the
-    // chunk is then in cache for the pass); they replace what the pass writes for them.
-    Spilled totals;
-    if (!alone) {
-      const auto last = first_at(spilled_, from + e);
-      for (auto it = first_at(spilled_, from + b); it != last; ++it) {
-        const int64_t i = it->first - from;
-        totals.emplace_back(it->first, spilled_total(s[i], it->second, v[i]));
-      }
-    }
-    RangeSeen chunk;
-    for (int64_t bb = b; bb < e; bb += kBlock) {
-      const int64_t be = std::min(e, bb + kBlock);
-      RangeSeen r;
-      const int32_t over = alone ? split_alone(v + bb, d + bb, limit_f, be - bb, r)
-                                 : split_with_sum(v + bb, s + bb, d + bb, dense_limit, be - bb, r);
-      chunk.merge(r);
-      if (over == 0) continue;
-      // Rare: list the block's large values, recomputing them while the block is cached.
-      uint32_t unused = 0;
-      for (int64_t i = bb; i < be; ++i) {
-        const int64_t t = (alone ? 0 : static_cast<int64_t>(s[i])) + to_int64(scaled(v[i], unused));
-        if (t >= dense_limit || t <= -dense_limit) large[c].emplace_back(from + i, t);
-      }
-    }
-    if (totals.empty()) return chunk;
-    Spilled kept;
-    auto sp = totals.begin();
-    for (const auto& p : large[c]) {
-      while (sp != totals.end() && sp->first < p.first) ++sp;
-      if (sp == totals.end() || sp->first != p.first) kept.push_back(p);
-    }
-    for (const auto& [i, t] : totals) {
-      const bool small = t < dense_limit && t > -dense_limit;
-      d[i - from] = small ? static_cast<int32_t>(t) : 0;
-      if (!small) kept.emplace_back(i, t);
-    }
-    std::sort(kept.begin(), kept.end(),
-              [](const auto& x, const auto& y) { return x.first < y.first; });
-    large[c] = std::move(kept);
-    return chunk;
-  });
+  const auto seen = for_chunks(
+      n,
+      [&](int64_t b, int64_t e, int64_t c) {
+        // The chunk's spilled elements with their totals, from the values as they are (the
+        // chunk is then in cache for the pass); they replace what the pass writes for them.
+        Spilled totals;
+        if (!alone) {
+          const auto last = first_at(spilled_, from + e);
+          for (auto it = first_at(spilled_, from + b); it != last; ++it) {
+            const int64_t i = it->first - from;
+            totals.emplace_back(it->first, spilled_total(s[i], it->second, v[i]));
+          }
+        }
+        RangeSeen chunk;
+        for (int64_t bb = b; bb < e; bb += kBlock) {
+          const int64_t be = std::min(e, bb + kBlock);
+          RangeSeen r;
+          const int32_t over =
+              alone ? split_alone(v + bb, d + bb, limit_f, be - bb, r)
+                    : split_with_sum(v + bb, s + bb, d + bb, dense_limit, be - bb, r);
+          chunk.merge(r);
+          if (over == 0) continue;
+          // Rare: list the block's large values, recomputing them while the block is cached.
+          uint32_t unused = 0;
+          for (int64_t i = bb; i < be; ++i) {
+            const int64_t t =
+                (alone ? 0 : static_cast<int64_t>(s[i])) + to_int64(scaled(v[i], unused));
+            if (t >= dense_limit || t <= -dense_limit) large[c].emplace_back(from + i, t);
+          }
+        }
+        if (totals.empty()) return chunk;
+        Spilled kept;
+        auto sp = totals.begin();
+        for (const auto& p : large[c]) {
+          while (sp != totals.end() && sp->first < p.first) ++sp;
+          if (sp == totals.end() || sp->first != p.first) kept.push_back(p);
+        }
+        for (const auto& [i, t] : totals) {
+          const bool small = t < dense_limit && t > -dense_limit;
+          d[i - from] = small ? static_cast<int32_t>(t) : 0;
+          if (!small) kept.emplace_back(i, t);
+        }
+        std::sort(kept.begin(), kept.end(),
+                  [](const auto& x, const auto& y) { return x.first < y.first; });
+        large[c] = std::move(kept);
+        return chunk;
+      },
+      &both_);
   // The chunks' lists, in chunk order, are ascending.
   Spilled listed;
   for (const auto& l : large) listed.insert(listed.end(), l.begin(), l.end());

@@ -35,37 +35,12 @@ GradientBuffer::GradientBuffer(const std::vector<torch::Tensor>& parameters, int
   bind();
 }
 
-std::vector<torch::Tensor> GradientBuffer::views_of(const torch::Tensor& base) const {
-  torch::NoGradGuard no_grad;
-  std::vector<torch::Tensor> views;
-  for (size_t i = 0; i < layout_.parameters.size(); ++i) {
-    const auto& p = layout_.parameters[i];
-    views.push_back(base.narrow(0, layout_.offsets[i], p.numel()).view(p.sizes()));
-  }
-  return views;
-}
-
-void GradientBuffer::install(const std::vector<torch::Tensor>& views) {
-  for (size_t i = 0; i < layout_.parameters.size(); ++i) {
-    layout_.parameters[i].mutable_grad() = views[i];
-  }
-}
-
 void GradientBuffer::bind() {
-  if (views_.empty()) views_ = views_of(flat_);
-  install(views_);
-}
-
-void GradientBuffer::bind_alternate(bool alternate) {
-  if (!alternate) {
-    bind();
-    return;
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < layout_.parameters.size(); ++i) {
+    auto& p = layout_.parameters[i];
+    p.mutable_grad() = flat_.narrow(0, layout_.offsets[i], p.numel()).view(p.sizes());
   }
-  if (!alternate_.defined()) {
-    alternate_ = torch::zeros({layout_.numel}, flat_.options());
-    alternate_views_ = views_of(alternate_);
-  }
-  install(alternate_views_);
 }
 
 void GradientBuffer::zero() { flat_.zero_(); }

@@ -7,7 +7,9 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -202,61 +204,42 @@ TEST_CASE("the 32-bit running sum lists what leaves its range and adds it back e
   }
 }
 
-TEST_CASE("a sum absorbed in parts, one of them from another buffer, is the whole sum", "[unit]") {
-  // A worker's packet: the gradients absorbed from a buffer of their own (on a background
-  // thread, serially), the rest of the packet from the packet, over five vnodes, with
-  // values that spill out of 32 bits in both parts; and both parts strided (the generic
-  // path of a CUDA buffer).
-  const int64_t n = (int64_t{1} << 16) + 4321;
-  const int64_t gradients = n - 777;
-  const bool strided = GENERATE(false, true);
-  CAPTURE(strided);
+TEST_CASE("the exact sum's passes shared with a second thread give the same bits", "[unit]") {
+  // Half of each pass's chunks on another thread: absorb, round_in_place and split, with
+  // values that spill out of 32 bits.
+  const int64_t n = (int64_t{1} << 17) + 4321;
   std::vector<torch::Tensor> parts;
-  for (int k = 0; k < 5; ++k) parts.push_back(awkward_values(n, 70 + k));
+  for (int k = 0; k < 4; ++k) parts.push_back(awkward_values(n, 90 + k));
   const auto expected = reference_sum(parts);
+  int shared = 0;
   FixedPointSum sum(n, torch::kCPU);
-  for (size_t k = 0; k + 1 < parts.size(); ++k) {
-    auto own = parts[k].narrow(0, 0, gradients).clone();
-    auto packet = parts[k].clone();
-    auto rest = packet.narrow(0, gradients, n - gradients);
-    if (strided) {
-      own = strided_copy(own);
-      rest = strided_copy(rest.clone());
+  sum.share_passes([&](const std::function<void()>& theirs, const std::function<void()>& mine) {
+    ++shared;
+    std::thread other(theirs);
+    mine();
+    other.join();
+  });
+  const auto absorb_all_but_last = [&] {
+    for (size_t k = 0; k + 1 < parts.size(); ++k) {
+      auto values = parts[k].clone();
+      CHECK(sum.absorb(values) < FixedPointSum::kLimit);
+      CHECK(values.abs().max().item<float>() == 0);
     }
-    // Either order: the rest first for even vnodes.
-    if (k % 2 == 0) CHECK(sum.absorb_part(rest, gradients) < FixedPointSum::kLimit);
-    CHECK(sum.absorb_part(own, 0, /*serial=*/true) < FixedPointSum::kLimit);
-    if (k % 2 == 1) CHECK(sum.absorb_part(rest, gradients) < FixedPointSum::kLimit);
-    CHECK(own.abs().max().item<float>() == 0);
-    CHECK(rest.abs().max().item<float>() == 0);
-  }
-  const auto last_values = strided ? strided_copy(parts.back()) : parts.back().clone();
-  SECTION("rounded in place") {
-    auto last = last_values.clone();
-    if (strided) last = strided_copy(last);
-    sum.round_in_place(last);
-    CHECK(same_bits(last, as_floats(expected)));
-  }
-  SECTION("split") {
-    const int64_t limit = int64_t{1} << 30;
-    auto dense = torch::empty({n}, torch::kInt32);
-    torch::Tensor index, value;
-    sum.split(last_values, limit, dense, index, value);
-    const auto large = expected.abs().ge(limit);
-    CHECK(large.sum().item<int64_t>() > 0);
-    CHECK(same_bits(index, large.nonzero().view({-1})));
-    CHECK(same_bits(value, expected.index_select(0, index)));
-    CHECK(same_bits(dense, expected.masked_fill(large, 0).to(torch::kInt32)));
-  }
-  SECTION("parts that do not match, or do not cover the buffer, are refused") {
-    auto overlapping = parts.back().narrow(0, 10, gradients).clone();
-    CHECK_THROWS(sum.absorb_part(overlapping, 10));
-    FixedPointSum some(n, torch::kCPU);
-    auto own = parts[0].narrow(0, 0, gradients).clone();
-    some.absorb_part(own, 0);
-    auto last = parts.back().clone();
-    CHECK_THROWS(some.round_in_place(last));
-  }
+  };
+  absorb_all_but_last();
+  auto last = parts.back().clone();
+  CHECK(sum.round_in_place(last) < FixedPointSum::kLimit);
+  CHECK(same_bits(last, as_floats(expected)));
+  absorb_all_but_last();
+  const int64_t limit = int64_t{1} << 30;
+  auto dense = torch::empty({n}, torch::kInt32);
+  torch::Tensor index, value;
+  sum.split(parts.back(), limit, dense, index, value);
+  const auto large = expected.abs().ge(limit);
+  CHECK(same_bits(index, large.nonzero().view({-1})));
+  CHECK(same_bits(value, expected.index_select(0, index)));
+  CHECK(same_bits(dense, expected.masked_fill(large, 0).to(torch::kInt32)));
+  CHECK(shared == 2 * static_cast<int>(parts.size() - 1) + 2);  // every pass was shared
 }
 
 TEST_CASE("the exact sum reports values outside its range, NaN included", "[unit]") {

@@ -19,6 +19,7 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <utility>
 #include <vector>
 
@@ -38,14 +39,6 @@ class FixedPointSum {
   /// sum and zeroes them. Returns the largest magnitude among them, NaN if one is NaN;
   /// when that is not below kLimit the sum is invalid until clear().
   double absorb(torch::Tensor& values);
-
-  /// absorb of elements [offset, offset + values.numel()) alone, from `values`, which
-  /// hold just those (a buffer whose parts lie in different places, absorbed at different
-  /// times: a vnode's gradients while the next vnode computes, the rest of the packet at
-  /// once). Between clear() and a read of the sum (round_in_place, split), every vnode
-  /// absorbs the same parts, and the parts cover the buffer. `serial`: in the calling
-  /// thread only (a thread outside LibTorch's intra-op pool).
-  double absorb_part(torch::Tensor& values, int64_t offset, bool serial = false);
 
   /// One worker alone: `values` becomes the sum plus its own rounded values, as floats.
   /// Returns the largest magnitude among `values` before (as absorb). Clears the sum.
@@ -103,8 +96,17 @@ class FixedPointSum {
   /// is NaN); when that is not below kLimit, dst is not the sum.
   static double sum_rounded(const float* const* parts, int ranks, float* dst, int64_t n);
 
+  /// Runs `theirs` on another thread while running `mine` on this one; returns once both
+  /// have finished, rethrowing what either threw.
+  using TwoThreads =
+      std::function<void(const std::function<void()>& theirs, const std::function<void()>& mine)>;
+  /// Shares the passes over the buffer (absorb, round_in_place, split) with a second
+  /// thread, half of each pass's chunks on it: a core the worker has beyond its intra-op
+  /// threads. Every element's integers are exact, so the results stay the same bits.
+  void share_passes(TwoThreads both) { both_ = std::move(both); }
+
   /// Nothing absorbed since the last clear(), split() or round_in_place().
-  bool empty() const { return parts_.empty(); }
+  bool empty() const { return empty_; }
 
   /// Zeroes the sum (a step abandoned).
   void clear();
@@ -113,11 +115,6 @@ class FixedPointSum {
   using Spilled = std::vector<std::pair<int64_t, int64_t>>;  // (index, int64 value)
 
   torch::Tensor& generic_sum();
-  /// Whether [offset, offset + count) is absorbed for the first time since clear(): a
-  /// new part (one that meets no other), or one of those absorbed before.
-  bool first_into(int64_t offset, int64_t count);
-  /// Nothing absorbed; otherwise every part of the buffer was (checked).
-  bool alone() const;
 
   int64_t numel_;
   // On the CPU the running sum is 32 bits an element, half the memory traffic of each
@@ -128,9 +125,8 @@ class FixedPointSum {
   torch::Tensor sum32_;
   Spilled spilled_;
   torch::Tensor sum_;
-  // The parts absorbed since clear(), as (offset, count): none, the sum is zero; a
-  // part's first absorb writes instead of adding.
-  std::vector<std::pair<int64_t, int64_t>> parts_;
+  bool empty_ = true;  // the sum is zero: the first absorb writes instead of adding
+  TwoThreads both_;    // share_passes
 };
 
 }  // namespace vflow::vnode

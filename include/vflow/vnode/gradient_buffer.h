@@ -59,22 +59,9 @@ class GradientBuffer {
   /// Re-installs the views (after something outside vflow reset .grad).
   void bind();
 
-  /// Binds the parameters' gradients to a second buffer of the gradients' size
-  /// (allocated, zero, at the first call), or back to flat() (false): a vnode computes
-  /// into one while the previous vnode's gradients in the other are read.
-  void bind_alternate(bool alternate);
-  /// That second buffer; undefined before bind_alternate(true).
-  const torch::Tensor& alternate() const { return alternate_; }
-
  private:
-  void install(const std::vector<torch::Tensor>& views);
-  std::vector<torch::Tensor> views_of(const torch::Tensor& base) const;
-
   FlatLayout layout_;
   torch::Tensor flat_;
-  std::vector<torch::Tensor> views_;  // into flat_, one a parameter
-  torch::Tensor alternate_;
-  std::vector<torch::Tensor> alternate_views_;
 };
 
 }  // namespace vflow::vnode
