@@ -167,16 +167,25 @@ VFLOW_KERNEL int32_t split_alone(const float* __restrict v, int32_t* __restrict 
   return count;
 }
 
+/// Splits with the running sum s (|s| < 2^30): in 32 bits, as absorb adds, where the rounded
+/// value is below 2^30 in magnitude (then |s + q| < 2^31); any other element counts as
+/// large, and the caller's rescan forms its total in int64 and lists it if it is.
+/// `limit` is the dense limit, at most 2^31 - 1 here (2^31 itself: every 32-bit total is
+/// below it).
 VFLOW_KERNEL int32_t split_with_sum(const float* __restrict v, const int32_t* __restrict s,
-                                    int32_t* __restrict d, int64_t limit, int64_t n,
+                                    int32_t* __restrict d, int32_t limit, int64_t n,
                                     RangeSeen& seen) {
+  constexpr float kRoomF = 1073741824.0f;  // 2^30
   uint32_t largest = 0;
   int32_t count = 0;
+  // Masks as integers rather than selects: the form the compiler vectorises.
   for (int64_t i = 0; i < n; ++i) {
-    const int64_t t = static_cast<int64_t>(s[i]) + to_int64(scaled(v[i], largest));
-    // Masks rather than a select: the form the compiler vectorises for int64.
-    const auto small = static_cast<int32_t>((t < limit) & (t > -limit));
-    d[i] = static_cast<int32_t>(t) & -small;
+    const float q = scaled(v[i], largest);
+    const int32_t fits = std::fabs(q) < kRoomF ? 1 : 0;
+    const auto qi = static_cast<int32_t>(fits != 0 ? q : 0.0f);
+    const int32_t t = s[i] + qi;
+    const int32_t small = fits & (t < limit ? 1 : 0) & (t > -limit ? 1 : 0);
+    d[i] = t & -small;
     count += 1 - small;
   }
   seen = {largest};
@@ -542,6 +551,7 @@ double FixedPointSum::split_part(const torch::Tensor& values, int64_t dense_limi
   int32_t* d = dense.data_ptr<int32_t>() + from;
   const int64_t n = count;
   const float limit_f = static_cast<float>(dense_limit);
+  const auto limit32 = static_cast<int32_t>(std::min<int64_t>(dense_limit, INT32_MAX));
   std::vector<Spilled> large(static_cast<size_t>((n + kChunk - 1) / kChunk));
   const auto seen = for_chunks(
       n,
@@ -560,17 +570,23 @@ double FixedPointSum::split_part(const torch::Tensor& values, int64_t dense_limi
         for (int64_t bb = b; bb < e; bb += kBlock) {
           const int64_t be = std::min(e, bb + kBlock);
           RangeSeen r;
-          const int32_t over =
-              alone ? split_alone(v + bb, d + bb, limit_f, be - bb, r)
-                    : split_with_sum(v + bb, s + bb, d + bb, dense_limit, be - bb, r);
+          const int32_t over = alone ? split_alone(v + bb, d + bb, limit_f, be - bb, r)
+                                     : split_with_sum(v + bb, s + bb, d + bb, limit32, be - bb, r);
           chunk.merge(r);
           if (over == 0) continue;
-          // Rare: list the block's large values, recomputing them while the block is cached.
+          // List the block's large values, their totals recomputed in int64 while the block
+          // is cached: the pass left 0 where its 32 bits could not tell, and wrote every
+          // other element's total.
           uint32_t unused = 0;
           for (int64_t i = bb; i < be; ++i) {
+            if (d[i] != 0) continue;
             const int64_t t =
                 (alone ? 0 : static_cast<int64_t>(s[i])) + to_int64(scaled(v[i], unused));
-            if (t >= dense_limit || t <= -dense_limit) large[c].emplace_back(from + i, t);
+            if (t >= dense_limit || t <= -dense_limit) {
+              large[c].emplace_back(from + i, t);
+            } else {
+              d[i] = static_cast<int32_t>(t);
+            }
           }
         }
         if (totals.empty()) return chunk;
