@@ -356,10 +356,9 @@ const SpecSchema<ResourcesSpec>& resources_schema() {
     s.choice("prefetch", &R::prefetch, {"auto", "true", "false"},
              "work on a background thread: load the next vnode's batch, and in deterministic "
              "mode on a CPU run half of each pass of the exact sum: `true`, `false`, or "
-             "`auto` = on when "
-             "intra-op threads × workers on this host < cores (a loader without a core of its "
-             "own once slowed 2 workers on 2 cores by about 15%; later builds measured no "
-             "difference either way, docs/benchmarks.md)");
+             "`auto` = on when intra-op threads × workers on this host < cores (a loader "
+             "without a core of its own once slowed 2 workers on 2 cores by about 15%; later "
+             "builds measured no difference either way, docs/benchmarks.md)");
     s.real("bucket_mb", &R::bucket_mb, 0, 1 << 20,
            "MiB of gradients per bucket of the reduction that overlaps the backward pass of a "
            "worker's last vnode (on Gloo: each bucket's allreduce starts as soon "

@@ -27,6 +27,9 @@ static_assert(kUnitF == FixedPointSum::Reduced::kUnit && kScaleF == FixedPointSu
 constexpr double kUnit = 1.0 / FixedPointSum::kScale;
 constexpr int64_t kChunk = int64_t{1} << 15;  // elements per parallel task
 constexpr int64_t kBlock = 1024;              // split: the unit rescanned for its large values
+// The 32-bit running sum's room: a value and a sum below 2^30 units add within int32.
+constexpr int32_t kRoom = int32_t{1} << 30;
+constexpr float kRoomF = 1073741824.0f;  // 2^30
 
 /// The largest magnitude seen, as the bits of a non-negative float: their integer order
 /// is the floats' order, and NaN's bits come above infinity's, so one integer maximum
@@ -88,8 +91,6 @@ template <bool First>
 __attribute__((always_inline)) inline int32_t absorb32_body(float* __restrict v,
                                                             int32_t* __restrict d, int64_t n,
                                                             uint32_t& largest) {
-  constexpr float kRoomF = 1073741824.0f;  // 2^30
-  constexpr int32_t kRoom = 1 << 30;
   uint32_t seen = largest;
   int32_t left = 0;
   // Masks as integers rather than selects of floats and integers: the form the compiler
@@ -175,7 +176,6 @@ VFLOW_KERNEL int32_t split_alone(const float* __restrict v, int32_t* __restrict 
 VFLOW_KERNEL int32_t split_with_sum(const float* __restrict v, const int32_t* __restrict s,
                                     int32_t* __restrict d, int32_t limit, int64_t n,
                                     RangeSeen& seen) {
-  constexpr float kRoomF = 1073741824.0f;  // 2^30
   uint32_t largest = 0;
   int32_t count = 0;
   // Masks as integers rather than selects: the form the compiler vectorises.
