@@ -14,9 +14,12 @@ For each V the script runs, one after the other in this one run:
     in one process).
 Memory: device memory the process holds at the end (total minus free, CUDA context
 and caching allocator included), for all three measured alike.
+With --deterministic, also vflow's step in deterministic mode (semantic.deterministic:
+its exact sum, cuDNN's deterministic kernels) against its default mode, alternating
+blocks in one process (bench/vnode_overhead --against deterministic), before PyTorch.
 
     bench/gpu_compare.py [--build build] [--vnodes 1,2,4,8,16] [--micro-batch 64]
-                         [--width 64] [--examples 8192] [--repeats 3]
+                         [--width 64] [--examples 8192] [--repeats 3] [--deterministic]
 
 Prints a Markdown table and the lowest vflow / PyTorch throughput ratio.
 """
@@ -102,12 +105,14 @@ def measure_pytorch(args, vnodes):
     return float(m.group(1)), float(m.group(2))
 
 
-def measure_vflow(args):
-    """Runs bench/vnode_overhead on the GPU; returns {V: (vflow, plain, vflow MiB)}."""
+def measure_vflow(args, against="plain"):
+    """Runs bench/vnode_overhead on the GPU; returns {V: (vflow, second, vflow MiB)}, the
+    second loop a plain LibTorch one or vflow's deterministic mode."""
     exe = os.path.join(args.build, "bench", "vnode_overhead")
     cmd = [exe, "--device", "cuda:0", "--model", "resnet18", "--width", str(args.width),
            "--vnodes", args.vnodes, "--micro-batch", str(args.micro_batch),
-           "--examples", str(args.examples), "--repeats", str(args.repeats)]
+           "--examples", str(args.examples), "--repeats", str(args.repeats),
+           "--against", against]
     print("$ " + " ".join(cmd), flush=True)
     out = run(cmd)
     print(out, flush=True)  # vflow's own figures, even if PyTorch's part runs out of time
@@ -127,6 +132,8 @@ def main():
     p.add_argument("--width", type=int, default=64)
     p.add_argument("--examples", type=int, default=8192)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--deterministic", action="store_true",
+                   help="also deterministic mode against the default, before PyTorch")
     p.add_argument("--child", type=int, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
@@ -140,6 +147,8 @@ def main():
           f"examples per measurement, {torch.cuda.get_device_name(0)}, PyTorch "
           f"{torch.__version__}\n", flush=True)
     vflow = measure_vflow(args)
+    if args.deterministic:
+        measure_vflow(args, against="deterministic")  # its table is printed as it comes
     print("\n| V | vflow ex/s | LibTorch loop ex/s | PyTorch ex/s | vflow / PyTorch | "
           "vflow MiB | PyTorch MiB |\n|---|---|---|---|---|---|---|")
     worst = None

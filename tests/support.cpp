@@ -1,10 +1,7 @@
 #include "support.h"
 
-#include <arpa/inet.h>
 #include <fmt/format.h>
-#include <netinet/in.h>
 #include <sched.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -18,6 +15,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "vflow/core/address.h"
 #include "vflow/core/process.h"
 #include "vflow/core/spec_node.h"
 #include "vflow/job/control_store.h"
@@ -121,20 +119,7 @@ std::string export_torchscript(const std::string& model, const std::string& path
   return path;
 }
 
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  socklen_t len = sizeof addr;
-  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    throw std::runtime_error("cannot find a free port");
-  }
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
+int free_port() { return free_loopback_port(); }
 
 CommandResult run_command(const std::string& command) {
   CommandResult result;

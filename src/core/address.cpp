@@ -1,6 +1,13 @@
 #include "vflow/core/address.h"
 
+#include <arpa/inet.h>
 #include <fmt/format.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include "vflow/core/error.h"
 #include "vflow/core/spec_node.h"
@@ -25,6 +32,21 @@ HostPort parse_host_port(const std::string& text, const std::string& what) {
     host = host.substr(1, host.size() - 2);
   }
   return HostPort{host, port};
+}
+
+int free_loopback_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) throw Error(fmt::format("no free port: socket failed: {}", std::strerror(errno)));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
+  const int error = errno;
+  ::close(fd);
+  if (!ok) throw Error(fmt::format("no free port: {}", std::strerror(error)));
+  return ntohs(addr.sin_port);
 }
 
 }  // namespace vflow

@@ -22,6 +22,7 @@
 #include <set>
 #include <thread>
 
+#include "vflow/core/address.h"
 #include "vflow/core/clock.h"
 #include "vflow/core/error.h"
 #include "vflow/core/exit_code.h"
@@ -89,21 +90,6 @@ LiveJob read_entry(const std::string& path, const SpecNode& entry) {
 }
 
 // ---- processes -----------------------------------------------------------------
-
-/// A free TCP port on 127.0.0.1 (the kernel's choice); the job binds it moments later.
-int free_port() {
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) throw Error(fmt::format("socket failed: {}", std::strerror(errno)));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof addr;
-  const bool ok = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
-                  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
-  close(fd);
-  if (!ok) throw Error(fmt::format("no free port: {}", std::strerror(errno)));
-  return ntohs(addr.sin_port);
-}
 
 /// Whether something accepts connections on 127.0.0.1:port. Connecting to a store that is
 /// not up yet would block for the client's whole timeout; a refused connect returns at once.
@@ -437,7 +423,7 @@ class LiveRun {
       argv.insert(argv.end(), {"--control", options_.control, "--job", job.name});
       where = fmt::format("job '{}' on {}", job.name, options_.control);
     } else {
-      s.port = free_port();
+      s.port = free_loopback_port();
       argv.insert(argv.end(), {"--port", std::to_string(s.port)});
       where = fmt::format("127.0.0.1:{}", s.port);
     }

@@ -15,4 +15,8 @@ struct HostPort {
 /// "--coordinator must be HOST:PORT with a port of 1 to 65535, got 'x'".
 HostPort parse_host_port(const std::string& text, const std::string& what);
 
+/// A TCP port on 127.0.0.1 that nothing listens on now (the kernel's pick, released again
+/// at once: whoever binds it next should do so soon). Throws Error when none can be had.
+int free_loopback_port();
+
 }  // namespace vflow
