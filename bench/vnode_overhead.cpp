@@ -32,9 +32,11 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <iostream>
+#include <type_traits>
 
 #include "core/torch_compat.h"
 #include "vflow/core/address.h"
@@ -186,12 +188,29 @@ class VflowRunner {
   void step() {
     // The flags are the process's, and another trainer may have set them since.
     vflow::compat::set_deterministic_algorithms(deterministic_);
-    trainer_->train_step();
+    const auto info = trainer_->train_step();
+    phases_[0] += info.compute_seconds;
+    phases_[1] += info.sync_seconds;
+    phases_[2] += info.update_seconds;
+    ++steps_;
+  }
+  /// The mean compute, sync and update phase of the steps so far, in ms.
+  std::array<double, 3> phases_ms() const {
+    std::array<double, 3> ms{};
+    for (size_t k = 0; k < ms.size(); ++k)
+      ms[k] = 1000.0 * phases_[k] / std::max<int64_t>(1, steps_);
+    return ms;
+  }
+  void reset_phases() {
+    phases_ = {};
+    steps_ = 0;
   }
 
  private:
   std::unique_ptr<vflow::engine::Trainer> trainer_;
   bool deterministic_;
+  std::array<double, 3> phases_{};
+  int64_t steps_ = 0;
 };
 
 /// The plain loop a LibTorch user would write for the same accumulation.
@@ -263,6 +282,10 @@ template <typename A, typename B>
 int alternate(A& a, B& b, int64_t steps, const Config& c) {
   timed_steps(a, kWarmupSteps, c);
   timed_steps(b, kWarmupSteps, c);
+  if constexpr (std::is_same_v<B, VflowRunner>) {  // the phases of the timed steps only
+    a.reset_phases();
+    b.reset_phases();
+  }
   double ta = 0, tb = 0;
   for (int64_t k = 0; k < kBlocks; ++k) {
     const int64_t n = steps * (k + 1) / kBlocks - steps * k / kBlocks;
@@ -305,7 +328,10 @@ int child_main(const std::string& mode, const Config& c) {
   VflowRunner vflow_runner(c, steps, /*deterministic=*/false, comm);
   if (c.against == "deterministic") {
     VflowRunner exact_runner(c, steps, /*deterministic=*/true, comm);
-    return alternate(vflow_runner, exact_runner, steps, c);
+    const int result = alternate(vflow_runner, exact_runner, steps, c);
+    const auto a = vflow_runner.phases_ms(), b = exact_runner.phases_ms();
+    std::printf("PHASES %.3f %.3f %.3f %.3f %.3f %.3f\n", a[0], a[1], a[2], b[0], b[1], b[2]);
+    return result;
   }
   PlainRunner plain_runner(c, steps);
   return alternate(vflow_runner, plain_runner, steps, c);
@@ -314,6 +340,7 @@ int child_main(const std::string& mode, const Config& c) {
 struct Pair {
   double a = 0;
   double b = 0;
+  std::array<double, 6> phases{};  // against deterministic: both trainers' mean phases, ms
 };
 
 /// One measurement: a child process, or --workers of them (rank 0's result).
@@ -341,6 +368,8 @@ Pair run_child(const std::string& self, const std::string& mode, const Config& c
   bool ok = false;
   while (std::fgets(line, sizeof line, pipe)) {
     ok = ok || std::sscanf(line, "RESULT %lf %lf", &p.a, &p.b) == 2;
+    auto& f = p.phases;
+    std::sscanf(line, "PHASES %lf %lf %lf %lf %lf %lf", &f[0], &f[1], &f[2], &f[3], &f[4], &f[5]);
   }
   ok = pclose(pipe) == 0 && ok;
   for (FILE* other : others) {
@@ -422,14 +451,22 @@ int main(int argc, char** argv) {
   std::cout << "|---|---|---|---|---|---|---|\n";
   double rss_first = 0, rss_last = 0, worst = 1e9;
   std::string ranges;  // each V's ratio, lowest to highest process
+  std::string phases;  // against deterministic: each V's phases, medians over the processes
   for (int64_t v : vnodes) {
     c.vnodes = v;
     std::vector<double> ev, ep, ratio;
+    std::array<std::vector<double>, 6> phase;
     for (int r = 0; r < repeats; ++r) {
       const auto t = run_child(argv[0], "throughput", c);
       ev.push_back(t.a);
       ep.push_back(t.b);
       ratio.push_back(exact ? t.b / t.a : t.a / t.b);
+      for (size_t k = 0; k < phase.size(); ++k) phase[k].push_back(t.phases[k]);
+    }
+    if (exact) {
+      phases += fmt::format("| {} | {:.2f} / {:.2f} | {:.2f} / {:.2f} | {:.2f} / {:.2f} |\n", v,
+                            median(phase[0]), median(phase[3]), median(phase[1]), median(phase[4]),
+                            median(phase[2]), median(phase[5]));
     }
     Config short_run = c;
     short_run.examples = std::min<int64_t>(c.examples, 4 * c.vnodes * c.micro_batch);
@@ -446,6 +483,11 @@ int main(int argc, char** argv) {
     std::cout.flush();
   }
   std::cout << fmt::format("\nratio over the processes, lowest-highest: {}\n", ranges);
+  if (exact) {
+    std::cout << "\nmean step phases of rank 0 in ms, median over the processes, default / "
+                 "deterministic\n| V | compute | sync | update |\n|---|---|---|---|\n"
+              << phases << "\n";
+  }
   std::cout << fmt::format(
       "lowest median throughput ratio {:.3f}; vflow {} from V={} to V={}: {:+.2f}%\n", worst,
       memory, vnodes.front(), vnodes.back(), 100.0 * (rss_last - rss_first) / rss_first);

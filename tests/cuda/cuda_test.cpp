@@ -6,6 +6,7 @@
 
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <cmath>
 #include <exception>
 #include <thread>
 
@@ -14,8 +15,10 @@
 #include "engine/copy_stream.h"
 #include "support.h"
 #include "vflow/comm/nccl.h"
+#include "vflow/comm/split_sum.h"
 #include "vflow/engine/job.h"
 #include "vflow/job/launcher.h"
+#include "vflow/vnode/fixed_point.h"
 
 using vflow::comm::Rendezvous;
 using vflow::job::Coordinator;
@@ -344,6 +347,60 @@ TEST_CASE("A batch copied on the side stream is whole when the computing stream 
     CHECK(torch::equal(doubled.cpu(), (values + static_cast<float>(round - 1)) * 2));
     CHECK(torch::equal(targets.cpu(), ids * (round - 1)));
   }
+}
+
+TEST_CASE("Deterministic mode's exact sum on a CUDA device gives the CPU's bits", "[cuda]") {
+  skip_unless(torch::cuda::is_available(), "this LibTorch has no CUDA device");
+  using vflow::vnode::FixedPointSum;
+  // Four vnodes' values of magnitudes from 2^-9 to 2^1, across the CPU's 32-bit room
+  // (2^-6) and the two-rank dense limit, over a ragged length.
+  const int64_t n = (int64_t{1} << 17) + 977;
+  const auto vnode = [&](int k) { return payload(k, n).mul_(std::ldexp(1.0, 3 * k - 9)); };
+  struct Result {
+    torch::Tensor rounded, dense, index, value;
+  };
+  const auto run = [&](torch::Device device) {
+    Result r;
+    FixedPointSum one(n, device);  // one worker: absorb three, round the last in place
+    for (int k = 0; k < 3; ++k) {
+      auto v = vnode(k).to(device);
+      CHECK(one.absorb(v) < FixedPointSum::kLimit);
+    }
+    auto last = vnode(3).to(device);
+    CHECK(one.round_in_place(last) < FixedPointSum::kLimit);
+    r.rounded = last.cpu();
+    FixedPointSum two(n, device);  // a rank of two: absorb three, split the last
+    for (int k = 0; k < 3; ++k) {
+      auto v = vnode(k).to(device);
+      two.absorb(v);
+    }
+    auto dense = torch::zeros({n}, torch::TensorOptions(torch::kInt32).device(device));
+    two.split(vnode(3).to(device), vflow::comm::SplitSum::dense_limit(2), dense, r.index, r.value);
+    r.dense = dense.cpu();
+    return r;
+  };
+  const auto cpu = run(torch::kCPU);
+  const auto cuda = run(torch::Device(torch::kCUDA, 0));
+  CHECK(torch::equal(cpu.rounded, cuda.rounded));
+  CHECK(torch::equal(cpu.dense, cuda.dense));
+  CHECK(torch::equal(cpu.index, cuda.index));
+  CHECK(torch::equal(cpu.value, cuda.value));
+  CHECK(cpu.index.numel() > 0);  // some values were large enough to be listed
+}
+
+TEST_CASE("A deterministic job on one CUDA device gives one fingerprint, run after run", "[cuda]") {
+  skip_unless(torch::cuda::is_available(), "this LibTorch has no CUDA device");
+  using namespace vflow::testing;
+  auto train = [] {
+    const auto r = run_command(kTrain + kJob + kDeterministic +
+                               " --set resources.device=cuda:0 --workers 1 2>&1");
+    INFO(r.output);
+    REQUIRE(r.exit_code == 0);
+    return fingerprints_in(r.output);
+  };
+  const auto first = train();
+  REQUIRE(first.size() == 1);
+  CHECK(train() == first);
 }
 
 TEST_CASE("Two CUDA workers over NCCL give the one-worker fingerprint", "[cuda][multiproc]") {
