@@ -66,7 +66,8 @@ int64_t SplitSum::dense_limit(int world) {
 
 int64_t SplitSum::capacity(int64_t numel, int world, int64_t reserved) {
   VFLOW_ASSERT(world >= 1 && reserved >= 0, "a split sum's capacity over no ranks");
-  return std::max<int64_t>(2048, numel / (int64_t{256} * world)) + (reserved + world - 1) / world;
+  const int64_t least = std::max<int64_t>(2048, 16384 / world);
+  return std::max<int64_t>(least, numel / (int64_t{256} * world)) + (reserved + world - 1) / world;
 }
 
 torch::Tensor SplitSum::dense(int world) {

@@ -35,13 +35,13 @@ torch::Tensor rank_values(int64_t n, int rank, int64_t listed, int world) {
 TEST_CASE("the split sum over 3 ranks is the exact int64 sum", "[integration]") {
   constexpr int kRanks = 3;
   const int64_t n = 40000;
-  // none listed; some, carried in the allreduce (capacity 2048 a rank here); beyond the
-  // capacity (all-gather); very many (dense int64 sum).
-  const int64_t listed = GENERATE(as<int64_t>{}, 0, 40, 1500, 2500, 30000);
+  // none listed; some, carried in the allreduce (capacity 16384 / 3 = 5461 a rank here);
+  // beyond the capacity (all-gather); very many (dense int64 sum).
+  const int64_t listed = GENERATE(as<int64_t>{}, 0, 40, 1500, 6000, 8000, 30000);
   // In one sum, or in parts as a reduction in buckets sums it: the part at offset 0,
   // with the lists, last.
   const bool in_parts = GENERATE(false, true);
-  // With a reserve of 3000 (1000 a rank), 2500 listed values ride in the allreduce.
+  // With a reserve of 3000 (1000 a rank), 6000 listed values ride in the allreduce.
   const int64_t reserved = GENERATE(as<int64_t>{}, 0, 3000);
   CAPTURE(listed, in_parts, reserved);
   std::vector<torch::Tensor> values;
@@ -87,11 +87,12 @@ TEST_CASE("the split sum over 3 ranks is the exact int64 sum", "[integration]") 
 }
 
 TEST_CASE("the split sum's regions hold each rank's share of the reserve", "[unit]") {
-  CHECK(SplitSum::capacity(40000, 3) == 2048);
+  CHECK(SplitSum::capacity(40000, 3) == 5461);  // 16384 / 3
+  CHECK(SplitSum::capacity(40000, 16) == 2048);
   CHECK(SplitSum::capacity(5824522, 2) == 11376);
   // ResNet-18's table of 19,208 statistics over two ranks: 9,604 each on top.
-  CHECK(SplitSum::capacity(720389, 2, 19208) == 2048 + 9604);
-  CHECK(SplitSum::capacity(40000, 3, 10) == 2048 + 4);  // a share rounded up
+  CHECK(SplitSum::capacity(720389, 2, 19208) == 8192 + 9604);
+  CHECK(SplitSum::capacity(40000, 3, 10) == 5461 + 4);  // a share rounded up
 }
 
 TEST_CASE("the split sum's dense limit leaves room for every rank's part", "[unit]") {

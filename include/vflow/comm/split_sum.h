@@ -21,12 +21,14 @@ class Communicator;
 class SplitSum {
  public:
   /// Pairs each rank carries inside the dense allreduce: numel / (256 · world), at
-  /// least 2048 (a ConvNet of 0.4 M parameters lists about 600 a rank on two ranks), plus
-  /// the rank's share of `reserved`, elements known to be large in most steps (the
-  /// stateful-kernel table's batch statistics: ResNet-18 lists about 5,400 of its table's
-  /// 19,208 a rank on two ranks, and 2,000 gradients). The regions add about 5 % to a
-  /// large model's allreduce, more only to a small one's or one with a large table, and
-  /// spare it the second collective.
+  /// least 16384 / world and 2048 (a ConvNet of 0.4 M parameters lists about 600 a rank
+  /// on two ranks, BERT-tiny of 0.46 M 300 to 3,300), plus the rank's share of
+  /// `reserved`, elements known to be large in most steps (the stateful-kernel table's
+  /// batch statistics: ResNet-18 lists about 5,400 of its table's 19,208 a rank on two
+  /// ranks, and 2,000 gradients). The regions add about 5 % to a large model's
+  /// allreduce, more only to a small one's (at least 192 KiB in all, 12 bytes a pair) or
+  /// one with a large table, and spare it the second collective (an all-gather over
+  /// Gloo's sockets, not the shared memory).
   static int64_t capacity(int64_t numel, int world, int64_t reserved = 0);
 
   /// For dense parts of `numel` elements on `device`, `reserved` of them usually listed
