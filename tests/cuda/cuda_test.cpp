@@ -352,8 +352,8 @@ TEST_CASE("A batch copied on the side stream is whole when the computing stream 
 TEST_CASE("Deterministic mode's exact sum on a CUDA device gives the CPU's bits", "[cuda]") {
   skip_unless(torch::cuda::is_available(), "this LibTorch has no CUDA device");
   using vflow::vnode::FixedPointSum;
-  // Four vnodes' values of magnitudes from 2^-9 to 2^1, across the CPU's 32-bit room
-  // (2^-6) and the two-rank dense limit, over a ragged length.
+  // Four vnodes' values, the largest magnitudes from 2^-9 up to 4: across the CPU's
+  // 32-bit room (2^-6) and the two-rank dense limit, over a ragged length.
   const int64_t n = (int64_t{1} << 17) + 977;
   const auto vnode = [&](int k) { return payload(k, n).mul_(std::ldexp(1.0, 3 * k - 9)); };
   struct Result {
