@@ -301,13 +301,8 @@ int alternate(A& a, B& b, int64_t steps, const Config& c) {
 int child_main(const std::string& mode, const Config& c) {
   const int64_t steps = std::max<int64_t>(1, c.examples / (c.vnodes * c.micro_batch));
   const auto comm = communicator(c);
-  if (mode == "memory-vflow") {
-    VflowRunner r(c, steps, /*deterministic=*/false, comm);
-    std::printf("RESULT %.6f %ld\n", timed_steps(r, steps + kWarmupSteps, c), memory_kb(c));
-    return 0;
-  }
-  if (mode == "memory-deterministic") {
-    VflowRunner r(c, steps, /*deterministic=*/true, comm);
+  if (mode == "memory-vflow" || mode == "memory-deterministic") {
+    VflowRunner r(c, steps, /*deterministic=*/mode == "memory-deterministic", comm);
     std::printf("RESULT %.6f %ld\n", timed_steps(r, steps + kWarmupSteps, c), memory_kb(c));
     return 0;
   }
