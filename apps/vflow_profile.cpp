@@ -16,6 +16,7 @@
 #include "exit_code.h"
 #include "vflow/comm/nccl.h"
 #include "vflow/core/clock.h"
+#include "vflow/engine/runtime.h"
 #include "vflow/hetero/cpu_quota.h"
 #include "vflow/job/environment.h"
 #include "vflow/vflow.h"

@@ -15,6 +15,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
 #include "comm/store.h"
+#include "vflow/engine/runtime.h"
 #include "vflow/vflow.h"
 
 namespace {

@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cstdio>
 
+#include "vflow/engine/runtime.h"
 #include "vflow/engine/trainer.h"
 #include "vflow/vnode/gradient_buffer.h"
 

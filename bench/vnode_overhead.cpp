@@ -41,6 +41,7 @@
 #include "core/torch_compat.h"
 #include "vflow/core/address.h"
 #include "vflow/core/clock.h"
+#include "vflow/engine/runtime.h"
 #include "vflow/vflow.h"
 
 namespace {

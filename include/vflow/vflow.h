@@ -14,6 +14,7 @@
 #include "vflow/engine/lr_schedule.h"
 #include "vflow/engine/observers.h"
 #include "vflow/engine/optimizer.h"
+#include "vflow/engine/runtime.h"
 #include "vflow/engine/trainer.h"
 #include "vflow/hetero/planner.h"
 #include "vflow/hetero/profile.h"

@@ -8,6 +8,7 @@
 #include "vflow/data/dataset.h"
 #include "vflow/engine/checkpoint.h"
 #include "vflow/engine/observers.h"
+#include "vflow/engine/runtime.h"
 #include "vflow/models/registry.h"
 
 namespace vflow::engine {

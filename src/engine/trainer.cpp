@@ -1,43 +1,27 @@
 #include "vflow/engine/trainer.h"
 
 #include <fmt/format.h>
-#if defined(__GLIBC__)
-#include <malloc.h>
-#endif
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 #include <spdlog/spdlog.h>
-#include <sys/resource.h>
 #include <torch/torch.h>
 
-#include <cerrno>
 #include <chrono>
-#include <cstdlib>
-#include <cstring>
 #include <map>
 #include <mutex>
 #include <optional>
-#include <sstream>
 
-#include "core/input_file.h"
-#include "core/output_file.h"
 #include "core/torch_compat.h"
 #include "engine/background_task.h"
-#include "engine/bucketed_reduction.h"
 #include "engine/copy_stream.h"
-#include "engine/fused_update.h"
-#include "vflow/comm/nccl.h"
-#include "vflow/comm/split_sum.h"
+#include "engine/reducer.h"
+#include "engine/training_state.h"
 #include "vflow/core/clock.h"
 #include "vflow/core/error.h"
-#include "vflow/core/process.h"
 #include "vflow/core/spec_node.h"
 #include "vflow/engine/checkpoint.h"
 #include "vflow/engine/fingerprint.h"
 #include "vflow/engine/lr_schedule.h"
 #include "vflow/engine/optimizer.h"
-#include "vflow/vnode/fixed_point.h"
+#include "vflow/engine/runtime.h"
 #include "vflow/vnode/gradient_buffer.h"
 #include "vflow/vnode/plan.h"
 #include "vflow/vnode/stateful_kernels.h"
@@ -47,169 +31,9 @@ namespace vflow::engine {
 
 namespace {
 
-constexpr int64_t kCheckpointFormat = 1;
-/// Checkpoints are read whole into memory; this only bounds what a wrong path can cost.
-constexpr uint64_t kMaxCheckpointBytes = uint64_t{1} << 40;
-constexpr uint64_t kInitStream = 0x1417;
-
 using Clock = std::chrono::steady_clock;
 
-/// The first line where two texts differ, for a readable mismatch message.
-std::string first_difference(const std::string& a, const std::string& b) {
-  std::istringstream sa(a), sb(b);
-  std::string la, lb;
-  while (true) {
-    const bool ga = static_cast<bool>(std::getline(sa, la));
-    const bool gb = static_cast<bool>(std::getline(sb, lb));
-    if (!ga && !gb) return "(no difference)";
-    if (!ga) la = "(end)";
-    if (!gb) lb = "(end)";
-    if (la != lb) {
-      // The checkpoint's text may be anything (a damaged file): shown short and printable.
-      const auto shown = [](const std::string& line) {
-        return printable(line.size() > 200 ? line.substr(0, 200) + "..." : line);
-      };
-      return fmt::format("checkpoint has '{}', this job has '{}'", shown(la), shown(lb));
-    }
-  }
-}
-
 }  // namespace
-
-namespace {
-/// The cores this worker may use: its CPU affinity and its cgroup's CPU quota count, so a
-/// worker in a container limited to 2 of a host's 64 cores runs 2 threads, not 64.
-int64_t host_cores() { return usable_cores(); }
-
-/// The intra-op threads of a worker whose resources.threads is resolved, or, where it is 0
-/// (in-process, where no launcher placed it), of the only worker on the host.
-int64_t configured_threads(const ResourcesSpec& resources) {
-  return resources.threads > 0 ? resources.threads : host_cores();
-}
-}  // namespace
-
-int64_t intra_op_threads(const JobSpec& spec, int64_t local_workers) {
-  if (spec.resources.threads > 0) return spec.resources.threads;
-  if (spec.semantic.deterministic) return 1;
-  // Every core for each of several workers oversubscribes the host, and each one's
-  // intra-op threads spin while waiting for cores the others hold: two workers of an MLP
-  // 784-2048-2048-10 on 2 cores trained at about 600 examples/s so, 2,090 with one each.
-  return std::max<int64_t>(1, host_cores() / std::max<int64_t>(1, local_workers));
-}
-
-bool prefetch_enabled(const ResourcesSpec& resources, int64_t local_workers) {
-  if (resources.prefetch != "auto") return resources.prefetch == "true";
-  // A background loader only helps when it gets a core of its own; on a fully
-  // subscribed host it competes with the compute threads (measured at first: about
-  // -15% with 2 single-threaded workers on 2 cores; at later builds within the noise
-  // either way, docs/benchmarks.md, so the rule stands on the first measurement).
-  return configured_threads(resources) * std::max<int64_t>(1, local_workers) < host_cores();
-}
-
-void seed_initialisation(const SemanticSpec& semantic) {
-  torch::manual_seed(vnode::mix_seed(semantic.seed, kInitStream, 0));
-}
-
-namespace {
-/// The device `name` (cpu, cuda, cuda:K) on this machine; errors name `key`.
-torch::Device resolve_device(const std::string& name, const std::string& key) {
-  if (name == "cpu") return torch::Device(torch::kCPU);
-  if (!torch::cuda::is_available()) {
-    throw SpecError(fmt::format(
-        "{}: '{}' requested but this LibTorch build or machine has no CUDA device", key, name));
-  }
-  const auto count = static_cast<int>(torch::cuda::device_count());
-  if (name != "cuda") {
-    torch::Device device(name);
-    if (device.index() >= count) {
-      throw SpecError(fmt::format("{}: {} does not exist ({} CUDA device{} visible)", key, name,
-                                  count, count == 1 ? "" : "s"));
-    }
-    return device;
-  }
-  return torch::Device(torch::kCUDA, 0);
-}
-}  // namespace
-
-torch::Device worker_device(const ResourcesSpec& resources) {
-  return resolve_device(resources.device, "resources.device");
-}
-
-void check_devices(const ResourcesSpec& resources) {
-  worker_device(resources);  // entries without a device of their own, and joiners
-  for (size_t i = 0; i < resources.layout.size(); ++i) {
-    const auto& device = resources.layout[i].device;
-    if (!device.empty()) resolve_device(device, fmt::format("resources.layout[{}].device", i));
-  }
-}
-
-void choose_backend(const ResourcesSpec& resources, torch::Device device, comm::Rendezvous& r) {
-  comm::choose_backend(resources.backend, "resources.backend", device, r);
-  r.shared_memory = resources.shared_memory;
-}
-
-namespace {
-/// Keeps the memory of freed tensors in the process for the next step. glibc's malloc
-/// serves large blocks with mmap and hands freed heap tops back to the kernel, so every
-/// step's activations fault their pages in afresh; on a virtual machine of this project's
-/// reference kind that more than doubled a transformer's step (bert-mini, one thread, the
-/// plain LibTorch loop: 26-28 against 62-64 examples/s, docs/benchmarks.md). Blocks below 64 MiB
-/// now come from the heap, which is trimmed once 128 MiB lie free at its top. glibc's own settings
-/// in the environment win.
-void keep_freed_memory() {
-#if defined(__GLIBC__)
-  for (const char* name : {"MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES"}) {
-    if (std::getenv(name) != nullptr) return;
-  }
-  mallopt(M_MMAP_THRESHOLD, 64 << 20);
-  mallopt(M_TRIM_THRESHOLD, 128 << 20);
-#endif
-}
-}  // namespace
-
-void set_intra_op_threads(int64_t threads) {
-  torch::set_num_threads(static_cast<int>(threads));
-#ifdef _OPENMP
-  // The library's own loops run on the OpenMP runtime it was linked with: LibTorch's on
-  // Debian, where this repeats the setting. PyTorch's wheels carry a copy of their own, and
-  // which copy each library's calls bind to depends on the load order; this sets both.
-  omp_set_num_threads(static_cast<int>(threads));
-#endif
-}
-
-void note_deterministic_threads(const JobSpec& spec) {
-  if (spec.resources.threads != 0 || !spec.semantic.deterministic || host_cores() == 1) return;
-  spdlog::info(
-      "[runtime] deterministic mode with resources.threads 0: one intra-op thread, since the "
-      "thread count changes LibTorch's CPU results; set resources.threads to use more (every "
-      "run that must agree bit for bit with the same value)");
-}
-
-void configure_runtime(const JobSpec& spec) {
-  keep_freed_memory();
-  const auto threads = intra_op_threads(spec, /*local_workers=*/1);
-  note_deterministic_threads(spec);  // in-process; a launched worker's was resolved already
-  set_intra_op_threads(threads);
-  compat::set_deterministic_algorithms(spec.semantic.deterministic);
-  compat::use_full_float32();
-  if (spec.resources.memory_limit_mb > 0) {
-    // OpenBLAS (0.3.21, Debian 12) retries a failed allocation of its per-thread work
-    // buffers forever instead of failing (OpenBLAS issue 5289): let it allocate them for
-    // the main thread and every intra-op thread before memory is capped.
-    const auto a = torch::ones({256, 256});
-    torch::mm(a, a);
-    at::parallel_for(0, threads, 1, [&](int64_t, int64_t) { torch::mm(a, a); });
-    // The soft limit only, so that a process running several jobs can lift it again.
-    rlimit limit{};
-    getrlimit(RLIMIT_DATA, &limit);
-    const auto bytes = static_cast<rlim_t>(spec.resources.memory_limit_mb) << 20;
-    limit.rlim_cur = limit.rlim_max == RLIM_INFINITY ? bytes : std::min(bytes, limit.rlim_max);
-    if (setrlimit(RLIMIT_DATA, &limit) != 0) {
-      throw Error(fmt::format("cannot limit memory to {} MiB: {}", spec.resources.memory_limit_mb,
-                              std::strerror(errno)));
-    }
-  }
-}
 
 /// One unit of vnode work: vnode `vnode` of step `step`.
 struct WorkItem {
@@ -233,31 +57,11 @@ struct Trainer::Impl {
   std::unique_ptr<vnode::StepPacket> packet;  // the step's one collective
   std::unique_ptr<vnode::StatefulKernelSet> kernels;
   std::unique_ptr<torch::optim::Optimizer> optimizer;
-  /// The optimizer, when its update reads deterministic mode's summed gradient where it
-  /// lies (a fused one on the CPU, with no clipping), else null.
-  FixedPointStep* fixed_point_step = nullptr;
-  /// That summed gradient (reduce_packet), for this step's update.
-  std::optional<vnode::FixedPointSum::Reduced> reduced_gradient;
-  /// Or: this step's update rounds the gradients of one worker's only vnode as it reads
-  /// them (FixedPointStep::step_rounding).
-  bool rounding_gradient = false;
+  std::unique_ptr<Reducer> reducer;  // the packet's sum over workers, and the update
   std::vector<torch::Tensor> ema;  // semantic.ema: the parameters' average, in their order
   std::shared_ptr<comm::Communicator> comm;
   vnode::VnodeRange held;  // the vnodes this worker processes
   bool prefetch = false;   // load the next vnode's batch in the background
-  // Deterministic mode: the exact sum of vnode contributions, and its reduction.
-  std::unique_ptr<vnode::FixedPointSum> exact;
-  std::unique_ptr<comm::SplitSum> exact_reduction;
-  // Deterministic mode with a core beyond the intra-op threads (resources.prefetch): the
-  // thread that runs half of each of the exact sum's passes.
-  std::unique_ptr<BackgroundTask<bool>> second_thread;
-  // The reduction in buckets, overlapped with the last backward pass.
-  std::unique_ptr<BucketedReduction> buckets;
-  bool bucketed = false;  // this step reduces through `buckets`
-  // Deterministic mode in buckets: the dense part the buckets fill, and the large values
-  // each bucket listed so far this step.
-  torch::Tensor bucket_dense;
-  std::vector<torch::Tensor> bucket_index, bucket_value;
   std::vector<std::shared_ptr<TrainingObserver>> observers;
   int64_t step = 0;
   std::optional<EvalResult> last_eval;
@@ -366,10 +170,7 @@ struct Trainer::Impl {
   void abandon_step() {
     drain_loader();
     kernels->abort_step();
-    packet->clear();
-    if (exact) exact->clear();
-    reduced_gradient.reset();
-    rounding_gradient = false;
+    reducer->abandon();
   }
 
   data::Batch take(const WorkItem& item) {
@@ -427,28 +228,20 @@ struct Trainer::Impl {
     const double lr = schedule.at(s);
     set_learning_rate(*optimizer, lr);
     model->train();
-    packet->clear();
+    reducer->begin_step(*comm, s);
     kernels->begin_step();
-    if (exact) exact->clear();
-    // Every rank of the group decides alike: the collectives must match.
-    bucketed = buckets && comm->size() > 1 && comm->asynchronous();
-    if (bucketed && exact) {
-      bucket_dense = exact_reduction->dense(comm->size());
-      bucket_index.clear();
-      bucket_value.clear();
-    }
     int64_t ran = 0;
     try {
       ran = run_vnodes(s, batch);
     } catch (...) {
-      if (bucketed) buckets->abandon(*comm);
+      reducer->abandon();
       throw;
     }
     // Kernels run asynchronously on a GPU: the compute time (and the speed measured for
     // re-planning and profiles) includes them only once they have finished.
     if (device.is_cuda()) torch::cuda::synchronize(device.index());
     const auto t_sync = Clock::now();
-    reduce_packet();
+    reducer->finish();
     const auto t_update = Clock::now();
     StepInfo info;
     if (record_examples) record_use(s, info);
@@ -460,16 +253,7 @@ struct Trainer::Impl {
       packet->gradient_buffer().check_views();
       views_checked = true;
     }
-    if (spec.semantic.clip.enabled()) info.grad_norm = clip_gradients();
-    if (reduced_gradient) {
-      fixed_point_step->step_fixed_point(*reduced_gradient);
-      reduced_gradient.reset();
-    } else if (rounding_gradient) {
-      fixed_point_step->step_rounding();
-      rounding_gradient = false;
-    } else {
-      optimizer->step();
-    }
+    info.grad_norm = reducer->update();
     ++step;
     if (!ema.empty() && step % spec.semantic.ema.every_steps == 0) update_ema();
 
@@ -511,9 +295,6 @@ struct Trainer::Impl {
       ++ordinal;
       if (v < held.first || v >= held.last) continue;
       ++ran;
-      // Deterministic mode: the previous vnode's contributions become exact integers; the
-      // last vnode's are rounded on their way into the reduction.
-      if (exact && ran > 1) check_range(exact->absorb(packet->flat()));
       const data::Batch b = take(WorkItem{s, v});
       // Randomness inside the forward pass depends on (seed, step, vnode) only.
       torch::manual_seed(
@@ -531,10 +312,11 @@ struct Trainer::Impl {
         // The packet past the gradients is final before the last backward pass, so
         // that it can ride in the first bucket.
         write_control_word();
-        if (bucketed && device.is_cpu()) buckets->arm(*comm);
+        reducer->arm();
       }
       // Weight n_v / B: the accumulated gradient is the global batch's mean-loss gradient.
       (loss * (static_cast<double>(part.size) / static_cast<double>(batch.size))).backward();
+      if (v != last) reducer->absorb();
     }
     return ran;
   }
@@ -547,79 +329,6 @@ struct Trainer::Impl {
     if (wanted.next_generation > 0) packet->request_regroup(wanted.next_generation);
   }
 
-  /// The one collective: gradients, stateful-kernel table, loss and control word together
-  /// (deterministic mode: as exact fixed-point integers, 32 bits an element).
-  void reduce_packet() {
-    auto& flat = packet->flat();
-    if (bucketed) {
-      buckets->finish(*comm);
-      if (exact) {
-        const auto listed = exact_reduction->merge(*comm);
-        exact->clear();
-        take_exact_sums(bucket_dense, listed);
-      }
-      return;
-    }
-    if (!exact) {
-      comm->allreduce_sum(flat);
-      return;
-    }
-    const int world = comm->size();
-    if (world == 1) {
-      if (fixed_point_step != nullptr && exact->empty()) {
-        // This worker's only vnode: every value's range is checked now, the gradients are
-        // rounded by the update as it reads them, the rest of the packet here.
-        check_range(exact->round_in_place_from(flat, packet->gradients().numel()));
-        rounding_gradient = true;
-        return;
-      }
-      check_range(exact->round_in_place(flat));
-      return;
-    }
-    if (comm->can_combine() && plan.virtual_nodes() == world) {
-      // One vnode a worker, on one host: the exact sum is formed inside the reduction,
-      // each element converted once, and every rank checks the range of all the parts.
-      VFLOW_ASSERT(exact->empty(), "a worker of one vnode absorbed none before the reduction");
-      check_range(comm->allreduce_combine(flat, vnode::FixedPointSum::sum_rounded));
-      exact->clear();
-      return;
-    }
-    auto dense = exact_reduction->dense(world);
-    torch::Tensor index, value;
-    check_range(exact->split(flat, comm::SplitSum::dense_limit(world), dense, index, value));
-    take_exact_sums(dense, exact_reduction->reduce(*comm, index, value));
-  }
-
-  /// Deterministic mode in buckets: what bucket `b` sums, its range of the packet as
-  /// exact integers (split while the rest of the backward pass runs). The bucket at
-  /// offset 0 starts last and carries every bucket's listed values.
-  torch::Tensor prepare_exact_bucket(const BucketedReduction::Bucket& b) {
-    torch::Tensor index, value;
-    check_range(exact->split_part(packet->flat(), comm::SplitSum::dense_limit(comm->size()),
-                                  bucket_dense, index, value, b.offset, b.numel));
-    bucket_index.push_back(std::move(index));
-    bucket_value.push_back(std::move(value));
-    if (b.offset == 0) {
-      exact_reduction->list(comm->rank(), torch::cat(bucket_index), torch::cat(bucket_value));
-    }
-    return exact_reduction->carrier_part(b.offset, b.numel);
-  }
-
-  /// Deterministic mode: the packet from the summed parts. The update reads the
-  /// gradients' sums where they lie (bitwise the same step, one pass less); the rest of
-  /// the packet is assembled as floats.
-  void take_exact_sums(const torch::Tensor& dense, const comm::SplitSum::Listed& listed) {
-    auto& flat = packet->flat();
-    if (fixed_point_step != nullptr) {
-      const int64_t gradients = packet->gradients().numel();
-      vnode::FixedPointSum::assemble(dense, listed.index, listed.value, flat, gradients);
-      reduced_gradient =
-          vnode::FixedPointSum::reduced(dense, listed.index, listed.value, gradients);
-      return;
-    }
-    vnode::FixedPointSum::assemble(dense, listed.index, listed.value, flat);
-  }
-
   /// Every worker holds the same parameters after the update, so each keeps the same
   /// average.
   void update_ema() {
@@ -629,33 +338,9 @@ struct Trainer::Impl {
     for (size_t i = 0; i < ema.size(); ++i) ema[i].mul_(decay).add_(params[i], 1 - decay);
   }
 
-  /// semantic.clip on the reduced gradient, which every worker holds alike, so the
-  /// clipped update is the same for every worker count. Returns the norm before clipping.
-  double clip_gradients() {
-    const auto& clip = spec.semantic.clip;
-    auto gradients = packet->gradients();
-    const double norm = gradients.norm().item<double>();
-    if (clip.value > 0) gradients.clamp_(-clip.value, clip.value);
-    if (clip.max_norm > 0) {
-      // As PyTorch's clip_grad_norm_: scale by max_norm / (norm + 1e-6) when that is < 1.
-      const double clipped = clip.value > 0 ? gradients.norm().item<double>() : norm;
-      const double scale = clip.max_norm / (clipped + 1e-6);
-      if (scale < 1) gradients.mul_(scale);
-    }
-    return norm;
-  }
-
-  /// Deterministic mode: `largest`, the largest magnitude of a vnode's contributions
-  /// (NaN if one is NaN), must be in the exact sum's range. Integer addition is
-  /// associative, so the total is bitwise the same however vnodes are spread over
-  /// workers and in whatever order the collective adds the workers' parts.
-  void check_range(double largest) const {
-    if (!(largest < vnode::FixedPointSum::kLimit)) {
-      throw Error(fmt::format(
-          "step {}: a gradient value of {} is outside the deterministic reduction's range "
-          "(|g| < {}); the run diverged or needs deterministic: false",
-          step, largest, vnode::FixedPointSum::kLimit));
-    }
+  StateParts state_parts() { return StateParts{*model, *optimizer, ema}; }
+  StateHeader state_header() const {
+    return StateHeader{step, spec.semantic_yaml(), engine::fingerprint(*model, ema, "ema")};
   }
 
   bool stop_requested() const {
@@ -681,45 +366,16 @@ Trainer::Trainer(JobSpec spec, std::shared_ptr<models::Model> model, data::DataS
   impl_->packet =
       std::make_unique<vnode::StepPacket>(m.parameters(), impl_->kernels->table_numel());
   impl_->kernels->bind_table(impl_->packet->table());
-  if (impl_->spec.semantic.deterministic) {
-    impl_->exact = std::make_unique<vnode::FixedPointSum>(impl_->packet->numel(), impl_->device);
-    impl_->exact_reduction = std::make_unique<comm::SplitSum>(impl_->packet->numel(), impl_->device,
-                                                              impl_->kernels->table_numel());
-    if (impl_->prefetch && impl_->device.is_cpu()) {
-      impl_->second_thread = std::make_unique<BackgroundTask<bool>>();
-      impl_->exact->share_passes(
-          [task = impl_->second_thread.get()](const std::function<void()>& theirs,
-                                              const std::function<void()>& mine) {
-            task->submit([&theirs] {
-              theirs();
-              return true;
-            });
-            std::exception_ptr error;
-            try {
-              mine();
-            } catch (...) {  // rethrown once the other half is done with the buffer
-              error = std::current_exception();
-            }
-            task->wait();
-            if (error) std::rethrow_exception(error);
-          });
-    }
-  }
-  if (impl_->spec.resources.bucket_mb > 0) {
-    BucketedReduction::Prepare prepare;
-    if (impl_->exact) {
-      prepare = [impl = impl_.get()](const BucketedReduction::Bucket& b) {
-        return impl->prepare_exact_bucket(b);
-      };
-    }
-    impl_->buckets = std::make_unique<BucketedReduction>(
-        *impl_->packet, static_cast<int64_t>(impl_->spec.resources.bucket_mb * (1 << 20)),
-        std::move(prepare));
-  }
   impl_->optimizer = make_optimizer(impl_->spec.semantic.optimizer, m.parameters());
-  if (impl_->exact && impl_->device.is_cpu() && !impl_->spec.semantic.clip.enabled()) {
-    impl_->fixed_point_step = dynamic_cast<FixedPointStep*>(impl_->optimizer.get());
-  }
+  ReducerOptions reduction;
+  reduction.device = impl_->device;
+  reduction.exact = impl_->spec.semantic.deterministic;
+  reduction.bucket_bytes = static_cast<int64_t>(impl_->spec.resources.bucket_mb * (1 << 20));
+  reduction.clip = impl_->spec.semantic.clip;
+  reduction.virtual_nodes = impl_->plan.virtual_nodes();
+  reduction.table_numel = impl_->kernels->table_numel();
+  reduction.second_thread = impl_->prefetch;
+  impl_->reducer = make_reducer(*impl_->packet, *impl_->optimizer, reduction);
   if (impl_->spec.semantic.ema.enabled()) {
     for (const auto& p : m.parameters()) impl_->ema.push_back(p.detach().clone());
   }
@@ -849,166 +505,32 @@ void Trainer::publish_evaluation(const EvalResult& result) {
 
 const std::optional<EvalResult>& Trainer::last_evaluation() const { return impl_->last_eval; }
 
-namespace {
-/// Inside a catch block: LibTorch's c10::Error, or the plain std::exception its TorchScript
-/// type parser throws (torch::jit::ErrorReport, on a damaged archive's class names), as a
-/// CheckpointError; vflow's own errors pass unchanged.
-[[noreturn]] void rethrow_as_checkpoint_error(const std::string& what) {
-  try {
-    throw;
-  } catch (const Error&) {
-    throw;
-  } catch (const c10::Error& e) {
-    throw CheckpointError(fmt::format("{}: {}", what, compat::message_of(e)));
-  } catch (const std::exception& e) {
-    const std::string message = e.what();
-    const std::string line = message.substr(0, message.find('\n'));
-    throw CheckpointError(fmt::format("{}: {}", what, line.empty() ? "a damaged archive" : line));
-  }
-}
-
-/// Reads a required value of a vflow state archive.
-c10::IValue read_value(torch::serialize::InputArchive& archive, const std::string& source,
-                       const char* key) {
-  c10::IValue v;
-  if (!archive.try_read(key, v)) {
-    throw CheckpointError(fmt::format("{}: not a vflow checkpoint (no '{}')", source, key));
-  }
-  return v;
-}
-}  // namespace
-
 void Trainer::save_checkpoint(const std::string& path) const {
-  // LibTorch's own file writer throws from its destructor when the disk fills, which ends
-  // the process in std::terminate. It writes through vflow's checked writer instead, which
-  // never fails mid-way: it keeps the first error and reports it at the end.
-  core::AtomicFile file(path);
-  try {
-    torch::serialize::OutputArchive archive;
-    write_state(archive);
-    archive.save_to([&](const void* data, size_t size) { return file.write(data, size); });
-  } catch (...) {
-    rethrow_as_checkpoint_error(path + ": cannot write checkpoint");
-  }
-  if (const std::string error = file.commit(); !error.empty()) {
-    throw CheckpointError(fmt::format("{}: cannot write checkpoint: {}", path, error));
-  }
+  save_state(path, impl_->state_parts(), impl_->state_header());
 }
 
 std::string Trainer::state_bytes() const {
-  torch::serialize::OutputArchive archive;
-  write_state(archive);
-  std::ostringstream out;
-  archive.save_to(out);
-  return out.str();
+  return serialize_state(impl_->state_parts(), impl_->state_header());
 }
 
 void Trainer::load_state_bytes(const std::string& bytes) { load_state(bytes, "transferred state"); }
 
-void Trainer::write_state(torch::serialize::OutputArchive& archive) const {
-  auto& im = *impl_;
-  archive.write("vflow_format", c10::IValue(kCheckpointFormat));
-  archive.write("vflow_step", c10::IValue(im.step));
-  archive.write("vflow_semantic", c10::IValue(im.spec.semantic_yaml()));
-  archive.write("vflow_fingerprint", c10::IValue(fingerprint()));
-  torch::serialize::OutputArchive model_archive;
-  im.model->save(model_archive);
-  archive.write("model", model_archive);
-  torch::serialize::OutputArchive optimizer_archive;
-  im.optimizer->save(optimizer_archive);
-  archive.write("optimizer", optimizer_archive);
-  if (!im.ema.empty()) {
-    torch::serialize::OutputArchive ema_archive;
-    for (size_t i = 0; i < im.ema.size(); ++i) {
-      ema_archive.write(fmt::format("p{}", i), im.ema[i], /*is_buffer=*/true);
-    }
-    archive.write("ema", ema_archive);
-  }
-}
-
 void Trainer::load_checkpoint(const std::string& path) {
-  // Read with vflow's own checks first: LibTorch's reader would block on a FIFO and read
-  // a device such as /dev/zero for ever.
-  const auto in = core::read_input_file(path, kMaxCheckpointBytes);
-  if (!in.ok())
-    throw CheckpointError(fmt::format("{}: cannot read checkpoint: {}", path, in.error));
-  // A damaged file is refused here: LibTorch checks no CRC and can crash on one.
-  check_archive(in.bytes, path);
-  load_state(in.bytes, path);
+  load_state(read_checkpoint_file(path), path);
   spdlog::info("[engine] resumed from {} at step {} (fingerprint {})", path, step(), fingerprint());
 }
 
 void Trainer::load_state(const std::string& bytes, const std::string& source) {
-  torch::serialize::InputArchive archive;
-  try {
-    // Onto this worker's device: the writer's may be another (a job can mix devices).
-    archive.load_from(bytes.data(), bytes.size(), impl_->device);
-  } catch (...) {
-    rethrow_as_checkpoint_error(source + ": cannot read checkpoint");
-  }
-  try {
-    read_state(archive, source);
-  } catch (...) {
-    // A value of the wrong type (a damaged or foreign file).
-    rethrow_as_checkpoint_error(source + ": not a usable vflow checkpoint");
-  }
-}
-
-void Trainer::read_state(torch::serialize::InputArchive& archive, const std::string& path) {
   auto& im = *impl_;
-  auto read = [&](const char* key) { return read_value(archive, path, key); };
-  const int64_t format = read("vflow_format").toInt();
-  if (format != kCheckpointFormat) {
-    throw CheckpointError(fmt::format("{}: checkpoint format {} is not supported (expected {})",
-                                      path, format, kCheckpointFormat));
-  }
-  const std::string semantic = read("vflow_semantic").toStringRef();
-  if (semantic != im.spec.semantic_yaml()) {
-    throw CheckpointError(fmt::format(
-        "{}: written by a job with a different semantic part, so resuming would change the "
-        "result: {}",
-        path, first_difference(semantic, im.spec.semantic_yaml())));
-  }
-  const int64_t saved_step = read("vflow_step").toInt();
-  const std::string saved_fingerprint = read("vflow_fingerprint").toStringRef();
-  if (saved_step < 0 || saved_step > im.total_steps) {
-    throw CheckpointError(fmt::format("{}: step {} is outside this job's {} steps", path,
-                                      saved_step, im.total_steps));
-  }
-  try {
-    torch::serialize::InputArchive model_archive;
-    archive.read("model", model_archive);
-    im.model->load(model_archive);
-    torch::serialize::InputArchive optimizer_archive;
-    archive.read("optimizer", optimizer_archive);
-    im.optimizer->load(optimizer_archive);
-    if (!im.ema.empty()) {
-      torch::serialize::InputArchive ema_archive;
-      archive.read("ema", ema_archive);
-      for (size_t i = 0; i < im.ema.size(); ++i) {
-        torch::Tensor t;
-        ema_archive.read(fmt::format("p{}", i), t, /*is_buffer=*/true);
-        if (!t.sizes().equals(im.ema[i].sizes())) {
-          throw Error(fmt::format("its weight average p{} has shape {}, the parameter {}", i,
-                                  fmt::join(t.sizes(), "x"), fmt::join(im.ema[i].sizes(), "x")));
-        }
-        im.ema[i] = t.to(im.device);
-      }
-    }
-  } catch (const c10::Error& e) {
-    throw CheckpointError(
-        fmt::format("{}: does not fit this model: {}", path, compat::message_of(e)));
-  } catch (const std::exception& e) {
-    throw CheckpointError(fmt::format("{}: does not fit this model: {}", path, e.what()));
-  }
+  const auto saved = restore_state(bytes, source, im.state_parts(), im.spec.semantic_yaml(),
+                                   im.total_steps, im.device);
   im.model->to(im.device);
   im.packet->gradient_buffer().bind();
-  im.step = saved_step;
-  if (fingerprint() != saved_fingerprint) {
+  im.step = saved.step;
+  if (fingerprint() != saved.fingerprint) {
     throw CheckpointError(
-        fmt::format("{}: restored state has fingerprint {}, checkpoint recorded "
-                    "{} (corrupt file?)",
-                    path, fingerprint(), saved_fingerprint));
+        fmt::format("{}: restored state has fingerprint {}, checkpoint recorded {} (corrupt file?)",
+                    source, fingerprint(), saved.fingerprint));
   }
 }
 

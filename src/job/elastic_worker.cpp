@@ -15,6 +15,7 @@
 #include "job/periodic.h"
 #include "vflow/core/clock.h"
 #include "vflow/engine/job.h"
+#include "vflow/engine/runtime.h"
 #include "vflow/job/build_identity.h"
 #include "vflow/job/control_plane.h"
 

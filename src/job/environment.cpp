@@ -9,7 +9,7 @@
 
 #include "vflow/core/address.h"
 #include "vflow/core/error.h"
-#include "vflow/engine/trainer.h"
+#include "vflow/engine/runtime.h"
 
 namespace vflow::job {
 

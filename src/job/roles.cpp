@@ -13,6 +13,7 @@
 #include "vflow/core/exit_code.h"
 #include "vflow/core/process.h"
 #include "vflow/engine/job.h"
+#include "vflow/engine/runtime.h"
 #include "vflow/hetero/cpu_quota.h"
 #include "vflow/hetero/profile.h"
 #include "vflow/job/control_store.h"

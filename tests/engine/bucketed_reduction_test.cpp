@@ -9,6 +9,7 @@
 #include <chrono>
 #include <thread>
 
+#include "engine/small_net.h"
 #include "support.h"
 #include "vflow/comm/communicator.h"
 #include "vflow/job/control_plane.h"
@@ -18,20 +19,7 @@ using vflow::engine::BucketedReduction;
 
 namespace {
 
-/// Layers in registration order a, unused, b, c; `unused` gets no gradient.
-struct Net : torch::nn::Module {
-  Net() {
-    torch::manual_seed(5);
-    a = register_module("a", torch::nn::Linear(8, 16));
-    unused = register_module("unused", torch::nn::Linear(4, 4));
-    b = register_module("b", torch::nn::Linear(16, 16));
-    c = register_module("c", torch::nn::Linear(16, 4));
-  }
-  torch::Tensor loss(const torch::Tensor& x) {
-    return c(torch::relu(b(torch::relu(a(x))))).pow(2).mean();
-  }
-  torch::nn::Linear a{nullptr}, unused{nullptr}, b{nullptr}, c{nullptr};
-};
+using Net = vflow::testing::SmallNet;
 
 constexpr int64_t kTable = 3;
 

@@ -7,6 +7,7 @@
 #include <catch2/catch.hpp>
 #include <sstream>
 
+#include "vflow/engine/runtime.h"
 #include "vflow/engine/trainer.h"
 #include "vflow/vnode/gradient_buffer.h"
 

@@ -12,6 +12,7 @@
 #include "vflow/engine/checkpoint.h"
 #include "vflow/engine/job.h"
 #include "vflow/engine/lr_schedule.h"
+#include "vflow/engine/runtime.h"
 #include "vflow/job/environment.h"
 
 using Catch::Matchers::Contains;

@@ -1,5 +1,6 @@
 // Deterministic mode's exact sum: the fused kernels against the plain int64 formula
 // (round each vnode's values to units of 2^-36, add as int64, convert once).
+#include "vflow/engine/runtime.h"
 #include "vflow/vnode/fixed_point.h"
 
 #include <torch/torch.h>

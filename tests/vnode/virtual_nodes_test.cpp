@@ -8,6 +8,7 @@
 #include "support.h"
 #include "vflow/data/dataset.h"
 #include "vflow/engine/job.h"
+#include "vflow/engine/runtime.h"
 #include "vflow/engine/trainer.h"
 #include "vflow/models/registry.h"
 #include "vflow/vnode/plan.h"

@@ -1,4 +1,4 @@
-// The virtual-node trainer (DESIGN.md §2-3) for one worker holding every vnode.
+// The virtual-node trainer (docs/design.md, "The step"): one worker's vnodes of each step.
 //
 // One step: for each vnode in ascending order, take its slice of the global
 // batch (prefetched in the background), seed dropout from (seed, step, vnode),
@@ -19,11 +19,6 @@
 #include "vflow/data/dataset.h"
 #include "vflow/engine/job_spec.h"
 #include "vflow/models/registry.h"
-
-namespace torch::serialize {
-class InputArchive;
-class OutputArchive;
-}  // namespace torch::serialize
 
 namespace vflow::engine {
 
@@ -92,48 +87,6 @@ class TrainingObserver {
   /// them, may not have completed that step.
   virtual void on_state_donated(Trainer& trainer) {}
 };
-
-/// Seeds torch's default generator for parameter initialisation from the job's seed.
-/// Build the model right after this call so that initialisation depends on the spec only.
-void seed_initialisation(const SemanticSpec& semantic);
-
-/// The intra-op threads of one of `local_workers` workers of `spec` on this host:
-/// resources.threads, or where that is 0, one in deterministic mode (whose result must not
-/// depend on the host's cores, and the thread count changes LibTorch's CPU results) and
-/// otherwise the cores this process may use (its CPU affinity and its cgroup's CPU quota,
-/// vflow::usable_cores) shared among this host's workers, at least one each.
-int64_t intra_op_threads(const JobSpec& spec, int64_t local_workers);
-
-/// Sets this process's intra-op threads: LibTorch's and those of the library's own loops.
-void set_intra_op_threads(int64_t threads);
-
-/// Logs that `spec` runs one intra-op thread, where it is deterministic, leaves
-/// resources.threads at 0 and this host has more than one core; else nothing.
-void note_deterministic_threads(const JobSpec& spec);
-
-/// Whether `resources.prefetch` turns the background loader on for a worker that shares
-/// this host with `local_workers` - 1 others (auto: when its intra-op threads times the
-/// local workers leave a core free). The job layer decides auto for a launched worker.
-bool prefetch_enabled(const ResourcesSpec& resources, int64_t local_workers);
-
-/// Applies the resources part to this process: intra-op threads, a memory allocator that
-/// keeps freed tensors' memory for the next step (glibc), and, for a deterministic job,
-/// LibTorch's deterministic algorithms (cuDNN's too).
-void configure_runtime(const JobSpec& spec);
-
-/// The device this worker trains on: resources.device, where plain "cuda" is the first
-/// device (a launched worker's job layer makes it its local rank's, job::place_on_this_host).
-/// Throws SpecError when CUDA is asked for and this LibTorch build or machine has none.
-torch::Device worker_device(const ResourcesSpec& resources);
-/// Checks that every device the job asks for (resources.device, for joiners and entries
-/// without a device, and each layout entry's) exists on this machine; throws SpecError
-/// naming the key.
-void check_devices(const ResourcesSpec& resources);
-
-/// Sets the rendezvous's backend and CUDA device from the resources part: backend auto
-/// is nccl for a worker on a CUDA device when the NCCL backend is usable, gloo otherwise.
-/// Throws SpecError when nccl is asked for and cannot be used.
-void choose_backend(const ResourcesSpec& resources, torch::Device device, comm::Rendezvous& r);
 
 class Trainer {
  public:
@@ -218,8 +171,6 @@ class Trainer {
   std::vector<int64_t> batch_indices(int64_t step) const;
 
  private:
-  void write_state(torch::serialize::OutputArchive& archive) const;
-  void read_state(torch::serialize::InputArchive& archive, const std::string& source);
   /// Parses and restores serialized state; every failure is a CheckpointError naming source.
   void load_state(const std::string& bytes, const std::string& source);
   struct Impl;

@@ -1,0 +1,26 @@
+// Deterministic mode's reducer: the exact fixed-point sum (docs/design.md, "Bitwise
+// reproducibility across worker counts"), and what the float reducers share with it.
+#pragma once
+
+#include <memory>
+#include <optional>
+
+#include "engine/reducer.h"
+
+namespace vflow::engine {
+
+class FixedPointStep;
+
+/// The exact sum of the workers' vnode contributions over `packet`, whole or in buckets
+/// (options.bucket_bytes). `fused`, where not null, is `optimizer` as an update that reads
+/// the summed integers where they lie (and on one worker of one vnode, rounds the
+/// gradients as it reads them).
+std::unique_ptr<Reducer> make_exact_reducer(vnode::StepPacket& packet,
+                                            torch::optim::Optimizer& optimizer,
+                                            FixedPointStep* fused, const ReducerOptions& options);
+
+/// semantic.clip on the packet's reduced gradient; returns its norm before clipping, or
+/// nothing where clipping is off.
+std::optional<double> clip_gradients(vnode::StepPacket& packet, const ClipSpec& clip);
+
+}  // namespace vflow::engine

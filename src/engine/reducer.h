@@ -1,0 +1,86 @@
+// The reduction of a step (docs/design.md, "The reducer"): everything between a
+// worker's vnodes and the updated parameters. The trainer runs its vnodes into the step
+// packet and calls a reducer at five points; it never knows which reducer it has.
+//
+//   begin_step   the packet is cleared for the step
+//   absorb       after a vnode's backward pass when another of the worker's vnodes follows
+//   arm          before the backward pass of the worker's last vnode (the packet past the
+//                gradients, the stateful-kernel table, loss and control word, is final)
+//   finish       the step's one collective: the packet then holds the sum over all workers
+//   update       the optimizer step from that sum (with semantic.clip)
+//
+// and at `abandon` when the step failed anywhere. The reducers:
+//   - the whole-packet allreduce (one sum of the packet after the last backward pass);
+//   - the bucketed reduction overlapped with the last backward pass (resources.bucket_mb);
+//   - the exact fixed-point sum of deterministic mode, whole or in buckets, with its
+//     one-worker forms (rounding in place; on one worker of one vnode, rounding as the
+//     fused update reads the gradients).
+#pragma once
+
+#include <c10/core/Device.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+
+#include "vflow/engine/job_spec.h"
+
+namespace torch::optim {
+class Optimizer;
+}
+namespace vflow::comm {
+class Communicator;
+}
+namespace vflow::vnode {
+class StepPacket;
+}
+
+namespace vflow::engine {
+
+/// What a reducer is made from: the parts of the job spec that choose and shape it.
+struct ReducerOptions {
+  c10::Device device{c10::kCPU};  ///< where the packet lives
+  bool exact = false;             ///< semantic.deterministic: the exact fixed-point sum
+  int64_t bucket_bytes = 0;       ///< resources.bucket_mb in bytes; 0: the whole packet at once
+  ClipSpec clip;                  ///< semantic.clip, applied to the reduced gradient
+  int64_t virtual_nodes = 1;      ///< of the job
+  /// Elements of the packet's stateful-kernel table, which are usually large in the exact
+  /// sum's terms (room is kept for them in each rank's region of the reduction).
+  int64_t table_numel = 0;
+  /// The exact sum's passes run half on a background thread (a CPU worker with a core
+  /// beyond its intra-op threads: resources.prefetch).
+  bool second_thread = false;
+};
+
+class Reducer {
+ public:
+  virtual ~Reducer() = default;
+  Reducer(const Reducer&) = delete;
+  Reducer& operator=(const Reducer&) = delete;
+
+  /// Clears the packet for step `step` (which error messages name), reduced over `comm`,
+  /// which must outlive the step.
+  virtual void begin_step(comm::Communicator& comm, int64_t step) = 0;
+  /// After a vnode's backward pass, when another of this worker's vnodes follows.
+  virtual void absorb() {}
+  /// Before the backward pass of this worker's last vnode of the step.
+  virtual void arm() {}
+  /// The step's collective. Throws comm::PeerFailure when a peer fails; the packet is then
+  /// undefined and the step must be abandoned.
+  virtual void finish() = 0;
+  /// The optimizer step from the reduced gradient. Returns the gradient's L2 norm before
+  /// clipping where semantic.clip is on.
+  virtual std::optional<double> update() = 0;
+  /// The step failed (a collective, a data error, memory): a sum in flight is abandoned and
+  /// nothing of the step is kept, so it can be redone. Safe to call more than once.
+  virtual void abandon() = 0;
+
+ protected:
+  Reducer() = default;
+};
+
+/// The reducer the options call for, over `packet` and `optimizer`, which must outlive it.
+std::unique_ptr<Reducer> make_reducer(vnode::StepPacket& packet, torch::optim::Optimizer& optimizer,
+                                      const ReducerOptions& options);
+
+}  // namespace vflow::engine

@@ -1,0 +1,58 @@
+// The training state a checkpoint holds and a joining worker receives (docs/design.md,
+// "Checkpoints"): the model's parameters and buffers, the optimizer state, the weight
+// average, the step, and the semantic part of the spec that wrote it. The learning rate,
+// data order and dropout are functions of the step and the spec, so nothing more is kept.
+#pragma once
+
+#include <c10/core/Device.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace at {
+class Tensor;
+}
+namespace torch::optim {
+class Optimizer;
+}
+namespace vflow::models {
+class Model;
+}
+
+namespace vflow::engine {
+
+/// A worker's state, by reference.
+struct StateParts {
+  models::Model& model;
+  torch::optim::Optimizer& optimizer;
+  std::vector<at::Tensor>& ema;  ///< semantic.ema's average, in parameter order (or empty)
+};
+
+/// What a state records about itself.
+struct StateHeader {
+  int64_t step = 0;         ///< steps completed
+  std::string semantic;     ///< the writer's JobSpec::semantic_yaml()
+  std::string fingerprint;  ///< of the model and the average, when written
+};
+
+/// The state as bytes (the checkpoint's archive).
+std::string serialize_state(const StateParts& parts, const StateHeader& header);
+
+/// Writes the state to `path` atomically (temp file, fsync, rename); throws
+/// CheckpointError naming the file and the cause.
+void save_state(const std::string& path, const StateParts& parts, const StateHeader& header);
+
+/// The checkpoint file at `path`, read and checked whole (an undamaged archive); throws
+/// CheckpointError.
+std::string read_checkpoint_file(const std::string& path);
+
+/// Restores `bytes` (serialize_state's) onto `device` into `parts`, after checking that
+/// they were written by a job with this `semantic` part and a step within `total_steps`.
+/// Returns the header as written; every failure is a CheckpointError naming `source`.
+/// The caller checks the restored fingerprint against it.
+StateHeader restore_state(const std::string& bytes, const std::string& source,
+                          const StateParts& parts, const std::string& semantic,
+                          int64_t total_steps, c10::Device device);
+
+}  // namespace vflow::engine
