@@ -8,6 +8,7 @@
 #include <cmath>
 
 #include "core/torch_compat.h"
+#include "engine/optimizer_archive.h"
 #include "engine/update_kernels.h"
 #include "vflow/core/error.h"
 #include "vflow/vnode/gradient_buffer.h"
@@ -153,9 +154,10 @@ class FlatParameters {
 // ---- the optimizers --------------------------------------------------------------------
 
 /// An optimizer whose update is one pass over flat buffers. `Reference` is LibTorch's
-/// optimizer of the same arithmetic: it defines the checkpoint format (save and load go
-/// through one built for the purpose) and its options are this optimizer's.
-template <typename Reference, typename Options>
+/// optimizer of the same arithmetic: it defines the checkpoint format (save goes through
+/// one built for the purpose; load reads each parameter's `State` by its place,
+/// engine/optimizer_archive.h) and its options are this optimizer's.
+template <typename Reference, typename Options, typename State>
 class FusedOptimizer : public torch::optim::Optimizer, public FixedPointStep {
  public:
   FusedOptimizer(const std::vector<torch::Tensor>& params, const Options& options,
@@ -209,24 +211,39 @@ class FusedOptimizer : public torch::optim::Optimizer, public FixedPointStep {
   }
 
   void load(torch::serialize::InputArchive& archive) override {
-    auto reference = make_reference();
-    reference.load(archive);
-    auto& state = reference.state();
     steps_ = 0;
     for (auto& s : state_) s.zero_();
-    if (state.empty()) return;
-    for (size_t i = 0; i < flat_.params().size(); ++i) {
-      const auto& p = flat_.params()[i];
-      const auto it = state.find(compat::optimizer_state_key<std::decay_t<decltype(state)>>(p));
-      if (it == state.end()) {
-        throw Error(fmt::format("the optimizer state has no entry for trainable parameter {}", i));
+    // The archive lists every parameter; the update holds the trainable ones.
+    const auto& trainable = flat_.params();
+    std::vector<int64_t> place(all_params_.size(), -1);
+    for (size_t i = 0; i < trainable.size(); ++i) {
+      for (size_t j = 0; j < all_params_.size(); ++j) {
+        if (all_params_[j].unsafeGetTensorImpl() == trainable[i].unsafeGetTensorImpl()) {
+          place[j] = static_cast<int64_t>(i);
+        }
       }
-      const int64_t steps = restore_state(i, *it->second);
-      if (i > 0 && steps != steps_) {
-        throw Error(fmt::format("the optimizer state of parameter {} is at step {}, not {}", i,
-                                steps, steps_));
-      }
-      steps_ = steps;
+    }
+    std::vector<bool> restored(trainable.size(), false);
+    bool any = false;  // a state was restored
+    for_each_saved_state(
+        archive, all_params_.size(), [&](size_t j, torch::serialize::InputArchive& saved) {
+          if (place[j] < 0) return;
+          const auto i = static_cast<size_t>(place[j]);
+          State state;
+          state.serialize(saved);
+          const int64_t steps = restore_state(i, state);
+          if (any && steps != steps_) {
+            throw Error(fmt::format("the optimizer state of parameter {} is at step {}, not {}",
+                                    i, steps, steps_));
+          }
+          steps_ = steps;
+          restored[i] = any = true;
+        });
+    // A fresh optimizer's archive holds no state at all; any other holds every parameter's.
+    const auto missing = std::find(restored.begin(), restored.end(), false);
+    if (any && missing != restored.end()) {
+      throw Error(fmt::format("the optimizer state has no entry for trainable parameter {}",
+                              missing - restored.begin()));
     }
   }
 
@@ -266,7 +283,8 @@ class FusedOptimizer : public torch::optim::Optimizer, public FixedPointStep {
   FlatParameters flat_;
 };
 
-class FusedSgd final : public FusedOptimizer<torch::optim::SGD, torch::optim::SGDOptions> {
+class FusedSgd final : public FusedOptimizer<torch::optim::SGD, torch::optim::SGDOptions,
+                                             torch::optim::SGDParamState> {
  public:
   FusedSgd(const std::vector<torch::Tensor>& params, const torch::optim::SGDOptions& options)
       : FusedOptimizer(params, options, /*state_tensors=*/options.momentum() != 0 ? 1 : 0) {}
@@ -318,7 +336,8 @@ class FusedSgd final : public FusedOptimizer<torch::optim::SGD, torch::optim::SG
   }
 };
 
-class FusedAdamW final : public FusedOptimizer<torch::optim::AdamW, torch::optim::AdamWOptions> {
+class FusedAdamW final : public FusedOptimizer<torch::optim::AdamW, torch::optim::AdamWOptions,
+                                               torch::optim::AdamWParamState> {
  public:
   FusedAdamW(const std::vector<torch::Tensor>& params, const torch::optim::AdamWOptions& options)
       : FusedOptimizer(params, options, /*state_tensors=*/2) {

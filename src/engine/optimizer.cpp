@@ -5,7 +5,9 @@
 
 #include <cmath>
 
+#include "core/torch_compat.h"
 #include "engine/fused_update.h"
+#include "engine/optimizer_archive.h"
 #include "vflow/core/error.h"
 
 namespace vflow::engine {
@@ -153,6 +155,29 @@ class Lars : public LayerwiseOptimizer {
   OptimizerSpec spec_;
 };
 
+/// LibTorch's Adam, whose checkpoint state is read by each parameter's place
+/// (engine/optimizer_archive.h), so that a checkpoint moves between LibTorch versions.
+class Adam final : public torch::optim::Adam {
+ public:
+  using torch::optim::Adam::Adam;
+
+  void load(torch::serialize::InputArchive& archive) override {
+    std::vector<torch::Tensor> params;
+    for (const auto& group : param_groups()) {
+      params.insert(params.end(), group.params().begin(), group.params().end());
+    }
+    auto& states = state();
+    states.clear();
+    for_each_saved_state(archive, params.size(),
+                         [&](size_t i, torch::serialize::InputArchive& saved) {
+                           auto s = std::make_unique<torch::optim::AdamParamState>();
+                           s->serialize(saved);
+                           states[compat::optimizer_state_key<std::decay_t<decltype(states)>>(
+                               params[i])] = std::move(s);
+                         });
+  }
+};
+
 }  // namespace
 
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimizerSpec& spec,
@@ -164,7 +189,7 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimizerSpec& spe
                        .betas({spec.beta1, spec.beta2})
                        .eps(spec.eps)
                        .weight_decay(spec.weight_decay);
-    return std::make_unique<torch::optim::Adam>(params, options);
+    return std::make_unique<Adam>(params, options);
   }
   if (spec.name == "lamb") return std::make_unique<Lamb>(params, spec);
   if (spec.name == "lars") return std::make_unique<Lars>(params, spec);
