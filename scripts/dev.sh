@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One entry point for a fresh Debian 12 machine:
 #   scripts/dev.sh train [vflow-train args...]  install what is missing, build, train the default job
-#   scripts/dev.sh test  [ctest args...]        install what is missing, build, run every test
-#   scripts/dev.sh deps | build | consumer      the individual stages
+#   scripts/dev.sh test  [ctest args...]        install what is missing, build, check that every
+#                                               source compiles with clang, run every test
+#   scripts/dev.sh deps | build | consumer      the individual stages (deps PACKAGE...: those)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -31,9 +32,10 @@ PACKAGES=(
 
 log() { printf '\033[1m[dev]\033[0m %s\n' "$*" >&2; }
 
+# Installs what is missing of the packages named.
 deps() {
   local missing=()
-  for p in "${PACKAGES[@]}"; do
+  for p in "$@"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
   done
   if ((${#missing[@]} == 0)); then
@@ -82,12 +84,15 @@ consumer() {
 cmd="${1:-train}"
 shift || true
 case "$cmd" in
-  deps) deps ;;
-  build) deps; build ;;
-  consumer) deps; build; consumer ;;
-  train) deps; build; exec "$BUILD/vflow-train" "$@" ;;
+  # deps PACKAGE...: those packages instead (the other scripts' own, clang's say)
+  deps) if (($#)); then deps "$@"; else deps "${PACKAGES[@]}"; fi ;;
+  build) deps "${PACKAGES[@]}"; build ;;
+  consumer) deps "${PACKAGES[@]}"; build; consumer ;;
+  train) deps "${PACKAGES[@]}"; build; exec "$BUILD/vflow-train" "$@" ;;
   test)
-    deps; build; consumer
+    deps "${PACKAGES[@]}"; build; consumer
+    # Every source compiles with clang too (a syntax-only pass, about 2 minutes).
+    VFLOW_CLANG_BUILD_DIR="$BUILD/clang" "$ROOT/scripts/clang-check.sh"
     log "running the tests"
     cd "$BUILD" && ctest --output-on-failure --timeout 1200 "$@"
     ;;

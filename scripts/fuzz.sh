@@ -22,17 +22,7 @@ log() { printf '\033[1m[fuzz]\033[0m %s\n' "$*" >&2; }
 
 # The project's packages, then clang with libFuzzer and the sanitizer runtimes.
 "$ROOT/scripts/dev.sh" deps
-missing=()
-for p in clang-14 libfuzzer-14-dev libclang-rt-14-dev; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if ((${#missing[@]})); then
-  log "installing: ${missing[*]}"
-  sudo=()
-  [[ $(id -u) -eq 0 ]] || sudo=(sudo)
-  "${sudo[@]}" apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
-fi
+"$ROOT/scripts/dev.sh" deps clang-14 libfuzzer-14-dev libclang-rt-14-dev
 
 mapfile -t ALL < "$ROOT/tests/fuzz/targets.txt"
 TARGETS=("$@")

@@ -189,7 +189,9 @@ class Agent {
   void on_event(const StoreEvent& event) {
     const auto parts = split_job_key(event.key);
     if (!parts) return;
-    const auto& [job, rest] = *parts;
+    // Named references, not a structured binding: the lambdas below capture them.
+    const std::string& job = parts->first;
+    const std::string& rest = parts->second;
     if (rest == "job/record" && event.value && jobs_.count(job) == 0) {
       guarded("following job " + job, [&] { serve(job); });
     } else if (rest == "job/owner" && !event.value) {
@@ -336,7 +338,9 @@ class Agent {
   }
 
   void reap() {
-    for (const auto& [id, code] : group_.reap()) {
+    for (const auto& ended : group_.reap()) {
+      const std::string& id = ended.first;
+      const int code = ended.second;  // captured below: not a structured binding
       const auto it = running_.find(id);
       if (it == running_.end()) continue;
       const Running r = it->second;
@@ -365,7 +369,9 @@ class Agent {
     last_reconcile_ = now;
     guarded("checking the slots' records", [&] {
       const std::string prefix = agent_key(options_.name) + "/slot/";
-      for (const auto& [key, holder] : root_->scan(prefix)) {
+      for (const auto& entry : root_->scan(prefix)) {
+        const std::string& key = entry.first;
+        const std::string& holder = entry.second;  // captured below: not a structured binding
         const bool runs = std::any_of(running_.begin(), running_.end(), [&](const auto& r) {
           return r.second.slot_holder == holder;
         });

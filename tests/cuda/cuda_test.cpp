@@ -100,7 +100,9 @@ TEST_CASE("NCCL of one rank: collectives on host tensors and on the device", "[c
 
 TEST_CASE("NCCL sums, broadcasts and gathers exactly as Gloo does", "[cuda]") {
   const auto status = usable_nccl();
-  const auto [d0, d1] = two_rank_devices(status);
+  // Not a structured binding: the ranks' lambda captures them (C++20; clang refuses it).
+  const auto devices = two_rank_devices(status);
+  const int d0 = devices.first, d1 = devices.second;
   Coordinator coordinator("127.0.0.1", 0, std::chrono::seconds(20));
   std::vector<std::vector<torch::Tensor>> out(2);
   for (const std::string backend : {"gloo", "nccl"}) {
