@@ -55,7 +55,8 @@ bool prefetch_enabled(const ResourcesSpec& resources, int64_t local_workers) {
   // A background loader only helps when it gets a core of its own; on a fully
   // subscribed host it competes with the compute threads (measured at first: about
   // -15% with 2 single-threaded workers on 2 cores; at later builds within the noise
-  // either way, docs/benchmarks.md, so the rule stands on the first measurement).
+  // either way, docs/experiments/benchmarks-notebook.md, "The background loader with both
+  // cores busy", so the rule stands on the first measurement).
   return configured_threads(resources) * std::max<int64_t>(1, local_workers) < host_cores();
 }
 
@@ -106,9 +107,9 @@ namespace {
 /// serves large blocks with mmap and hands freed heap tops back to the kernel, so every
 /// step's activations fault their pages in afresh; on a virtual machine of this project's
 /// reference kind that more than doubled a transformer's step (bert-mini, one thread, the
-/// plain LibTorch loop: 26-28 against 62-64 examples/s, docs/benchmarks.md). Blocks below 64 MiB
-/// now come from the heap, which is trimmed once 128 MiB lie free at its top. glibc's own settings
-/// in the environment win.
+/// plain LibTorch loop: 26-28 against 62-64 examples/s, docs/experiments/benchmarks-notebook.md,
+/// "Memory kept between steps"). Blocks below 64 MiB now come from the heap, which is trimmed
+/// once 128 MiB lie free at its top. glibc's own settings in the environment win.
 void keep_freed_memory() {
 #if defined(__GLIBC__)
   for (const char* name : {"MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES"}) {
