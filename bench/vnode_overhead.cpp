@@ -206,6 +206,7 @@ class VflowRunner {
     phases_ = {};
     steps_ = 0;
   }
+  std::string fingerprint() const { return trainer_->fingerprint(); }
 
  private:
   std::unique_ptr<vflow::engine::Trainer> trainer_;
@@ -327,6 +328,9 @@ int child_main(const std::string& mode, const Config& c) {
     const int result = alternate(vflow_runner, exact_runner, steps, c);
     const auto a = vflow_runner.phases_ms(), b = exact_runner.phases_ms();
     std::printf("PHASES %.3f %.3f %.3f %.3f %.3f %.3f\n", a[0], a[1], a[2], b[0], b[1], b[2]);
+    // What the deterministic trainer computed: the same on every rank, and for every
+    // --workers (tests/scripts/bench_determinism.sh).
+    std::printf("FINGERPRINT %s\n", exact_runner.fingerprint().c_str());
     return result;
   }
   PlainRunner plain_runner(c, steps);
@@ -337,7 +341,14 @@ struct Pair {
   double a = 0;
   double b = 0;
   std::array<double, 6> phases{};  // against deterministic: both trainers' mean phases, ms
+  std::string fingerprint;         // against deterministic: the deterministic trainer's
 };
+
+/// The fingerprint a child printed in `line`, or empty.
+std::string fingerprint_in(const char* line) {
+  char text[64] = {};
+  return std::sscanf(line, "FINGERPRINT %63s", text) == 1 ? text : "";
+}
 
 /// One measurement: a child process, or --workers of them (rank 0's result).
 Pair run_child(const std::string& self, const std::string& mode, const Config& c) {
@@ -366,10 +377,18 @@ Pair run_child(const std::string& self, const std::string& mode, const Config& c
     ok = ok || std::sscanf(line, "RESULT %lf %lf", &p.a, &p.b) == 2;
     auto& f = p.phases;
     std::sscanf(line, "PHASES %lf %lf %lf %lf %lf %lf", &f[0], &f[1], &f[2], &f[3], &f[4], &f[5]);
+    if (const auto fp = fingerprint_in(line); !fp.empty()) p.fingerprint = fp;
   }
   ok = pclose(pipe) == 0 && ok;
   for (FILE* other : others) {
     while (std::fgets(line, sizeof line, other)) {
+      const auto fp = fingerprint_in(line);
+      if (!fp.empty() && fp != p.fingerprint) {
+        throw std::runtime_error(fmt::format(
+            "the deterministic trainers of one measurement differ: rank 0 ended with {}, "
+            "another rank with {}",
+            p.fingerprint, fp));
+      }
     }
     ok = pclose(other) == 0 && ok;
   }
@@ -448,18 +467,29 @@ int main(int argc, char** argv) {
   double rss_first = 0, rss_last = 0, worst = 1e9;
   std::string ranges;  // each V's ratio, lowest to highest process
   std::string phases;  // against deterministic: each V's phases, medians over the processes
+  std::string fingerprints;  // against deterministic: each V's, as every measurement ended
   for (int64_t v : vnodes) {
     c.vnodes = v;
     std::vector<double> ev, ep, ratio;
     std::array<std::vector<double>, 6> phase;
+    std::string fingerprint;  // against deterministic: the same in every measurement
     for (int r = 0; r < repeats; ++r) {
       const auto t = run_child(argv[0], "throughput", c);
+      if (exact && r > 0 && t.fingerprint != fingerprint) {
+        std::cerr << fmt::format(
+            "vnode_overhead: the deterministic trainer ended with {} in one measurement of V={} "
+            "and {} in another\n",
+            fingerprint, v, t.fingerprint);
+        return 1;
+      }
+      fingerprint = t.fingerprint;
       ev.push_back(t.a);
       ep.push_back(t.b);
       ratio.push_back(exact ? t.b / t.a : t.a / t.b);
       for (size_t k = 0; k < phase.size(); ++k) phase[k].push_back(t.phases[k]);
     }
     if (exact) {
+      fingerprints += fmt::format("deterministic fingerprint V={}: {}\n", v, fingerprint);
       phases += fmt::format("| {} | {:.2f} / {:.2f} | {:.2f} / {:.2f} | {:.2f} / {:.2f} |\n", v,
                             median(phase[0]), median(phase[3]), median(phase[1]), median(phase[4]),
                             median(phase[2]), median(phase[5]));
@@ -482,7 +512,8 @@ int main(int argc, char** argv) {
   if (exact) {
     std::cout << "\nmean step phases of rank 0 in ms, median over the processes, default / "
                  "deterministic\n| V | compute | sync | update |\n|---|---|---|---|\n"
-              << phases << "\n";
+              << phases << "\n"
+              << fingerprints << "\n";
   }
   std::cout << fmt::format(
       "lowest median throughput ratio {:.3f}; vflow {} from V={} to V={}: {:+.2f}%\n", worst,
