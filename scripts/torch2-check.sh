@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The LibTorch 2.x check on a CPU machine: builds vflow against Debian 13's LibTorch
 # 2.6 in a Debian 13 chroot and runs the test suite there (Debian 12, the project's
-# machine, ships LibTorch 1.13 only). Needs root, debootstrap and Debian's mirror; the
-# chroot stays in DIR (default /var/tmp/vflow-torch2) and is reused by the next run.
+# machine, ships LibTorch 1.13 only). Needs root, debootstrap and Debian's archive (the one
+# this machine's apt sources name, or VFLOW_DEBIAN_MIRROR); the chroot stays in DIR
+# (default /var/tmp/vflow-torch2) and is reused by the next run.
 #
 #   scripts/torch2-check.sh [ctest args...]   # e.g. -L cuda, or -R Gloo
 #   VFLOW_TORCH2_DIR=DIR scripts/torch2-check.sh  # the chroot elsewhere
@@ -17,7 +18,17 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 DIR="$(realpath -m "${VFLOW_TORCH2_DIR:-/var/tmp/vflow-torch2}")"
 CHROOT="$DIR/root"
-MIRROR="${VFLOW_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
+# Debian's archive: VFLOW_DEBIAN_MIRROR, else the first one this machine's apt sources name
+# (a URI ending in /debian, in sources.list or a .list or .sources file of sources.list.d).
+debian_mirror() {
+  local f
+  for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources; do
+    [[ -r $f ]] || continue
+    awk '/^[[:space:]]*URIs:/ { for (i = 2; i <= NF; i++) print $i }
+         /^[[:space:]]*deb[[:space:]]/ { for (i = 2; i <= NF; i++) if ($i ~ /:\/\//) { print $i; break } }' "$f"
+  done | awk '/^[a-z]+:\/\/.*\/debian\/?$/ && !found { print; found = 1 }'
+}
+MIRROR="${VFLOW_DEBIAN_MIRROR:-$(debian_mirror)}"
 JOBS="${VFLOW_JOBS:-$(nproc)}"
 # The same packages scripts/dev.sh installs on Debian 12, less Catch2 (see above).
 PACKAGES=(build-essential cmake ninja-build pkg-config
@@ -32,6 +43,10 @@ OPTIONAL_PACKAGES=(etcd-server etcd-client)
 say() { printf '\033[1m[torch2]\033[0m %s (%ss)\n' "$*" "$SECONDS" >&2; }
 
 [[ $(id -u) == 0 ]] || { echo "torch2-check: needs root (debootstrap, chroot)" >&2; exit 2; }
+[[ -n "$MIRROR" ]] || {
+  echo "torch2-check: this machine's apt sources name no Debian archive; set VFLOW_DEBIAN_MIRROR" >&2
+  exit 2
+}
 if ! command -v debootstrap > /dev/null; then
   say "installing debootstrap"
   apt-get update -qq
