@@ -10,18 +10,22 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD="${VFLOW_BUILD_DIR:-$ROOT/build}"
 JOBS="${VFLOW_JOBS:-$(nproc)}"
 
-# Debian packages the build, the tests and the default job need.
-PACKAGES=(
+# Debian packages the build and the default job need (scripts/dev.sh train).
+BUILD_PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config
   libtorch-dev libyaml-cpp-dev libfmt-dev libspdlog-dev libcli11-dev catch2 zlib1g-dev libgloo-dev
   # LibTorch's matrix products go through the system BLAS: OpenBLAS (built for OpenMP, as
   # LibTorch is) instead of the reference BLAS makes linear layers ~15x faster.
   libopenblas0-openmp
-  openmpi-bin python3-matplotlib python3-torch
   dataset-fashion-mnist
-  # the cluster control store: etcd's client library side (libcurl, JSON) and, for the
-  # tests, a real etcd with its certificates made by openssl
-  libcurl4-openssl-dev nlohmann-json3-dev etcd-server etcd-client openssl
+  # the cluster control store's client side: etcd's JSON gateway over libcurl
+  libcurl4-openssl-dev nlohmann-json3-dev
+)
+# And those the tests need besides (scripts/dev.sh test).
+TEST_PACKAGES=(
+  openmpi-bin python3-matplotlib python3-torch
+  # a real etcd, with its certificates made by openssl
+  etcd-server etcd-client openssl
   # a single-machine Slurm for the Slurm example's test (scripts/slurm-local.sh), and
   # PyYAML for the Kubernetes manifests' offline check
   munge slurm-wlm python3-yaml
@@ -49,10 +53,13 @@ deps() {
   DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
 }
 
+# Builds the targets named, or everything.
 build() {
-  log "building in $BUILD ($JOBS jobs)"
+  log "building ${*:-everything} in $BUILD ($JOBS jobs)"
   cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_INSTALL_PREFIX="$BUILD/install" >/dev/null
-  cmake --build "$BUILD" -j "$JOBS"
+  local targets=()
+  for t in "$@"; do targets+=(--target "$t"); done
+  cmake --build "$BUILD" -j "$JOBS" "${targets[@]}"
 }
 
 # Installs the library and builds the example consumer against the installed package.
@@ -83,14 +90,16 @@ consumer() {
 
 cmd="${1:-train}"
 shift || true
+ALL_PACKAGES=("${BUILD_PACKAGES[@]}" "${TEST_PACKAGES[@]}")
 case "$cmd" in
   # deps PACKAGE...: those packages instead (the other scripts' own, clang's say)
-  deps) if (($#)); then deps "$@"; else deps "${PACKAGES[@]}"; fi ;;
-  build) deps "${PACKAGES[@]}"; build ;;
-  consumer) deps "${PACKAGES[@]}"; build; consumer ;;
-  train) deps "${PACKAGES[@]}"; build; exec "$BUILD/vflow-train" "$@" ;;
+  deps) if (($#)); then deps "$@"; else deps "${ALL_PACKAGES[@]}"; fi ;;
+  build) deps "${ALL_PACKAGES[@]}"; build ;;
+  consumer) deps "${ALL_PACKAGES[@]}"; build; consumer ;;
+  # Only what the default job needs: the library and vflow-train.
+  train) deps "${BUILD_PACKAGES[@]}"; build vflow-train; exec "$BUILD/vflow-train" "$@" ;;
   test)
-    deps "${PACKAGES[@]}"; build; consumer
+    deps "${ALL_PACKAGES[@]}"; build; consumer
     # Every source compiles with clang too (a syntax-only pass, about 2 minutes).
     VFLOW_CLANG_BUILD_DIR="$BUILD/clang" "$ROOT/scripts/clang-check.sh"
     log "running the tests"
