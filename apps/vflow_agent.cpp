@@ -9,7 +9,7 @@
 #include <csignal>
 #include <sstream>
 
-#include "exit_code.h"
+#include "command_line.h"
 #include "vflow/comm/nccl.h"
 #include "vflow/core/error.h"
 #include "vflow/job/agent.h"

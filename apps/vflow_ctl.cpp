@@ -6,7 +6,7 @@
 #include <CLI/CLI.hpp>
 #include <iostream>
 
-#include "exit_code.h"
+#include "command_line.h"
 #include "vflow/core/address.h"
 #include "vflow/job/agent.h"
 #include "vflow/job/control_plane.h"

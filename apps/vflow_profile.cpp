@@ -13,7 +13,7 @@
 #include <numeric>
 #include <thread>
 
-#include "exit_code.h"
+#include "command_line.h"
 #include "vflow/comm/nccl.h"
 #include "vflow/core/clock.h"
 #include "vflow/engine/runtime.h"
@@ -95,7 +95,7 @@ vflow::hetero::DeviceProfile::Point measure(vflow::engine::JobSpec spec, int64_t
 /// One allreduce of the gradient buffer (on `device`) between two local workers on Gloo,
 /// each a thread of this process.
 double allreduce_seconds(int64_t numel, const torch::Device& device, int repeats) {
-  vflow::job::Coordinator coordinator("127.0.0.1", 0, std::chrono::seconds(30));
+  vflow::job::StoreHost coordinator("127.0.0.1", 0, std::chrono::seconds(30));
   std::vector<double> times(2);
   auto worker = [&](int rank) {
     const auto comm = vflow::comm::make_gloo_communicator(

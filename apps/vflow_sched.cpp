@@ -8,7 +8,7 @@
 #include <filesystem>
 #include <iostream>
 
-#include "exit_code.h"
+#include "command_line.h"
 #include "vflow/core/error.h"
 #include "vflow/core/process.h"
 #include "vflow/scheduler/experiment.h"

@@ -7,7 +7,7 @@
 #include <csignal>
 #include <iostream>
 
-#include "exit_code.h"
+#include "command_line.h"
 #include "vflow/comm/nccl.h"
 #include "vflow/engine/job_spec.h"
 #include "vflow/job/control_store.h"

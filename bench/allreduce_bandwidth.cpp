@@ -34,7 +34,7 @@ double time_ms(F f) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
 }
 
-int worker(int rank, const vflow::job::Coordinator& coordinator, int raw_port,
+int worker(int rank, const vflow::job::StoreHost& coordinator, int raw_port,
            const std::vector<int64_t>& sizes_mb, int repeats) {
   auto comm = vflow::comm::make_gloo_communicator(
       coordinator.rendezvous(rank, 2, "bench", std::chrono::seconds(30)));
@@ -84,7 +84,7 @@ int main(int argc, char** argv) {
   app.add_option("--repeats", repeats, "timed calls per size");
   CLI11_PARSE(app, argc, argv);
   vflow::engine::set_intra_op_threads(1);
-  vflow::job::Coordinator coordinator("127.0.0.1", 0, std::chrono::seconds(30));
+  vflow::job::StoreHost coordinator("127.0.0.1", 0, std::chrono::seconds(30));
   std::cout << "2 processes on loopback, float32 sum-allreduce, median of " << repeats
             << " calls per size (GB/s = buffer bytes / time)\n\n";
   std::cout.flush();

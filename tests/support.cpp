@@ -81,12 +81,12 @@ output:
   return engine::parse_job_spec(root);
 }
 
-comm::Rendezvous rendezvous_at(const job::Coordinator& coordinator, int rank, int size,
+comm::Rendezvous rendezvous_at(const job::StoreHost& coordinator, int rank, int size,
                                const std::string& generation, int timeout_ms) {
   return coordinator.rendezvous(rank, size, generation, std::chrono::milliseconds(timeout_ms));
 }
 
-std::vector<std::string> run_gloo_ranks(const job::Coordinator& coordinator, int ranks,
+std::vector<std::string> run_gloo_ranks(const job::StoreHost& coordinator, int ranks,
                                         const std::string& generation,
                                         const std::function<void(int, comm::Communicator&)>& body,
                                         bool shared_memory) {
@@ -117,6 +117,13 @@ std::string export_torchscript(const std::string& model, const std::string& path
   INFO(r.output);
   REQUIRE(r.exit_code == 0);
   return path;
+}
+
+void skip_test(const std::string& why) {
+  std::printf("SKIPPED: %s\n", why.c_str());
+  std::fflush(stdout);
+  if (std::getenv("VFLOW_TEST_SKIP_EXIT") != nullptr) std::_Exit(kSkipped);
+  WARN("SKIPPED: " << why);
 }
 
 int free_port() { return free_loopback_port(); }

@@ -47,16 +47,25 @@ std::string export_torchscript(const std::string& model, const std::string& path
 
 /// Where rank `rank` of `size` meets its peers at a test coordinator, for generation
 /// `generation` (a fresh store prefix), giving up after `timeout_ms`.
-comm::Rendezvous rendezvous_at(const job::Coordinator& coordinator, int rank, int size,
+comm::Rendezvous rendezvous_at(const job::StoreHost& coordinator, int rank, int size,
                                const std::string& generation, int timeout_ms = 10000);
 
 /// Runs `body(rank, communicator)` for ranks 0 .. ranks-1 of a Gloo group, each in a
 /// thread of its own, over `coordinator`'s store. Returns each rank's error message, empty
 /// where the rank finished without one. `shared_memory`: Rendezvous::shared_memory.
-std::vector<std::string> run_gloo_ranks(const job::Coordinator& coordinator, int ranks,
+std::vector<std::string> run_gloo_ranks(const job::StoreHost& coordinator, int ranks,
                                         const std::string& generation,
                                         const std::function<void(int, comm::Communicator&)>& body,
                                         bool shared_memory = true);
+
+/// ctest's SKIP_RETURN_CODE for the test programs' cases.
+constexpr int kSkipped = 77;
+
+/// The running test case cannot run on this machine: prints "SKIPPED: why". Under ctest
+/// (VFLOW_TEST_SKIP_EXIT set, one test case a process) it ends the process with kSkipped,
+/// so that ctest lists the test as skipped, never as passed; run by hand it returns after
+/// a Catch2 warning, and the caller returns, so that the other test cases go on.
+void skip_test(const std::string& why);
 
 /// A TCP port on 127.0.0.1 that was free a moment ago.
 int free_port();

@@ -1,5 +1,6 @@
-// The job's c10d TCPStore, opened one way everywhere (internal: the communicators and the
-// job module's control plane and coordinator).
+// The communicators' rendezvous as a c10d Store (internal): a job's own key-value store
+// seen through c10d's interface, or, for a program that gives a Rendezvous no store, a
+// c10d TCPStore opened one way everywhere.
 #pragma once
 
 #include <chrono>

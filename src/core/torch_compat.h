@@ -122,6 +122,4 @@ typename Map::key_type optimizer_state_key(const Tensor& p) {
 /// A LibTorch error message without the C++ backtrace.
 inline std::string message_of(const c10::Error& e) { return e.what_without_backtrace(); }
 
-inline std::string torch_version() { return TORCH_VERSION; }
-
 }  // namespace vflow::compat

@@ -9,7 +9,6 @@
 #include <filesystem>
 #include <regex>
 
-#include "core/output_file.h"
 #include "core/zip_check.h"
 #include "vflow/core/error.h"
 #include "vflow/core/spec_node.h"
@@ -55,13 +54,6 @@ void prune_checkpoints(const std::string& dir, int64_t keep) {
   for (size_t i = 0; i + static_cast<size_t>(keep) < all.size(); ++i) {
     std::error_code ec;
     fs::remove(all[i], ec);
-  }
-}
-
-void write_atomically(const std::string& path, const std::string& bytes) {
-  const std::string error = core::write_file_atomically(path, bytes);
-  if (!error.empty()) {
-    throw CheckpointError(fmt::format("{}: cannot write checkpoint: {}", path, error));
   }
 }
 

@@ -1,5 +1,5 @@
 // Host-to-device copies of a vnode's batch on a side stream of the worker's device, so
-// that the next vnode's copy overlaps the current vnode's kernels (DESIGN.md §4: the
+// that the next vnode's copy overlaps the current vnode's kernels (docs/design.md §4: the
 // loader prefetches the next vnode while the current one computes). Uses c10's
 // device-generic streams and events: no CUDA headers, and a CPU build of LibTorch
 // compiles and links it unchanged.

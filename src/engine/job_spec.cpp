@@ -354,11 +354,10 @@ const SpecSchema<ResourcesSpec>& resources_schema() {
               "cgroup CPU quota) shared among this host's workers (a layout entry's cpu_quota "
               "is the worker's own: its cores under it, undivided), or 1 in deterministic mode");
     s.choice("prefetch", &R::prefetch, {"auto", "true", "false"},
-             "work on a background thread: load the next vnode's batch, and in deterministic "
-             "mode on a CPU run half of each pass of the exact sum: `true`, `false`, or "
-             "`auto` = on when intra-op threads × workers on this host < cores (a loader "
-             "without a core of its own once slowed 2 workers on 2 cores by about 15%; later "
-             "builds measured no difference either way, docs/benchmarks.md)");
+             "a background thread beside the compute, which loads the next vnode's batch and, "
+             "in deterministic mode on a CPU, runs half of each pass of the exact sum: `auto` "
+             "= on where the intra-op threads of this host's workers leave a core free for it "
+             "(threads × workers < the cores a worker may use), `true` = on, `false` = off");
     s.real("bucket_mb", &R::bucket_mb, 0, 1 << 20,
            "MiB of gradients per bucket of the reduction that overlaps the backward pass of a "
            "worker's last vnode (on Gloo: each bucket's allreduce starts as soon "

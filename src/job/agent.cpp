@@ -13,9 +13,9 @@
 #include <optional>
 #include <thread>
 
+#include "job/child_processes.h"
 #include "job/coordination.h"
 #include "job/periodic.h"
-#include "job/process_group.h"
 #include "vflow/core/error.h"
 #include "vflow/core/exit_code.h"
 #include "vflow/core/process.h"
@@ -319,7 +319,7 @@ class Agent {
     }
     std::error_code ec;
     const bool shared = !record.directory.empty() && fs::is_directory(record.directory, ec);
-    ProcessGroup::Start w;
+    ChildProcesses::Start w;
     w.name = id;
     w.prefix = fmt::format("[{} {}] ", job, member);
     w.command = options_.worker_command;
@@ -433,7 +433,7 @@ class Agent {
   std::unique_ptr<Periodic> lease_;
   std::unique_ptr<JobWatcher> watcher_;
   std::map<std::string, ServedJob> jobs_;
-  ProcessGroup group_;
+  ChildProcesses group_;
   std::map<std::string, Running> running_;  // by "<job> <incarnation> <member>"
   std::set<std::string> started_;           // every placement acted on, by the same key
   bool draining_ = false;

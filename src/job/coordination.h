@@ -1,4 +1,4 @@
-// Coordinating a job on a cluster store (DESIGN.md §1): an election among candidates (the
+// Coordinating a job on a cluster store (docs/design.md §1): an election among candidates (the
 // submitting process and every node agent) through a claim under an etcd lease, and the
 // placement of workers on node agents' slots.
 #pragma once

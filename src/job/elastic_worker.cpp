@@ -14,7 +14,7 @@
 #include "job/coordination.h"
 #include "job/periodic.h"
 #include "vflow/core/clock.h"
-#include "vflow/engine/job.h"
+#include "vflow/engine/run_job.h"
 #include "vflow/engine/runtime.h"
 #include "vflow/job/build_identity.h"
 #include "vflow/job/control_plane.h"

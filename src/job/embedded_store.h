@@ -1,5 +1,5 @@
 // The embedded control store's server: the key-value store a job's launcher hosts on one
-// machine (DESIGN.md §1, §6b), bound to one address (loopback unless the user opts in),
+// machine (docs/design.md §1, §6b), bound to one address (loopback unless the user opts in),
 // with compare-and-set, counters, listing by prefix, blocking waits and heartbeats kept
 // on the server's own clock. connect_embedded_store() is its client.
 #pragma once

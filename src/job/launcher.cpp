@@ -16,10 +16,10 @@
 #include <thread>
 #include <tuple>
 
+#include "job/child_processes.h"
 #include "job/coordination.h"
 #include "job/embedded_store.h"
 #include "job/periodic.h"
-#include "job/process_group.h"
 #include "vflow/core/address.h"
 #include "vflow/core/exit_code.h"
 #include "vflow/core/process.h"
@@ -29,12 +29,12 @@ namespace vflow::job {
 
 // ---- coordinator -------------------------------------------------------------
 
-struct Coordinator::Impl {
+struct StoreHost::Impl {
   std::unique_ptr<EmbeddedStoreServer> server;
   std::unique_ptr<ControlStore> client;  // serve()'s
 };
 
-Coordinator::Coordinator(const std::string& host, int port, std::chrono::milliseconds timeout)
+StoreHost::StoreHost(const std::string& host, int port, std::chrono::milliseconds timeout)
     : impl_(std::make_unique<Impl>()), host_(host) {
   try {
     impl_->server = std::make_unique<EmbeddedStoreServer>(host, port);
@@ -45,11 +45,11 @@ Coordinator::Coordinator(const std::string& host, int port, std::chrono::millise
   impl_->client = connect_embedded_store(host, impl_->server->port(), timeout);
 }
 
-Coordinator::~Coordinator() = default;
+StoreHost::~StoreHost() = default;
 
-int Coordinator::port() const { return impl_->server->port(); }
+int StoreHost::port() const { return impl_->server->port(); }
 
-bool Coordinator::serve(int workers, const std::atomic<bool>* stop) {
+bool StoreHost::serve(int workers, const std::atomic<bool>* stop) {
   while (!(stop && stop->load())) {
     if (impl_->client->add(comm::kLeftKey, 0) >= workers) return true;
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
@@ -57,7 +57,7 @@ bool Coordinator::serve(int workers, const std::atomic<bool>* stop) {
   return false;
 }
 
-comm::Rendezvous Coordinator::rendezvous(int rank, int size, const std::string& generation,
+comm::Rendezvous StoreHost::rendezvous(int rank, int size, const std::string& generation,
                                          std::chrono::milliseconds timeout) const {
   comm::Rendezvous r;
   r.store_host = host_;
@@ -115,11 +115,11 @@ void claim_job_name(ControlPlane& control, ClusterStore& store, const LaunchOpti
 /// Workers as children of this process, started with the launcher's command line.
 class LocalWorkers : public WorkerSource {
  public:
-  LocalWorkers(ProcessGroup& group, std::vector<std::string> command, std::vector<std::string> env)
+  LocalWorkers(ChildProcesses& group, std::vector<std::string> command, std::vector<std::string> env)
       : group_(group), command_(std::move(command)), env_(std::move(env)) {}
   bool start(const std::string& member) override { return start(member, {}); }
   bool start(const std::string& member, const std::vector<std::string>& extra) {
-    ProcessGroup::Start w;
+    ChildProcesses::Start w;
     w.name = member;
     w.command = command_;
     w.environment = env_;
@@ -131,7 +131,7 @@ class LocalWorkers : public WorkerSource {
   }
 
  private:
-  ProcessGroup& group_;
+  ChildProcesses& group_;
   std::vector<std::string> command_;
   std::vector<std::string> env_;
 };
@@ -160,7 +160,7 @@ int launch_on_cluster(const LaunchOptions& options) {
   ClusterStore& names = *store;
   ControlPlane control(std::move(store));
   claim_job_name(control, names, options);
-  ProcessGroup group;
+  ChildProcesses group;
   LocalWorkers local(group, options.command,
                      {fmt::format("VFLOW_LOCAL_WORLD_SIZE={}", options.workers),
                       "VFLOW_CONTROL=" + options.control, "VFLOW_JOB=" + options.job});
@@ -303,15 +303,15 @@ int launch_on_cluster(const LaunchOptions& options) {
 
 }  // namespace
 
-int launch_local(const LaunchOptions& options) {
+int launch_job(const LaunchOptions& options) {
   if (!options.control.empty()) return launch_on_cluster(options);
-  Coordinator coordinator("127.0.0.1", options.port, options.timeout);
+  StoreHost coordinator("127.0.0.1", options.port, options.timeout);
   spdlog::info("[launch] coordinator on {}:{}, starting {} workers", coordinator.host(),
                coordinator.port(), options.workers);
   ControlPlane control(
       connect_embedded_store(coordinator.host(), coordinator.port(), options.timeout));
   if (!options.semantic.empty()) control.publish_spec(options.semantic);
-  ProcessGroup group;
+  ChildProcesses group;
   LocalWorkers workers(group, options.command,
                        {fmt::format("VFLOW_LOCAL_WORLD_SIZE={}", options.workers),
                         fmt::format("VFLOW_STORE={}:{}", coordinator.host(), coordinator.port())});

@@ -12,7 +12,7 @@
 #include "vflow/core/address.h"
 #include "vflow/core/exit_code.h"
 #include "vflow/core/process.h"
-#include "vflow/engine/job.h"
+#include "vflow/engine/run_job.h"
 #include "vflow/engine/runtime.h"
 #include "vflow/hetero/cpu_quota.h"
 #include "vflow/hetero/profile.h"
@@ -197,7 +197,7 @@ RoleOutcome run_launcher_role(const engine::JobSpec& spec, const RoleOptions& op
   launch.stop_flag = options.stop_flag;
   if (!options.control.empty()) launch.detach_flag = options.leave_flag;
   RoleOutcome out;
-  out.exit_code = launch_local(launch);
+  out.exit_code = launch_job(launch);
   return out;
 }
 
@@ -205,7 +205,7 @@ RoleOutcome run_coordinator_role(const engine::JobSpec& spec, const RoleOptions&
   const auto address = parse_host_port(options.coordinate, "--coordinator");
   check_store_exposure(address.host, spec.resources.unauthenticated_store,
                        "--coordinator " + options.coordinate);
-  Coordinator coordinator(address.host, address.port, timeout_of(spec));
+  StoreHost coordinator(address.host, address.port, timeout_of(spec));
   spdlog::info("[coordinator] serving {}:{} for {} workers", coordinator.host(), coordinator.port(),
                spec.resources.workers);
   RoleOutcome out;
@@ -245,21 +245,6 @@ RoleOutcome run_training_role(Role role, const engine::JobSpec& job, const RoleO
 
 }  // namespace
 
-const char* role_name(Role role) {
-  switch (role) {
-    case Role::kSingle:
-      return "single";
-    case Role::kLauncher:
-      return "launcher";
-    case Role::kElasticWorker:
-      return "elastic worker";
-    case Role::kWorker:
-      return "worker";
-    case Role::kCoordinator:
-      return "coordinator";
-  }
-  return "?";
-}
 
 std::vector<std::string> command_line_of_this_program(int argc, char** argv) {
   std::vector<std::string> command{this_executable(argc > 0 ? argv[0] : "")};

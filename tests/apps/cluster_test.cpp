@@ -1,4 +1,4 @@
-// Jobs on node agents over a real etcd (DESIGN.md §1, §6b): workers placed on agents'
+// Jobs on node agents over a real etcd (docs/design.md §1, §6b): workers placed on agents'
 // slots, a coordinator elected among the submitter and the agents, and the job surviving
 // the loss of any of them, on loopback and across hosts in network namespaces. Each ends
 // with the fingerprint of an undisturbed run and every (step, vnode) run exactly once.

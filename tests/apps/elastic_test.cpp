@@ -1,4 +1,4 @@
-// Elasticity and failures (DESIGN.md §4), with real worker processes on loopback: a
+// Elasticity and failures (docs/design.md §4), with real worker processes on loopback: a
 // deterministic job resized, killed into and preempted while it trains ends with the
 // fingerprint of an undisturbed run.
 #include <algorithm>

@@ -1,4 +1,4 @@
-// The same job on K = 1..4 worker processes (DESIGN.md §2 across workers).
+// The same job on K = 1..4 worker processes (docs/design.md §2 across workers).
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <chrono>
@@ -263,7 +263,7 @@ TEST_CASE("an unreachable coordinator is reported within the timeout", "[multipr
 
 TEST_CASE("a busy store port is reported, naming the address", "[multiproc]") {
   // Something else already listens on the port rank 0 should host the store on.
-  vflow::job::Coordinator squatter("127.0.0.1", 0, std::chrono::seconds(5));
+  vflow::job::StoreHost squatter("127.0.0.1", 0, std::chrono::seconds(5));
   const auto r = run_command(
       "RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(squatter.port()) +
       " " + kTrain + kJob + " --set resources.timeout_s=2");

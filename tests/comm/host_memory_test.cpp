@@ -23,7 +23,7 @@
 extern char** environ;
 
 using vflow::comm::Communicator;
-using vflow::job::Coordinator;
+using vflow::job::StoreHost;
 
 namespace {
 
@@ -52,7 +52,7 @@ torch::Tensor sum_in_rank_order(int ranks, int64_t n, torch::ScalarType dtype) {
 
 TEST_CASE("ranks on one host sum through shared memory, bit for bit the sum in rank order",
           "[integration]") {
-  Coordinator coordinator("127.0.0.1", 0, std::chrono::seconds(10));
+  StoreHost coordinator("127.0.0.1", 0, std::chrono::seconds(10));
   constexpr int kRanks = 3;
   // 3 M floats cross the pieces of three ranks' slots (half a slot: 1 M floats), and
   // the sums before and after start on either half.
@@ -102,7 +102,7 @@ TEST_CASE("ranks on one host sum through shared memory, bit for bit the sum in r
 
 TEST_CASE("a silent peer fails a shared-memory sum within the timeout, naming it",
           "[integration]") {
-  Coordinator coordinator("127.0.0.1", 0, std::chrono::seconds(10));
+  StoreHost coordinator("127.0.0.1", 0, std::chrono::seconds(10));
   std::mutex m;
   std::condition_variable cv;
   bool done = false;
@@ -151,7 +151,7 @@ TEST_CASE("shared-memory peer that exits (child process)", "[.][child]") {
 
 TEST_CASE("a peer process that exits fails the shared-memory sum at once, not at the timeout",
           "[multiproc]") {
-  Coordinator coordinator("127.0.0.1", 0, std::chrono::seconds(20));
+  StoreHost coordinator("127.0.0.1", 0, std::chrono::seconds(20));
   char self[PATH_MAX] = {};
   REQUIRE(readlink("/proc/self/exe", self, sizeof self - 1) > 0);
   const std::string port = fmt::format("VFLOW_TEST_SHM_PORT={}", coordinator.port());
@@ -182,7 +182,7 @@ TEST_CASE("a peer process that exits fails the shared-memory sum at once, not at
 
 TEST_CASE("ranks on one host combine their tensors element by element and agree on the figure",
           "[integration]") {
-  Coordinator coordinator("127.0.0.1", 0, std::chrono::seconds(10));
+  StoreHost coordinator("127.0.0.1", 0, std::chrono::seconds(10));
   constexpr int kRanks = 3;
   // The largest of the ranks' values where rank 0's is positive, else their sum; the
   // figure is the largest magnitude seen.

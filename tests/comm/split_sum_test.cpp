@@ -50,7 +50,7 @@ TEST_CASE("the split sum over 3 ranks is the exact int64 sum", "[integration]") 
     values.push_back(rank_values(n, r, listed, kRanks));
     expected.add_(values.back());
   }
-  vflow::job::Coordinator coordinator("127.0.0.1", 0, std::chrono::seconds(10));
+  vflow::job::StoreHost coordinator("127.0.0.1", 0, std::chrono::seconds(10));
   std::vector<torch::Tensor> results(kRanks);
   const auto errors = vflow::testing::run_gloo_ranks(
       coordinator, kRanks,

@@ -16,17 +16,17 @@
 #include "support.h"
 #include "vflow/comm/nccl.h"
 #include "vflow/comm/split_sum.h"
-#include "vflow/engine/job.h"
+#include "vflow/engine/run_job.h"
 #include "vflow/job/launcher.h"
 #include "vflow/vnode/fixed_point.h"
 
 using vflow::comm::Rendezvous;
-using vflow::job::Coordinator;
+using vflow::job::StoreHost;
 using vflow::testing::skip_unless;
 
 namespace {
 
-Rendezvous rendezvous(const Coordinator& c, int rank, int size, const std::string& generation,
+Rendezvous rendezvous(const StoreHost& c, int rank, int size, const std::string& generation,
                       int device, const std::string& backend = "nccl", int timeout_ms = 20000) {
   auto r = vflow::testing::rendezvous_at(c, rank, size, generation, timeout_ms);
   r.backend = backend;
@@ -78,7 +78,7 @@ torch::Tensor payload(int rank, int64_t n) {
 
 TEST_CASE("NCCL of one rank: collectives on host tensors and on the device", "[cuda]") {
   usable_nccl();
-  Coordinator coordinator("127.0.0.1", 0, std::chrono::seconds(20));
+  StoreHost coordinator("127.0.0.1", 0, std::chrono::seconds(20));
   auto comm = vflow::comm::make_nccl_communicator(rendezvous(coordinator, 0, 1, "one", 0));
   CHECK(comm->size() == 1);
   const auto x = payload(0, 1000);
@@ -103,7 +103,7 @@ TEST_CASE("NCCL sums, broadcasts and gathers exactly as Gloo does", "[cuda]") {
   // Not a structured binding: the ranks' lambda captures them (C++20; clang refuses it).
   const auto devices = two_rank_devices(status);
   const int d0 = devices.first, d1 = devices.second;
-  Coordinator coordinator("127.0.0.1", 0, std::chrono::seconds(20));
+  StoreHost coordinator("127.0.0.1", 0, std::chrono::seconds(20));
   std::vector<std::vector<torch::Tensor>> out(2);
   for (const std::string backend : {"gloo", "nccl"}) {
     const auto errors = on_ranks(2, [&, backend = backend](int rank) {
@@ -130,7 +130,7 @@ TEST_CASE("NCCL refuses two ranks on one GPU clearly before 2.30", "[cuda]") {
   const auto status = usable_nccl();
   skip_unless(status.version < 23000,
               fmt::format("NCCL {} takes two ranks on one GPU", status.version));
-  Coordinator coordinator("127.0.0.1", 0, std::chrono::seconds(20));
+  StoreHost coordinator("127.0.0.1", 0, std::chrono::seconds(20));
   const auto errors = on_ranks(2, [&](int rank) {
     vflow::comm::make_nccl_communicator(rendezvous(coordinator, rank, 2, "shared", 0));
   });
@@ -140,7 +140,7 @@ TEST_CASE("NCCL refuses two ranks on one GPU clearly before 2.30", "[cuda]") {
 TEST_CASE("NCCL shrinks to the ranks that stay", "[cuda]") {
   const auto status = usable_nccl();
   skip_unless(status.version >= 22700, "ncclCommShrink needs NCCL >= 2.27");
-  Coordinator coordinator("127.0.0.1", 0, std::chrono::seconds(20));
+  StoreHost coordinator("127.0.0.1", 0, std::chrono::seconds(20));
   {
     // No shrink for an empty exclusion list (NCCL rejects it) nor after a failure (the
     // communicator was aborted): the caller initialises afresh.
@@ -176,7 +176,7 @@ namespace {
 /// Grows an NCCL communicator of `earlier` ranks (made afresh and used once) by `added`
 /// new ranks on `devices` (by rank); returns each rank's sum of rank + 1 over the grown
 /// communicator, plus 100 times the value broadcast from the last new rank.
-std::vector<float> grow_and_sum(const Coordinator& coordinator, const std::string& name,
+std::vector<float> grow_and_sum(const StoreHost& coordinator, const std::string& name,
                                 int earlier, int added, const std::vector<int>& devices) {
   const int size = earlier + added;
   std::vector<float> seen(static_cast<size_t>(size), -1);
@@ -218,7 +218,7 @@ TEST_CASE("NCCL grows by new ranks that join, keeping the earlier ranks' numbers
   skip_unless(status.can_grow,
               fmt::format("ncclCommGrow needs NCCL >= 2.29 (found {})", status.version));
   const auto [d0, d1] = two_rank_devices(status);
-  Coordinator coordinator("127.0.0.1", 0, std::chrono::seconds(20));
+  StoreHost coordinator("127.0.0.1", 0, std::chrono::seconds(20));
   // 1 -> 2: rank 0 alone passes the grow id.
   CHECK(grow_and_sum(coordinator, "one", 1, 1, {d0, d1}) == std::vector<float>(2, 803.0f));
   // 2 -> 3: an earlier rank that passes no id (three GPUs, or one shared from 2.30 on).
@@ -233,7 +233,7 @@ TEST_CASE("NCCL grows by new ranks that join, keeping the earlier ranks' numbers
 
 TEST_CASE("A silent NCCL peer ends the collective within the timeout and aborts", "[cuda]") {
   const auto status = usable_nccl();
-  Coordinator coordinator("127.0.0.1", 0, std::chrono::seconds(20));
+  StoreHost coordinator("127.0.0.1", 0, std::chrono::seconds(20));
   const int timeout_ms = 3000;
   if (status.devices < 2 && status.version < 23000) {
     // One GPU: the peer never arrives at all; the id exchange gives up in time.

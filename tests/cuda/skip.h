@@ -3,9 +3,9 @@
 
 #include <string>
 
-namespace vflow::testing {
+#include "support.h"  // kSkipped
 
-constexpr int kSkipped = 77;  ///< ctest's SKIP_RETURN_CODE for these tests
+namespace vflow::testing {
 
 /// Why no [cuda] test can run here (no CUDA device for NCCL nor for LibTorch); empty
 /// when at least some can.

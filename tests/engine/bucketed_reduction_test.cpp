@@ -91,7 +91,7 @@ TEST_CASE(
   constexpr int kRanks = 2;  // two addends: Gloo's sum is exact, so compare bitwise
   auto expected = contribution(0);
   for (int r = 1; r < kRanks; ++r) expected.add_(contribution(r));
-  vflow::job::Coordinator coordinator("127.0.0.1", 0, std::chrono::seconds(10));
+  vflow::job::StoreHost coordinator("127.0.0.1", 0, std::chrono::seconds(10));
   std::vector<torch::Tensor> results(kRanks);
   std::vector<size_t> during(kRanks), total(kRanks);
   std::vector<std::unique_ptr<Net>> nets;
@@ -130,7 +130,7 @@ TEST_CASE(
 TEST_CASE("a silent peer fails every queued bucket within one timeout in all", "[integration]") {
   constexpr int kTimeoutMs = 1000;
   constexpr int kRanks = 4;  // rank 3 is silent; ranks 1 and 2 are not next to it in a ring
-  vflow::job::Coordinator coordinator("127.0.0.1", 0, std::chrono::seconds(10));
+  vflow::job::StoreHost coordinator("127.0.0.1", 0, std::chrono::seconds(10));
   // Per active rank: from finish() until its communicator is gone, as after a failure.
   std::vector<double> waited(kRanks - 1, -1);
   std::vector<std::string> failure(kRanks - 1), error(kRanks - 1);

@@ -7,7 +7,7 @@
 
 #include "support.h"
 #include "vflow/comm/communicator.h"
-#include "vflow/engine/job.h"
+#include "vflow/engine/run_job.h"
 #include "vflow/job/launcher.h"
 
 TEST_CASE("a state donor logs the step it completed that rank 0 did not", "[integration]") {
@@ -15,7 +15,7 @@ TEST_CASE("a state donor logs the step it completed that rank 0 did not", "[inte
   testing::TempDir dir;
   const std::string path = dir.file("examples.log");
   // Two real workers of a 2-rank job, so that one of them is not rank 0.
-  job::Coordinator coordinator("127.0.0.1", 0, std::chrono::seconds(10));
+  job::StoreHost coordinator("127.0.0.1", 0, std::chrono::seconds(10));
   std::shared_ptr<comm::Communicator> comms[2];
   std::thread other([&] {
     comms[1] = comm::make_gloo_communicator(testing::rendezvous_at(coordinator, 1, 2, "t", 10000));

@@ -63,7 +63,7 @@ std::vector<Outcome> run(const Reduction& reduction, int ranks) {
   options.virtual_nodes = kVnodes;
   options.table_numel = kTable;
 
-  vflow::job::Coordinator coordinator("127.0.0.1", 0, std::chrono::seconds(10));
+  vflow::job::StoreHost coordinator("127.0.0.1", 0, std::chrono::seconds(10));
   std::vector<Outcome> outcomes(ranks);
   const auto errors = vflow::testing::run_gloo_ranks(
       coordinator, ranks, "reducer", [&](int rank, vflow::comm::Communicator& comm) {

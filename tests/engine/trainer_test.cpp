@@ -10,8 +10,8 @@
 #include "vflow/core/error.h"
 #include "vflow/core/process.h"
 #include "vflow/engine/checkpoint.h"
-#include "vflow/engine/job.h"
 #include "vflow/engine/lr_schedule.h"
+#include "vflow/engine/run_job.h"
 #include "vflow/engine/runtime.h"
 #include "vflow/job/environment.h"
 

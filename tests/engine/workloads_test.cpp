@@ -11,7 +11,7 @@
 #include "core/torch_compat.h"
 #include "support.h"
 #include "vflow/engine/checkpoint.h"
-#include "vflow/engine/job.h"
+#include "vflow/engine/run_job.h"
 #include "vflow/engine/tensorboard.h"
 
 using Catch::Matchers::Contains;

@@ -11,6 +11,7 @@
 #include <exception>
 #include <string>
 
+#include "support.h"
 #include "vflow/core/process.h"
 
 namespace {
@@ -45,7 +46,8 @@ TEST_CASE("a CPU quota bounds the usable cores, rounded up", "[integration][hete
   const int64_t allowed = CPU_COUNT(&all);
   const int64_t half = usable_cores_under(0.5);
   if (half < 0) {
-    WARN("SKIPPED: this machine cannot set a CPU quota (no cgroup cpu controller, or not root)");
+    vflow::testing::skip_test(
+        "this machine cannot set a CPU quota (no cgroup cpu controller, or not root)");
     return;
   }
   CHECK(half == 1);

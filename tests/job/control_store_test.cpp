@@ -28,7 +28,7 @@ struct Joined {
 };
 
 struct EmbeddedStores {
-  vflow::job::Coordinator coordinator{"127.0.0.1", 0, std::chrono::seconds(5)};
+  vflow::job::StoreHost coordinator{"127.0.0.1", 0, std::chrono::seconds(5)};
   std::unique_ptr<ControlStore> a =
       vflow::job::connect_embedded_store("127.0.0.1", coordinator.port(), 5s);
   std::unique_ptr<ControlStore> b =
@@ -158,7 +158,7 @@ TEST_CASE("an unreachable or lost embedded store is a peer failure naming its ad
   std::unique_ptr<ControlStore> lost;
   int port = 0;
   {
-    vflow::job::Coordinator coordinator("127.0.0.1", 0, 5s);
+    vflow::job::StoreHost coordinator("127.0.0.1", 0, 5s);
     port = coordinator.port();
     lost = vflow::job::connect_embedded_store("127.0.0.1", port, 1s);
     lost->set("k", "v");

@@ -16,7 +16,7 @@ namespace {
 
 /// A coordinator's store and a client of it, and options for a job of 12 vnodes.
 struct Job {
-  vflow::job::Coordinator coordinator{"127.0.0.1", 0, 5s};
+  vflow::job::StoreHost coordinator{"127.0.0.1", 0, 5s};
   vflow::job::ControlPlane control{
       vflow::job::connect_embedded_store("127.0.0.1", coordinator.port(), 5s)};
   vflow::job::ElasticOptions options = [] {

@@ -1,4 +1,4 @@
-// The virtual-node contracts of DESIGN.md §2-3 on one worker: gradients, the
+// The virtual-node contracts of docs/design.md §2-3 on one worker: gradients, the
 // stateful-kernel rule, and determinism.
 #include <torch/torch.h>
 
@@ -7,7 +7,7 @@
 
 #include "support.h"
 #include "vflow/data/dataset.h"
-#include "vflow/engine/job.h"
+#include "vflow/engine/run_job.h"
 #include "vflow/engine/runtime.h"
 #include "vflow/engine/trainer.h"
 #include "vflow/models/registry.h"
@@ -113,7 +113,7 @@ TEST_CASE("the gradient of N weighted vnodes equals the one-big-batch gradient",
 namespace {
 
 /// Trains 3 frozen steps and checks every buffer against torch's own modules running
-/// the vnode slices one after another (the stateful-kernel rule of DESIGN.md §2).
+/// the vnode slices one after another (the stateful-kernel rule of docs/design.md §2).
 void check_sequential_statistics(const JobSpec& spec, size_t buffers) {
   const auto& sem = spec.semantic;
   const auto plan = sem.vnode_sizes.empty()

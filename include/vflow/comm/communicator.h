@@ -1,4 +1,4 @@
-// The communicator interface (DESIGN.md §3.3): the collectives a worker needs,
+// The communicator interface (docs/design.md §3.3): the collectives a worker needs,
 // independent of the backend (Gloo on CPU, NCCL on GPU).
 #pragma once
 

@@ -1,7 +1,7 @@
 // A key-value store the processes of a job share: what the ranks of a communicator meet
-// through where it is not the coordinator's TCPStore (Rendezvous::store), and what the
-// job's control store (job::ControlStore) extends with liveness. Keys and values are
-// bytes; implementations (an embedded TCPStore client, etcd) say where they differ.
+// through (Rendezvous::store), and what the job's control store (job::ControlStore)
+// extends with liveness. Keys and values are bytes; implementations (the embedded store's
+// client, etcd) say where they differ.
 #pragma once
 
 #include <chrono>

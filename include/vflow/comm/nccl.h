@@ -1,4 +1,4 @@
-// The NCCL backend (DESIGN.md §7): collectives between CUDA devices.
+// The NCCL backend (docs/design.md §7): collectives between CUDA devices.
 //
 // The backend is a separate library (libvflow_nccl), built when CMake finds CUDA's
 // runtime and NCCL, and loaded on first use; a CPU-only build or machine never loads

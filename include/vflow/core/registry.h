@@ -44,13 +44,6 @@ class Registry {
     return out;
   }
 
-  /// (name, description) pairs in registration order.
-  std::vector<std::pair<std::string, std::string>> descriptions() const {
-    std::vector<std::pair<std::string, std::string>> out;
-    for (const auto& e : entries_) out.emplace_back(e.name, e.description);
-    return out;
-  }
-
  private:
   struct Entry {
     std::string name;

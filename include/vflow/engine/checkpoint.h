@@ -16,11 +16,6 @@ std::vector<std::string> list_checkpoints(const std::string& dir);
 std::string latest_checkpoint(const std::string& dir);
 /// Deletes all but the newest `keep` checkpoints in `dir`.
 void prune_checkpoints(const std::string& dir, int64_t keep);
-/// Writes `bytes` to a temporary file beside `path`, fsyncs it, renames it over `path`
-/// and fsyncs the directory: readers see the old file or the complete new one. On failure
-/// (a full disk, say) the temporary file is removed, `path` is untouched, and the
-/// CheckpointError names the file and the cause.
-void write_atomically(const std::string& path, const std::string& bytes);
 
 /// Checks that `bytes` are a whole, undamaged checkpoint archive before LibTorch's reader
 /// sees them: a zip archive (ZIP64 included) whose every entry lies inside the file, is

@@ -1,7 +1,7 @@
 // The job spec: what to train (semantic part), with what (resources part) and
 // what to write (output part). See docs/job-spec.md for every key and default.
 //
-// The semantic part alone decides the training trajectory (DESIGN.md §1); the
+// The semantic part alone decides the training trajectory (docs/design.md §1); the
 // resources part decides only speed; the output part decides what is written
 // and when, never the parameters. Every field maps one-to-one onto a YAML key.
 #pragma once

@@ -44,7 +44,7 @@ struct StepInfo {
   std::vector<std::pair<int64_t, std::vector<int64_t>>> examples_used;
 };
 
-/// What a worker adds to a step's control word (DESIGN.md §3.3): requests that every
+/// What a worker adds to a step's control word (docs/design.md §3.3): requests that every
 /// worker learns through the step's single collective, so all act after the same step.
 struct StepControl {
   bool stop = false;            ///< stop training after this step

@@ -1,4 +1,4 @@
-// The batch-split planner (DESIGN.md §5, "Plan"): how many vnodes each worker of a
+// The batch-split planner (docs/design.md §5, "Plan"): how many vnodes each worker of a
 // heterogeneous inventory runs so that the predicted step time is smallest.
 #pragma once
 
@@ -57,7 +57,7 @@ struct Plan {
 /// else the slowest worker's time.
 double predict_step_seconds(const PlanRequest& request, const std::vector<WorkerShare>& shares);
 
-/// Exact mode: equal vnode sizes (so DESIGN.md §2 holds bitwise), per-worker vnode
+/// Exact mode: equal vnode sizes (so docs/design.md §2 holds bitwise), per-worker vnode
 /// counts that minimise the predicted step time. The smallest feasible step time is
 /// found by binary search over the candidate times (a worker of type t finishes k
 /// vnodes at optimizer_t + k·t_t(b)); since fewer workers allreduce faster, the times up
@@ -91,7 +91,7 @@ double predict_relaxed_seconds(const PlanRequest& request, const std::vector<Rel
 /// type's memory cap.
 std::vector<int64_t> candidate_sizes(const PlanRequest& request, const DeviceGroup& group);
 
-/// Relaxed mode (DESIGN.md §5): one vnode size per device type, from candidate_sizes,
+/// Relaxed mode (docs/design.md §5): one vnode size per device type, from candidate_sizes,
 /// and per-worker vnode counts, such that all vnodes together hold exactly B examples;
 /// minimises the predicted step time (request.virtual_nodes is not used: N follows
 /// from the plan). Exhaustive over the subsets of types and their size choices; for
@@ -102,7 +102,7 @@ std::vector<int64_t> candidate_sizes(const PlanRequest& request, const DeviceGro
 /// fewest workers, as long as that search stays within a fraction of a second per size
 /// choice (beyond it, the best plan found so far). A single worker alone is also
 /// considered. Results differ from exact mode's (batch norm sees other batches); the
-/// gradient is still the global batch's mean (DESIGN.md §2).
+/// gradient is still the global batch's mean (docs/design.md §2).
 RelaxedPlan plan_relaxed(const PlanRequest& request);
 
 /// What simpler rules would predict, for comparison.

@@ -1,4 +1,4 @@
-// Device profiles (DESIGN.md §5, "Profile"): what one vnode costs on one device type.
+// Device profiles (docs/design.md §5, "Profile"): what one vnode costs on one device type.
 #pragma once
 
 #include <cstdint>

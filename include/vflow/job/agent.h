@@ -1,4 +1,4 @@
-// The node agent (DESIGN.md §1): one process per host that registers the host's slots
+// The node agent (docs/design.md §1): one process per host that registers the host's slots
 // (devices) on the cluster's control store, starts, supervises and stops the workers the
 // coordinators of jobs place there, and is a candidate to coordinate every job it sees.
 #pragma once

@@ -1,4 +1,4 @@
-// Generations and the control plane of an elastic job (DESIGN.md §4): the typed
+// Generations and the control plane of an elastic job (docs/design.md §4): the typed
 // client of the job's store.
 //
 // Everything elastic goes through the job's store, which the coordinator hosts:
@@ -274,7 +274,7 @@ class ControlPlane {
 };
 
 /// The slots of the node agents living on the cluster store `control` ("etcd://..."):
-/// what a scheduler schedules over there (DESIGN.md §6). Counts every slot whose device
+/// what a scheduler schedules over there (docs/design.md §6). Counts every slot whose device
 /// suits `device` ("cpu", "cuda"), taken or free.
 int agent_slots(const std::string& control, const std::string& device,
                 std::chrono::milliseconds timeout);

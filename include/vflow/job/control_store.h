@@ -1,4 +1,4 @@
-// The storage of a job's control plane (DESIGN.md §1 "control store", §6b).
+// The storage of a job's control plane (docs/design.md §1 "control store", §6b).
 //
 // The get/set/compare-and-set part is comm::KeyValueStore's, so that the same store
 // also serves the communicators' rendezvous (comm::Rendezvous::store).
@@ -6,8 +6,8 @@
 // Every record of the elastic protocol (requests, generations, readiness, survivors,
 // regroup offers) lives in a key-value store the coordinator reaches and every worker
 // reaches. ControlPlane speaks the protocol over this interface, so the store can be
-// the embedded single-machine one (the coordinator's c10d TCPStore, the default) or a
-// cluster's (etcd, with revisions and leases).
+// the embedded single-machine one (job/embedded_store: a small server the coordinator
+// hosts on one address, the default) or a cluster's (etcd, with revisions and leases).
 //
 // Read-modify-write is never a read followed by a write: it is add (a counter),
 // set_if_absent (settle a value once) or compare_and_set. Liveness is a heartbeat
@@ -56,7 +56,7 @@ struct StoreEvent {
 };
 
 /// A cluster's control store (etcd), with what only a cluster store offers: claims held
-/// under a lease (the coordinator's election, DESIGN.md §1), and reading and watching a
+/// under a lease (the coordinator's election, docs/design.md §1), and reading and watching a
 /// whole prefix (node agents follow every job this way). One client is used by one
 /// thread at a time.
 class ClusterStore : public ControlStore {
@@ -85,7 +85,7 @@ class ClusterStore : public ControlStore {
 };
 
 /// A client of the embedded store: the one a job's coordinator hosts at host:port
-/// (job::Coordinator), bound to that address alone (loopback for a job on one machine).
+/// (job::StoreHost), bound to that address alone (loopback for a job on one machine).
 /// Liveness is kept on the server's clock. One client is used by one thread at a time.
 /// Throws PeerFailure when the store cannot be reached within `timeout`, and on every
 /// call after it was lost (a connection that failed once may be out of step with the

@@ -1,4 +1,4 @@
-// A worker of an elastic job (DESIGN.md §4): trains through generations, regroups
+// A worker of an elastic job (docs/design.md §4): trains through generations, regroups
 // at step boundaries, takes the training state from a donor when it joins, redoes a
 // step interrupted by a failed peer, and leaves when a generation no longer holds it.
 #pragma once

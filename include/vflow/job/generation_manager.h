@@ -1,5 +1,5 @@
 // The generation manager: the coordinator's policy that decides generations from the
-// requests, readiness reports and failures in the job's store (DESIGN.md §4).
+// requests, readiness reports and failures in the job's store (docs/design.md §4).
 #pragma once
 
 #include <chrono>
@@ -63,8 +63,6 @@ class GenerationManager {
   /// Publishes the next generation when one is due.
   void tick();
   const Generation& current() const { return current_; }
-  /// Members that joined the job but are not in the current generation any more.
-  bool is_member(const std::string& member) const { return current_.rank_of(member) >= 0; }
 
  private:
   using Clock = std::chrono::steady_clock;

@@ -1,8 +1,8 @@
-// The coordinator and the local launcher (DESIGN.md §1, "Coordinator").
+// Launching a job (docs/design.md §1, "Coordinator"): launch_job() makes the current process
+// the job's coordinator, on this host or on a cluster store, and StoreHost serves the
+// embedded store a coordinator on one host keeps the job's state in.
 //
-// The coordinator is the stable process that hosts the job's rendezvous store;
-// it is never a worker, because a worker may leave. launch_local() makes the
-// current process the coordinator and starts K worker processes on this host.
+// The coordinator is never a worker, because a worker may leave.
 #pragma once
 
 #include <atomic>
@@ -18,13 +18,13 @@
 namespace vflow::job {
 
 /// Hosts the job's store: the embedded store's server, bound to `host` alone.
-class Coordinator {
+class StoreHost {
  public:
   /// Listens on host:port; port 0 picks a free port.
-  Coordinator(const std::string& host, int port, std::chrono::milliseconds timeout);
-  ~Coordinator();
-  Coordinator(const Coordinator&) = delete;
-  Coordinator& operator=(const Coordinator&) = delete;
+  StoreHost(const std::string& host, int port, std::chrono::milliseconds timeout);
+  ~StoreHost();
+  StoreHost(const StoreHost&) = delete;
+  StoreHost& operator=(const StoreHost&) = delete;
   const std::string& host() const { return host_; }
   int port() const;
   /// Serves until `workers` workers have left (Communicator::leave) or `stop` is set.
@@ -80,9 +80,10 @@ struct LaunchOptions {
 /// with VFLOW_MEMBER (the worker's name) and VFLOW_STORE set, starts joiners when a resize asks for
 /// more workers (and replacements when options.elastic.replace_failed), forwards their output line
 /// by line with a "[worker name] " prefix, and waits until every worker has ended. A worker that
-/// dies during training is survived (DESIGN.md §4); one that fails at start-up stops the others.
-/// Returns 0 when the job completed, 130 when stopped by `stop_flag`, the failing worker's exit
-/// code (128 + signal when killed) for a failed start, else 5 (the job could not continue).
-int launch_local(const LaunchOptions& options);
+/// dies during training is survived (docs/design.md §4); one that fails at start-up stops the
+/// others. Returns 0 when the job completed, 130 when stopped by `stop_flag`, the failing
+/// worker's exit code (128 + signal when killed) for a failed start, else 5 (the job could not
+/// continue).
+int launch_job(const LaunchOptions& options);
 
 }  // namespace vflow::job

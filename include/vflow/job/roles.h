@@ -1,4 +1,4 @@
-// What a process is in a job, and running it as that (DESIGN.md §1): the entry point a
+// What a process is in a job, and running it as that (docs/design.md §1): the entry point a
 // program uses to train a job on one or several workers, elastically. vflow-train is
 // one such program; a program that embeds vflow with its own models and data sets is
 // another (docs/embedding.md).
@@ -22,8 +22,6 @@ enum class Role {
   kWorker,         ///< a worker of an external launcher (torchrun, mpirun, srun, VFLOW_RANK)
   kCoordinator,    ///< only hosts the job's store for workers started elsewhere
 };
-
-const char* role_name(Role role);
 
 struct RoleOptions {
   /// This program's command line (command_line_of_this_program): the launcher runs it as

@@ -1,4 +1,4 @@
-// The scheduler's live mode (DESIGN.md §6): the same policies as the simulator, applied to
+// The scheduler's live mode (docs/design.md §6): the same policies as the simulator, applied to
 // real elastic jobs (`vflow-train SPEC --workers K --port P`) on a pool of worker slots.
 // Allocation changes become control-plane requests (§4): a resize for a running job, a
 // stop with a checkpoint for a preempted one (it resumes from that checkpoint later). What

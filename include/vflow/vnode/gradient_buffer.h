@@ -1,4 +1,4 @@
-// One persistent, flat gradient buffer per generation (DESIGN.md §3.2).
+// One persistent, flat gradient buffer per generation (docs/design.md §3.2).
 //
 // Every parameter's .grad is a view into the buffer, so backward passes of
 // successive vnodes accumulate in place and a collective can reduce the whole

@@ -1,4 +1,4 @@
-// The virtual-node plan and the data order (DESIGN.md §2, "Data").
+// The virtual-node plan and the data order (docs/design.md §2, "Data").
 //
 // Neither depends on workers: the global batch of step s is the slice
 // [s*B, (s+1)*B) of the epoch's permutation, which depends only on
@@ -23,7 +23,7 @@ class VirtualNodePlan {
   /// Exact mode: every vnode holds b = B / N examples. Throws SpecError unless
   /// 1 <= virtual_nodes <= global_batch and B % N == 0.
   VirtualNodePlan(int64_t global_batch, int64_t virtual_nodes);
-  /// Relaxed mode (DESIGN.md §5): vnode v holds sizes[v] examples of every full batch.
+  /// Relaxed mode (docs/design.md §5): vnode v holds sizes[v] examples of every full batch.
   /// Throws SpecError unless every size is >= 1 and they sum to global_batch.
   VirtualNodePlan(int64_t global_batch, std::vector<int64_t> sizes);
 

@@ -1,5 +1,5 @@
 // Stateful kernels: modules whose training-mode forward pass mutates buffers,
-// such as batch norm's running statistics (DESIGN.md §2, "Stateful kernels").
+// such as batch norm's running statistics (docs/design.md §2, "Stateful kernels").
 //
 // Naive gradient accumulation lets each micro-batch update the running
 // statistics in whatever order a worker happens to run it. vflow instead has

@@ -1,4 +1,4 @@
-// The step's one collective, as a named layout (DESIGN.md §3.3).
+// The step's one collective, as a named layout (docs/design.md §3.3).
 //
 // A worker's whole contribution to a step is one flat buffer, summed across workers by
 // a single allreduce:

@@ -10,7 +10,7 @@
 
 namespace vflow::job {
 
-class ProcessGroup {
+class ChildProcesses {
  public:
   /// What one worker runs.
   struct Start {
@@ -35,8 +35,6 @@ class ProcessGroup {
   /// Workers still running.
   size_t running() const;
   bool all_reaped() const;
-  /// The process id of worker `name`, or -1.
-  pid_t pid_of(const std::string& name) const;
 
  private:
   struct Child {

@@ -1,4 +1,4 @@
-#include "vflow/engine/job.h"
+#include "vflow/engine/run_job.h"
 
 #include <spdlog/spdlog.h>
 

@@ -1,4 +1,4 @@
-#include "job/process_group.h"
+#include "job/child_processes.h"
 
 #include <fcntl.h>
 #include <fmt/format.h>
@@ -40,7 +40,7 @@ void forward_lines(std::string& buffer, const char* data, size_t n, const std::s
 
 }  // namespace
 
-void ProcessGroup::start(const Start& worker) {
+void ChildProcesses::start(const Start& worker) {
   int out[2] = {-1, -1}, err[2] = {-1, -1};
   const auto close_all = [&] {
     for (const int fd : {out[0], out[1], err[0], err[1]}) {
@@ -77,7 +77,7 @@ void ProcessGroup::start(const Start& worker) {
   children_.push_back(std::move(c));
 }
 
-bool ProcessGroup::pump(int wait_ms) {
+bool ChildProcesses::pump(int wait_ms) {
   std::vector<pollfd> fds;
   std::vector<std::pair<size_t, bool>> owners;  // (child, is_stdout)
   for (size_t i = 0; i < children_.size(); ++i) {
@@ -115,7 +115,7 @@ bool ProcessGroup::pump(int wait_ms) {
   return true;
 }
 
-std::vector<std::pair<std::string, int>> ProcessGroup::reap() {
+std::vector<std::pair<std::string, int>> ChildProcesses::reap() {
   std::vector<std::pair<std::string, int>> ended;
   for (auto& c : children_) {
     if (!c.running) continue;
@@ -128,33 +128,26 @@ std::vector<std::pair<std::string, int>> ProcessGroup::reap() {
   return ended;
 }
 
-void ProcessGroup::signal_all(int sig) {
+void ChildProcesses::signal_all(int sig) {
   for (auto& c : children_) {
     if (c.running) kill(c.pid, sig);
   }
 }
 
-void ProcessGroup::signal(const std::string& name, int sig) {
+void ChildProcesses::signal(const std::string& name, int sig) {
   for (auto& c : children_) {
     if (c.running && c.name == name) kill(c.pid, sig);
   }
 }
 
-size_t ProcessGroup::running() const {
+size_t ChildProcesses::running() const {
   return static_cast<size_t>(
       std::count_if(children_.begin(), children_.end(), [](const Child& c) { return c.running; }));
 }
 
-bool ProcessGroup::all_reaped() const {
+bool ChildProcesses::all_reaped() const {
   return std::none_of(children_.begin(), children_.end(),
                       [](const Child& c) { return c.running || c.out >= 0 || c.err >= 0; });
-}
-
-pid_t ProcessGroup::pid_of(const std::string& name) const {
-  for (const auto& c : children_) {
-    if (c.running && c.name == name) return c.pid;
-  }
-  return -1;
 }
 
 }  // namespace vflow::job
