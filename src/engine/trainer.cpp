@@ -12,6 +12,7 @@
 #include "core/torch_compat.h"
 #include "engine/background_task.h"
 #include "engine/copy_stream.h"
+#include "engine/evaluation.h"
 #include "engine/reducer.h"
 #include "engine/training_state.h"
 #include "vflow/core/clock.h"
@@ -456,46 +457,12 @@ TrainResult Trainer::run() {
 EvalResult Trainer::evaluate() {
   auto& im = *impl_;
   if (!im.data.test) throw SpecError("the job has no evaluation split to evaluate on");
-  torch::NoGradGuard no_grad;
   // output.evaluation.use_ema: the average takes the parameters' place while evaluating.
-  std::vector<torch::Tensor> trained;
-  if (im.spec.output.evaluation.use_ema && !im.ema.empty()) {
-    torch::NoGradGuard no_grad;
-    auto params = im.model->parameters();
-    for (size_t i = 0; i < params.size(); ++i) {
-      trained.push_back(params[i].detach().clone());
-      params[i].copy_(im.ema[i]);
-    }
-  }
-  im.model->eval();
-  const int64_t n = im.data.test->size();
-  const int64_t chunk = im.spec.output.evaluation.batch;
-  double loss_sum = 0;
-  int64_t correct = 0;
-  int64_t predictions = 0;  // examples, or tokens of a sequence model
-  for (int64_t begin = 0; begin < n; begin += chunk) {
-    const int64_t size = std::min(chunk, n - begin);
-    auto b = im.data.test->get(torch::arange(begin, begin + size, torch::kInt64));
-    const compat::AutocastGuard autocast(im.device.type(), im.bf16);
-    const auto logits = im.model->forward(b.input.to(im.device));
-    const auto target = b.target.to(im.device);
-    loss_sum += models::prediction_loss(logits, target, /*sum=*/true).item<double>();
-    correct += logits.argmax(-1).eq(target).sum().item<int64_t>();
-    predictions += target.numel();
-  }
-  im.model->train();
-  if (!trained.empty()) {
-    torch::NoGradGuard no_grad;
-    auto params = im.model->parameters();
-    for (size_t i = 0; i < params.size(); ++i) params[i].copy_(trained[i]);
-  }
-  EvalResult r;
-  r.step = im.step;
-  r.examples = n;
-  r.loss = predictions > 0 ? loss_sum / static_cast<double>(predictions) : 0;
-  r.accuracy =
-      predictions > 0 ? static_cast<double>(correct) / static_cast<double>(predictions) : 0;
-  return r;
+  const auto& evaluation = im.spec.output.evaluation;
+  auto result = evaluate_model(*im.model, *im.data.test, im.device, im.bf16, evaluation.batch,
+                               evaluation.use_ema ? im.ema : std::vector<torch::Tensor>{});
+  result.step = im.step;
+  return result;
 }
 
 void Trainer::publish_evaluation(const EvalResult& result) {
