@@ -465,8 +465,8 @@ int main(int argc, char** argv) {
       memory);
   std::cout << "|---|---|---|---|---|---|---|\n";
   double rss_first = 0, rss_last = 0, worst = 1e9;
-  std::string ranges;  // each V's ratio, lowest to highest process
-  std::string phases;  // against deterministic: each V's phases, medians over the processes
+  std::string ranges;        // each V's ratio, lowest to highest process
+  std::string phases;        // against deterministic: each V's phases, medians over the processes
   std::string fingerprints;  // against deterministic: each V's, as every measurement ended
   for (int64_t v : vnodes) {
     c.vnodes = v;

@@ -8,8 +8,8 @@
 
 namespace vflow::engine {
 
-EvalResult evaluate_model(models::Model& model, data::Dataset& test, c10::Device device,
-                          bool bf16, int64_t batch, const std::vector<at::Tensor>& average) {
+EvalResult evaluate_model(models::Model& model, data::Dataset& test, c10::Device device, bool bf16,
+                          int64_t batch, const std::vector<at::Tensor>& average) {
   torch::NoGradGuard no_grad;
   std::vector<torch::Tensor> trained;
   if (!average.empty()) {

@@ -14,7 +14,7 @@ namespace vflow::engine {
 /// bfloat16 autocast where `bf16`). With `average` not empty (the weight average, in
 /// parameter order) the average takes the parameters' place while evaluating and they are
 /// restored after. The model is left in training mode. EvalResult::step is left 0.
-EvalResult evaluate_model(models::Model& model, data::Dataset& test, c10::Device device,
-                          bool bf16, int64_t batch, const std::vector<at::Tensor>& average);
+EvalResult evaluate_model(models::Model& model, data::Dataset& test, c10::Device device, bool bf16,
+                          int64_t batch, const std::vector<at::Tensor>& average);
 
 }  // namespace vflow::engine

@@ -27,8 +27,8 @@ namespace {
 /// adds the workers' parts.
 class ExactReducer : public Reducer {
  public:
-  ExactReducer(vnode::StepPacket& packet, torch::optim::Optimizer& optimizer,
-               FixedPointStep* fused, const ReducerOptions& options)
+  ExactReducer(vnode::StepPacket& packet, torch::optim::Optimizer& optimizer, FixedPointStep* fused,
+               const ReducerOptions& options)
       : packet_(packet),
         optimizer_(optimizer),
         fused_(fused),

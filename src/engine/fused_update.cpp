@@ -233,8 +233,8 @@ class FusedOptimizer : public torch::optim::Optimizer, public FixedPointStep {
           state.serialize(saved);
           const int64_t steps = restore_state(i, state);
           if (any && steps != steps_) {
-            throw Error(fmt::format("the optimizer state of parameter {} is at step {}, not {}",
-                                    i, steps, steps_));
+            throw Error(fmt::format("the optimizer state of parameter {} is at step {}, not {}", i,
+                                    steps, steps_));
           }
           steps_ = steps;
           restored[i] = any = true;

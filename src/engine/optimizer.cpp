@@ -168,13 +168,13 @@ class Adam final : public torch::optim::Adam {
     }
     auto& states = state();
     states.clear();
-    for_each_saved_state(archive, params.size(),
-                         [&](size_t i, torch::serialize::InputArchive& saved) {
-                           auto s = std::make_unique<torch::optim::AdamParamState>();
-                           s->serialize(saved);
-                           states[compat::optimizer_state_key<std::decay_t<decltype(states)>>(
-                               params[i])] = std::move(s);
-                         });
+    for_each_saved_state(
+        archive, params.size(), [&](size_t i, torch::serialize::InputArchive& saved) {
+          auto s = std::make_unique<torch::optim::AdamParamState>();
+          s->serialize(saved);
+          states[compat::optimizer_state_key<std::decay_t<decltype(states)>>(params[i])] =
+              std::move(s);
+        });
   }
 };
 

@@ -59,7 +59,7 @@ struct Trainer::Impl {
   std::unique_ptr<vnode::StatefulKernelSet> kernels;
   std::unique_ptr<torch::optim::Optimizer> optimizer;
   std::unique_ptr<Reducer> reducer;  // the packet's sum over workers, and the update
-  std::vector<torch::Tensor> ema;  // semantic.ema: the parameters' average, in their order
+  std::vector<torch::Tensor> ema;    // semantic.ema: the parameters' average, in their order
   std::shared_ptr<comm::Communicator> comm;
   vnode::VnodeRange held;  // the vnodes this worker processes
   bool prefetch = false;   // load the next vnode's batch in the background
@@ -339,9 +339,10 @@ struct Trainer::Impl {
     for (size_t i = 0; i < ema.size(); ++i) ema[i].mul_(decay).add_(params[i], 1 - decay);
   }
 
+  std::string fingerprint() const { return engine::fingerprint(*model, ema, "ema"); }
   StateParts state_parts() { return StateParts{*model, *optimizer, ema}; }
   StateHeader state_header() const {
-    return StateHeader{step, spec.semantic_yaml(), engine::fingerprint(*model, ema, "ema")};
+    return StateHeader{step, spec.semantic_yaml(), fingerprint()};
   }
 
   bool stop_requested() const {
@@ -542,9 +543,7 @@ void Trainer::set_communicator(std::shared_ptr<comm::Communicator> communicator,
   im.held = vnode::vnodes_of(counts, im.comm->rank());
 }
 void Trainer::set_stop_flag(const std::atomic<bool>* flag) { impl_->stop_flag = flag; }
-std::string Trainer::fingerprint() const {
-  return engine::fingerprint(*impl_->model, impl_->ema, "ema");
-}
+std::string Trainer::fingerprint() const { return impl_->fingerprint(); }
 torch::Device Trainer::device() const { return impl_->device; }
 
 double Trainer::seconds_per_vnode() const { return impl_->vnode_seconds; }

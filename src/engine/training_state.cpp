@@ -110,8 +110,8 @@ StateHeader read_state(torch::serialize::InputArchive& archive, const std::strin
   header.step = read("vflow_step").toInt();
   header.fingerprint = read("vflow_fingerprint").toStringRef();
   if (header.step < 0 || header.step > total_steps) {
-    throw CheckpointError(fmt::format("{}: step {} is outside this job's {} steps", path,
-                                      header.step, total_steps));
+    throw CheckpointError(
+        fmt::format("{}: step {} is outside this job's {} steps", path, header.step, total_steps));
   }
   try {
     torch::serialize::InputArchive model_archive;
@@ -182,8 +182,8 @@ std::string read_checkpoint_file(const std::string& path) {
 }
 
 StateHeader restore_state(const std::string& bytes, const std::string& source,
-                          const StateParts& parts, const std::string& semantic,
-                          int64_t total_steps, c10::Device device) {
+                          const StateParts& parts, const std::string& semantic, int64_t total_steps,
+                          c10::Device device) {
   torch::serialize::InputArchive archive;
   try {
     // Onto this worker's device: the writer's may be another (a job can mix devices).

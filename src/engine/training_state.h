@@ -52,7 +52,7 @@ std::string read_checkpoint_file(const std::string& path);
 /// Returns the header as written; every failure is a CheckpointError naming `source`.
 /// The caller checks the restored fingerprint against it.
 StateHeader restore_state(const std::string& bytes, const std::string& source,
-                          const StateParts& parts, const std::string& semantic,
-                          int64_t total_steps, c10::Device device);
+                          const StateParts& parts, const std::string& semantic, int64_t total_steps,
+                          c10::Device device);
 
 }  // namespace vflow::engine

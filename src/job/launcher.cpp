@@ -58,7 +58,7 @@ bool StoreHost::serve(int workers, const std::atomic<bool>* stop) {
 }
 
 comm::Rendezvous StoreHost::rendezvous(int rank, int size, const std::string& generation,
-                                         std::chrono::milliseconds timeout) const {
+                                       std::chrono::milliseconds timeout) const {
   comm::Rendezvous r;
   r.store_host = host_;
   r.store_port = port();
@@ -115,7 +115,8 @@ void claim_job_name(ControlPlane& control, ClusterStore& store, const LaunchOpti
 /// Workers as children of this process, started with the launcher's command line.
 class LocalWorkers : public WorkerSource {
  public:
-  LocalWorkers(ChildProcesses& group, std::vector<std::string> command, std::vector<std::string> env)
+  LocalWorkers(ChildProcesses& group, std::vector<std::string> command,
+               std::vector<std::string> env)
       : group_(group), command_(std::move(command)), env_(std::move(env)) {}
   bool start(const std::string& member) override { return start(member, {}); }
   bool start(const std::string& member, const std::vector<std::string>& extra) {

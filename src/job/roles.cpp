@@ -245,7 +245,6 @@ RoleOutcome run_training_role(Role role, const engine::JobSpec& job, const RoleO
 
 }  // namespace
 
-
 std::vector<std::string> command_line_of_this_program(int argc, char** argv) {
   std::vector<std::string> command{this_executable(argc > 0 ? argv[0] : "")};
   for (int i = 1; i < argc; ++i) command.emplace_back(argv[i]);

@@ -176,8 +176,8 @@ namespace {
 /// Grows an NCCL communicator of `earlier` ranks (made afresh and used once) by `added`
 /// new ranks on `devices` (by rank); returns each rank's sum of rank + 1 over the grown
 /// communicator, plus 100 times the value broadcast from the last new rank.
-std::vector<float> grow_and_sum(const StoreHost& coordinator, const std::string& name,
-                                int earlier, int added, const std::vector<int>& devices) {
+std::vector<float> grow_and_sum(const StoreHost& coordinator, const std::string& name, int earlier,
+                                int added, const std::vector<int>& devices) {
   const int size = earlier + added;
   std::vector<float> seen(static_cast<size_t>(size), -1);
   const auto errors = on_ranks(size, [&](int rank) {

@@ -64,9 +64,8 @@ std::vector<torch::Tensor> saved(torch::optim::Optimizer& optimizer, const std::
   const std::string text = bytes.str();
   in.load_from(text.data(), text.size());
   std::vector<torch::Tensor> values(2);
-  vflow::engine::for_each_saved_state(in, 2, [&](size_t i, torch::serialize::InputArchive& s) {
-    s.read(name, values[i]);
-  });
+  vflow::engine::for_each_saved_state(
+      in, 2, [&](size_t i, torch::serialize::InputArchive& s) { s.read(name, values[i]); });
   return values;
 }
 
@@ -90,9 +89,9 @@ TEST_CASE("optimizer states attach to their parameters by place, whatever their 
     std::vector<std::string> tensors;
     bool step;
   };
-  for (const auto& c : {Case{"sgd", {"momentum_buffer"}, false},
-                        Case{"adamw", {"exp_avg", "exp_avg_sq"}, true},
-                        Case{"adam", {"exp_avg", "exp_avg_sq"}, true}}) {
+  for (const auto& c :
+       {Case{"sgd", {"momentum_buffer"}, false}, Case{"adamw", {"exp_avg", "exp_avg_sq"}, true},
+        Case{"adam", {"exp_avg", "exp_avg_sq"}, true}}) {
     CAPTURE(c.name);
     vflow::engine::OptimizerSpec spec;
     spec.name = c.name;

@@ -99,8 +99,8 @@ std::vector<Outcome> run(const Reduction& reduction, int ranks) {
 }
 
 std::string describe(const Reduction& r) {
-  return std::string(r.exact ? "exact" : "float") + (r.bucketed ? ", bucketed" : ", whole") +
-         ", " + r.optimizer;
+  return std::string(r.exact ? "exact" : "float") + (r.bucketed ? ", bucketed" : ", whole") + ", " +
+         r.optimizer;
 }
 
 }  // namespace

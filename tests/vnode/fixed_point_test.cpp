@@ -1,6 +1,5 @@
 // Deterministic mode's exact sum: the fused kernels against the plain int64 formula
 // (round each vnode's values to units of 2^-36, add as int64, convert once).
-#include "vflow/engine/runtime.h"
 #include "vflow/vnode/fixed_point.h"
 
 #include <torch/torch.h>
@@ -14,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "vflow/engine/runtime.h"
 #include "vflow/engine/trainer.h"
 
 using vflow::vnode::FixedPointSum;
