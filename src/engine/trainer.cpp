@@ -5,16 +5,13 @@
 #include <torch/torch.h>
 
 #include <chrono>
-#include <map>
-#include <mutex>
 #include <optional>
 
 #include "core/torch_compat.h"
-#include "engine/background_task.h"
-#include "engine/copy_stream.h"
 #include "engine/evaluation.h"
 #include "engine/reducer.h"
 #include "engine/training_state.h"
+#include "engine/vnode_batches.h"
 #include "vflow/core/clock.h"
 #include "vflow/core/error.h"
 #include "vflow/core/spec_node.h"
@@ -36,13 +33,6 @@ using Clock = std::chrono::steady_clock;
 
 }  // namespace
 
-/// One unit of vnode work: vnode `vnode` of step `step`.
-struct WorkItem {
-  int64_t step = -1;
-  int64_t vnode = -1;
-  bool operator==(const WorkItem& o) const { return step == o.step && vnode == o.vnode; }
-};
-
 struct Trainer::Impl {
   JobSpec spec;
   std::shared_ptr<models::Model> model;
@@ -62,7 +52,6 @@ struct Trainer::Impl {
   std::vector<torch::Tensor> ema;    // semantic.ema: the parameters' average, in their order
   std::shared_ptr<comm::Communicator> comm;
   vnode::VnodeRange held;  // the vnodes this worker processes
-  bool prefetch = false;   // load the next vnode's batch in the background
   std::vector<std::shared_ptr<TrainingObserver>> observers;
   int64_t step = 0;
   std::optional<EvalResult> last_eval;
@@ -76,14 +65,7 @@ struct Trainer::Impl {
   bool began = false;            // observers have seen on_train_begin
   bool record_examples = false;  // fill StepInfo::examples_used
 
-  // Epoch permutations, shared with the prefetch thread.
-  mutable std::mutex perm_mutex;
-  mutable std::map<int64_t, torch::Tensor> perms;
-
-  // The background load of the next vnode's batch, copied to the device on a side stream.
-  CopyStream copy_stream{device};
-  WorkItem pending_item;
-  BackgroundTask<CopiedBatch> loader;
+  VnodeBatches batches;  // the held vnodes' batches in the data order, prefetched
 
   Impl(JobSpec s, std::shared_ptr<models::Model> m, data::DataSplits d)
       : spec(std::move(s)),
@@ -98,63 +80,8 @@ struct Trainer::Impl {
               spec.semantic.data.drop_last),
         total_steps(spec.semantic.steps > 0 ? spec.semantic.steps
                                             : spec.semantic.epochs * order.steps_per_epoch()),
-        schedule(spec.semantic.schedule, spec.semantic.optimizer.lr, total_steps) {}
-
-  torch::Tensor permutation(int64_t epoch) const {
-    std::lock_guard<std::mutex> lock(perm_mutex);
-    auto it = perms.find(epoch);
-    if (it != perms.end()) return it->second;
-    auto p = order.permutation(epoch);
-    auto t = torch::from_blob(p.data(), {static_cast<int64_t>(p.size())}, torch::kInt64).clone();
-    while (perms.size() >= 2) perms.erase(perms.begin());
-    perms.emplace(epoch, t);
-    return t;
-  }
-
-  /// Positions of vnode v's examples in the epoch permutation, for `step`.
-  vnode::Slice vnode_positions(int64_t s, int64_t v) const {
-    const auto batch = order.batch(s % order.steps_per_epoch());
-    const auto part = plan.slice(v, batch.size);
-    return vnode::Slice{batch.offset + part.offset, part.size};
-  }
-
-  CopiedBatch load(const WorkItem& item) const {
-    const auto pos = vnode_positions(item.step, item.vnode);
-    const auto idx =
-        permutation(item.step / order.steps_per_epoch()).narrow(0, pos.offset, pos.size);
-    return copy_stream.copy(data.train->get(idx));
-  }
-
-  /// The non-empty vnode work that follows `item`, or step -1 at the end of training.
-  WorkItem next_item(WorkItem item) const {
-    while (true) {
-      if (++item.vnode == plan.virtual_nodes()) {
-        item.vnode = 0;
-        ++item.step;
-      }
-      if (item.step >= total_steps) return WorkItem{};
-      if (item.vnode >= held.first && item.vnode < held.last &&
-          vnode_positions(item.step, item.vnode).size > 0) {
-        return item;
-      }
-    }
-  }
-
-  /// Discards a background load (a new generation holds other vnodes).
-  void drain_loader() {
-    if (!loader.outstanding()) return;
-    try {
-      loader.wait();
-    } catch (const std::exception&) {
-      // The load is not needed any more; a real data error shows again when retried.
-    }
-  }
-
-  std::vector<int64_t> example_indices(int64_t s, int64_t v) const {
-    const auto pos = vnode_positions(s, v);
-    const auto idx = permutation(s / order.steps_per_epoch()).narrow(0, pos.offset, pos.size);
-    return std::vector<int64_t>(idx.data_ptr<int64_t>(), idx.data_ptr<int64_t>() + pos.size);
-  }
+        schedule(spec.semantic.schedule, spec.semantic.optimizer.lr, total_steps),
+        batches(order, plan, total_steps, data.train, device) {}
 
   /// After the collective, the table's presence column counts the workers that ran each
   /// vnode: lists each vnode's examples that many times (an audit of exactly-once use).
@@ -162,33 +89,18 @@ struct Trainer::Impl {
     const auto flags = kernels->table().select(1, 0).to(torch::kCPU).contiguous();
     for (int64_t v = 0; v < plan.virtual_nodes(); ++v) {
       const auto runs = std::lround(flags[v].item<double>());
-      for (long k = 0; k < runs; ++k) info.examples_used.emplace_back(v, example_indices(s, v));
+      for (long k = 0; k < runs; ++k) {
+        info.examples_used.emplace_back(v, batches.example_indices(s, v));
+      }
     }
   }
 
   /// Undoes the local effects of a step whose collective failed: nothing was applied to
   /// the parameters or the optimizer, but the stateful kernels hold partial updates.
   void abandon_step() {
-    drain_loader();
+    batches.discard();
     kernels->abort_step();
     reducer->abandon();
-  }
-
-  data::Batch take(const WorkItem& item) {
-    CopiedBatch batch;
-    if (loader.outstanding()) {
-      auto ready = loader.wait();  // rethrows a load error
-      if (pending_item == item) batch = std::move(ready);
-    }
-    if (!batch.batch.input.defined()) batch = load(item);
-    if (prefetch) {
-      const WorkItem next = next_item(item);
-      if (next.step >= 0) {
-        pending_item = next;
-        loader.submit([this, next] { return load(next); });
-      }
-    }
-    return copy_stream.ready(std::move(batch));
   }
 
   /// train_step(), with allocation failures turned into OutOfMemory naming the remedy.
@@ -296,7 +208,7 @@ struct Trainer::Impl {
       ++ordinal;
       if (v < held.first || v >= held.last) continue;
       ++ran;
-      const data::Batch b = take(WorkItem{s, v});
+      const data::Batch b = batches.take(s, v);
       // Randomness inside the forward pass depends on (seed, step, vnode) only.
       torch::manual_seed(
           vnode::mix_seed(spec.semantic.seed, static_cast<uint64_t>(s), static_cast<uint64_t>(v)));
@@ -362,7 +274,7 @@ Trainer::Trainer(JobSpec spec, std::shared_ptr<models::Model> model, data::DataS
   set_communicator(std::move(communicator));
   auto placed = impl_->spec.resources;  // a launched worker's threads are resolved already
   placed.threads = intra_op_threads(impl_->spec, /*local_workers=*/1);
-  impl_->prefetch = prefetch_enabled(placed, /*local_workers=*/1);
+  impl_->batches.set_prefetch(prefetch_enabled(placed, /*local_workers=*/1));
   impl_->kernels =
       std::make_unique<vnode::StatefulKernelSet>(m, impl_->plan.virtual_nodes(), impl_->device);
   impl_->packet =
@@ -376,7 +288,7 @@ Trainer::Trainer(JobSpec spec, std::shared_ptr<models::Model> model, data::DataS
   reduction.clip = impl_->spec.semantic.clip;
   reduction.virtual_nodes = impl_->plan.virtual_nodes();
   reduction.table_numel = impl_->kernels->table_numel();
-  reduction.second_thread = impl_->prefetch;
+  reduction.second_thread = impl_->batches.prefetch();
   impl_->reducer = make_reducer(*impl_->packet, *impl_->optimizer, reduction);
   if (impl_->spec.semantic.ema.enabled()) {
     for (const auto& p : m.parameters()) impl_->ema.push_back(p.detach().clone());
@@ -413,7 +325,7 @@ TrainResult Trainer::run() {
       sem.deterministic ? ", deterministic" : "", im.bf16 ? ", bf16 autocast" : "");
   spdlog::info("[engine] worker {} of {} holds vnodes {}..{}, background prefetch {}",
                im.comm->rank(), im.comm->size(), im.held.first, im.held.last - 1,
-               im.prefetch ? "on" : "off");
+               im.batches.prefetch() ? "on" : "off");
   if (!im.began) {
     for (auto& o : im.observers) o->on_train_begin(*this);
     im.began = true;
@@ -524,9 +436,9 @@ void Trainer::set_communicator(std::shared_ptr<comm::Communicator> communicator)
     throw SpecError(fmt::format("{} workers but only {} virtual nodes: every worker needs a vnode",
                                 workers, im.plan.virtual_nodes()));
   }
-  im.drain_loader();
   im.comm = std::move(next);
   im.held = vnode::vnodes_of(im.plan.virtual_nodes(), workers, im.comm->rank());
+  im.batches.hold(im.held);
 }
 
 void Trainer::set_communicator(std::shared_ptr<comm::Communicator> communicator,
@@ -541,6 +453,7 @@ void Trainer::set_communicator(std::shared_ptr<comm::Communicator> communicator,
                                 total, counts.size(), im.plan.virtual_nodes(), im.comm->size()));
   }
   im.held = vnode::vnodes_of(counts, im.comm->rank());
+  im.batches.hold(im.held);
 }
 void Trainer::set_stop_flag(const std::atomic<bool>* flag) { impl_->stop_flag = flag; }
 std::string Trainer::fingerprint() const { return impl_->fingerprint(); }
@@ -556,11 +469,7 @@ const JobSpec& Trainer::spec() const { return impl_->spec; }
 models::Model& Trainer::model() { return *impl_->model; }
 
 std::vector<int64_t> Trainer::batch_indices(int64_t step) const {
-  const auto& im = *impl_;
-  const auto batch = im.order.batch(step % im.order.steps_per_epoch());
-  const auto perm =
-      im.permutation(step / im.order.steps_per_epoch()).narrow(0, batch.offset, batch.size);
-  return std::vector<int64_t>(perm.data_ptr<int64_t>(), perm.data_ptr<int64_t>() + batch.size);
+  return impl_->batches.batch_indices(step);
 }
 
 }  // namespace vflow::engine

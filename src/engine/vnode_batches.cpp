@@ -1,0 +1,99 @@
+#include "engine/vnode_batches.h"
+
+#include <torch/torch.h>
+
+namespace vflow::engine {
+
+VnodeBatches::VnodeBatches(vnode::DataOrder order, vnode::VirtualNodePlan plan, int64_t total_steps,
+                           std::shared_ptr<data::Dataset> train, c10::Device device)
+    : order_(std::move(order)),
+      plan_(std::move(plan)),
+      total_steps_(total_steps),
+      train_(std::move(train)),
+      copy_stream_(device) {}
+
+void VnodeBatches::hold(vnode::VnodeRange held) {
+  discard();
+  held_ = held;
+}
+
+at::Tensor VnodeBatches::permutation(int64_t epoch) const {
+  std::lock_guard<std::mutex> lock(perm_mutex_);
+  auto it = perms_.find(epoch);
+  if (it != perms_.end()) return it->second;
+  auto p = order_.permutation(epoch);
+  auto t = torch::from_blob(p.data(), {static_cast<int64_t>(p.size())}, torch::kInt64).clone();
+  while (perms_.size() >= 2) perms_.erase(perms_.begin());
+  perms_.emplace(epoch, t);
+  return t;
+}
+
+vnode::Slice VnodeBatches::positions(int64_t step, int64_t vnode) const {
+  const auto batch = order_.batch(step % order_.steps_per_epoch());
+  const auto part = plan_.slice(vnode, batch.size);
+  return vnode::Slice{batch.offset + part.offset, part.size};
+}
+
+std::vector<int64_t> VnodeBatches::indices(int64_t step, vnode::Slice positions) const {
+  const auto idx =
+      permutation(step / order_.steps_per_epoch()).narrow(0, positions.offset, positions.size);
+  return std::vector<int64_t>(idx.data_ptr<int64_t>(), idx.data_ptr<int64_t>() + positions.size);
+}
+
+std::vector<int64_t> VnodeBatches::example_indices(int64_t step, int64_t vnode) const {
+  return indices(step, positions(step, vnode));
+}
+
+std::vector<int64_t> VnodeBatches::batch_indices(int64_t step) const {
+  return indices(step, order_.batch(step % order_.steps_per_epoch()));
+}
+
+CopiedBatch VnodeBatches::load(const WorkItem& item) const {
+  const auto pos = positions(item.step, item.vnode);
+  const auto idx =
+      permutation(item.step / order_.steps_per_epoch()).narrow(0, pos.offset, pos.size);
+  return copy_stream_.copy(train_->get(idx));
+}
+
+VnodeBatches::WorkItem VnodeBatches::next_item(WorkItem item) const {
+  while (true) {
+    if (++item.vnode == plan_.virtual_nodes()) {
+      item.vnode = 0;
+      ++item.step;
+    }
+    if (item.step >= total_steps_) return WorkItem{};
+    if (item.vnode >= held_.first && item.vnode < held_.last &&
+        positions(item.step, item.vnode).size > 0) {
+      return item;
+    }
+  }
+}
+
+void VnodeBatches::discard() {
+  if (!loader_.outstanding()) return;
+  try {
+    loader_.wait();
+  } catch (const std::exception&) {
+    // The load is not needed any more; a real data error shows again when retried.
+  }
+}
+
+data::Batch VnodeBatches::take(int64_t step, int64_t vnode) {
+  const WorkItem item{step, vnode};
+  CopiedBatch batch;
+  if (loader_.outstanding()) {
+    auto ready = loader_.wait();  // rethrows a load error
+    if (pending_ == item) batch = std::move(ready);
+  }
+  if (!batch.batch.input.defined()) batch = load(item);
+  if (prefetch_) {
+    const WorkItem next = next_item(item);
+    if (next.step >= 0) {
+      pending_ = next;
+      loader_.submit([this, next] { return load(next); });
+    }
+  }
+  return copy_stream_.ready(std::move(batch));
+}
+
+}  // namespace vflow::engine

@@ -1,0 +1,78 @@
+// The batches of the vnodes one worker holds, in the job's data order (docs/design.md §2,
+// "Data order"): vnode v of step s reads the examples at its slice of the step's positions
+// in the epoch's permutation. With prefetch on, the next held vnode's batch is loaded and
+// copied to the device in the background while the current vnode computes (§3).
+#pragma once
+
+#include <c10/core/Device.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "engine/background_task.h"
+#include "engine/copy_stream.h"
+#include "vflow/data/dataset.h"
+#include "vflow/vnode/plan.h"
+
+namespace vflow::engine {
+
+class VnodeBatches {
+ public:
+  VnodeBatches(vnode::DataOrder order, vnode::VirtualNodePlan plan, int64_t total_steps,
+               std::shared_ptr<data::Dataset> train, c10::Device device);
+
+  /// Loads the next held vnode's batch in the background (resources.prefetch).
+  void set_prefetch(bool on) { prefetch_ = on; }
+  bool prefetch() const { return prefetch_; }
+
+  /// The vnodes this worker holds from now on; a background load is discarded.
+  void hold(vnode::VnodeRange held);
+
+  /// Vnode `vnode`'s batch of step `step` on the device, ready for the calling thread's
+  /// stream; a load error (a corrupt file, say) is thrown here.
+  data::Batch take(int64_t step, int64_t vnode);
+
+  /// Discards a background load (the step failed, or a new generation holds other vnodes).
+  void discard();
+
+  /// Positions of vnode `vnode`'s examples in the epoch permutation, for step `step`.
+  vnode::Slice positions(int64_t step, int64_t vnode) const;
+  /// The data set indices vnode `vnode` reads in step `step`, in order.
+  std::vector<int64_t> example_indices(int64_t step, int64_t vnode) const;
+  /// The data set indices of step `step`'s whole global batch, in order.
+  std::vector<int64_t> batch_indices(int64_t step) const;
+
+ private:
+  /// One unit of vnode work: vnode `vnode` of step `step` (step -1: none).
+  struct WorkItem {
+    int64_t step = -1;
+    int64_t vnode = -1;
+    bool operator==(const WorkItem& o) const { return step == o.step && vnode == o.vnode; }
+  };
+
+  /// The epoch's permutation as a tensor; the two most recent are kept. Thread-safe.
+  at::Tensor permutation(int64_t epoch) const;
+  std::vector<int64_t> indices(int64_t step, vnode::Slice positions) const;
+  CopiedBatch load(const WorkItem& item) const;
+  /// The non-empty held vnode work that follows `item`, or step -1 at the end of training.
+  WorkItem next_item(WorkItem item) const;
+
+  vnode::DataOrder order_;
+  vnode::VirtualNodePlan plan_;
+  int64_t total_steps_;
+  std::shared_ptr<data::Dataset> train_;
+  vnode::VnodeRange held_;
+  bool prefetch_ = false;
+
+  mutable std::mutex perm_mutex_;  // the permutations are shared with the loading thread
+  mutable std::map<int64_t, at::Tensor> perms_;
+
+  CopyStream copy_stream_;
+  WorkItem pending_;
+  BackgroundTask<CopiedBatch> loader_;
+};
+
+}  // namespace vflow::engine
