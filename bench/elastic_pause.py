@@ -18,7 +18,13 @@ With --stores embedded,etcd every event runs on both control stores, alternating
 store the launcher hosts (the default) and a local etcd (scripts/etcd-local.sh; the job's
 generations, requests and Gloo rendezvous then go through etcd).
 
+With --against OTHER_BUILD every run is made with both builds, alternating, and the table
+gives each build's median pause and median step time (of the generation after the event)
+side by side: a change to the worker's step or its regroup, measured against the build
+before it.
+
 Usage: bench/elastic_pause.py [--build build] [--repeats 3] [--stores embedded,etcd]
+                              [--against OTHER_BUILD]
 """
 import argparse
 import itertools
@@ -182,6 +188,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--build", default="build")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--against", default=None,
+                    help="a second build directory (or install's bin) to run alternately")
     ap.add_argument("--stores", default="embedded",
                     help="comma-separated control stores to compare: embedded, etcd")
     a = ap.parse_args()
@@ -190,39 +198,58 @@ def main():
         ap.error("--stores takes embedded and etcd")
     etcd = Etcd() if "etcd" in stores else None
     control = {"embedded": None, "etcd": etcd.url if etcd else None}
+    builds = [a.build] + ([a.against] if a.against else [])
     scenarios = [
-        ("scale-out 2 -> 3", lambda c: run_resize(a.build, 2, 3, control=c)),
-        ("scale-in 3 -> 2", lambda c: run_resize(a.build, 3, 2, control=c)),
-        ("failure: SIGKILL 1 of 3", lambda c: run_resize(a.build, 3, 2, kill=True, control=c)),
-        ("restart baseline 2 -> 3", lambda c: run_restart(a.build, 2, 3, control=c)),
+        ("scale-out 2 -> 3", lambda b, c: run_resize(b, 2, 3, control=c)),
+        ("scale-in 3 -> 2", lambda b, c: run_resize(b, 3, 2, control=c)),
+        ("failure: SIGKILL 1 of 3", lambda b, c: run_resize(b, 3, 2, kill=True, control=c)),
+        ("restart baseline 2 -> 3", lambda b, c: run_restart(b, 2, 3, control=c)),
     ]
+    # Each (store, build) pair is a variant; a repeat runs every variant once, alternating,
+    # so that drift hits each alike.
+    variants = [(st, b) for st in stores for b in builds]
     results = {}
     try:
         for name, fn in scenarios:
-            pauses = {st: [] for st in stores}
+            pauses = {v: [] for v in variants}
+            steps = {v: [] for v in variants}
             for k in range(a.repeats):
-                for st in stores:  # alternating, so that drift hits every store alike
-                    pause, gap, step = fn(control[st])
-                    print(f"{name} ({st}) #{k + 1}: pause {pause:.3f} s (step around the event "
-                          f"{gap:.3f} s, median step after it {step:.3f} s)", file=sys.stderr,
-                          flush=True)
-                    pauses[st].append(pause)
-            results[name] = {st: (statistics.median(p), min(p), max(p)) for st, p in pauses.items()}
+                for st, b in variants:
+                    pause, gap, step = fn(b, control[st])
+                    shown = st if len(builds) == 1 else f"{st}, {b}"
+                    print(f"{name} ({shown}) #{k + 1}: pause {pause:.3f} s (step around the "
+                          f"event {gap:.3f} s, median step after it {step:.3f} s)",
+                          file=sys.stderr, flush=True)
+                    pauses[(st, b)].append(pause)
+                    steps[(st, b)].append(step)
+            results[name] = {v: (statistics.median(pauses[v]), min(pauses[v]), max(pauses[v]),
+                                 statistics.median(steps[v])) for v in variants}
     finally:
         if etcd:
             etcd.close()
-    base = results["restart baseline 2 -> 3"]
-    print("| event | " + " | ".join(f"{st}: median pause (s) (min-max) | restart / pause"
-                                     for st in stores) + " |")
-    print("|---|" + "---|---|" * len(stores))
-    for name, by_store in results.items():
-        cells = []
+    if len(builds) == 1:
+        base = results["restart baseline 2 -> 3"]
+        print("| event | " + " | ".join(f"{st}: median pause (s) (min-max) | restart / pause"
+                                         for st in stores) + " |")
+        print("|---|" + "---|---|" * len(stores))
+        for name, by_variant in results.items():
+            cells = []
+            for st in stores:
+                p, lo, hi, _ = by_variant[(st, a.build)]
+                b0 = base[(st, a.build)][0]
+                ratio = "" if name.startswith("restart") else f"{b0 / p:.0f}x" if p > 0 else "inf"
+                cells += [f"{p:.3f} ({lo:.3f}-{hi:.3f})", ratio]
+            print(f"| {name} | " + " | ".join(cells) + " |")
+        return
+    print(f"| event | store | pause (s), {a.build} (min-max) | pause (s), {a.against} (min-max) "
+          f"| median step (s), {a.build} | median step (s), {a.against} |")
+    print("|---|---|---|---|---|---|")
+    for name, by_variant in results.items():
         for st in stores:
-            p, lo, hi = by_store[st]
-            ratio = "" if name.startswith("restart") else f"{base[st][0] / p:.0f}x" if p > 0 else "inf"
-            cells += [f"{p:.3f} ({lo:.3f}-{hi:.3f})", ratio]
-        print(f"| {name} | " + " | ".join(cells) + " |")
-
+            mine, theirs = by_variant[(st, a.build)], by_variant[(st, a.against)]
+            print(f"| {name} | {st} | {mine[0]:.3f} ({mine[1]:.3f}-{mine[2]:.3f}) "
+                  f"| {theirs[0]:.3f} ({theirs[1]:.3f}-{theirs[2]:.3f}) "
+                  f"| {mine[3]:.4f} | {theirs[3]:.4f} |")
 
 if __name__ == "__main__":
     main()

@@ -9,7 +9,6 @@
 #include <thread>
 
 #include "job/control_records.h"
-#include "vflow/comm/communicator.h"
 #include "vflow/core/exit_code.h"
 
 namespace vflow::job {
@@ -142,6 +141,26 @@ void ControlPlane::request_leave(const std::string& member) {
 }
 int64_t ControlPlane::requests() { return add(kRequests, 0); }
 int64_t ControlPlane::news() { return add(kNews, 0); }
+
+int64_t ControlPlane::await_news(int64_t seen, std::chrono::milliseconds wait) {
+  if (auto* cluster = dynamic_cast<ClusterStore*>(impl_->store.get())) {
+    int64_t revision = 0;
+    const auto found = cluster->scan(kNews, &revision);
+    const auto it = found.find(kNews);
+    const int64_t now = it == found.end() ? 0 : to_int(it->second, kNews);
+    if (now != seen) return now;
+    const auto changes = cluster->watch(kNews, revision, wait);
+    return changes && changes->empty() ? now : news();
+  }
+  const auto deadline = std::chrono::steady_clock::now() + wait;
+  while (true) {
+    const int64_t now = news();
+    const auto left = deadline - std::chrono::steady_clock::now();
+    if (now != seen || left <= std::chrono::steady_clock::duration::zero()) return now;
+    std::this_thread::sleep_for(
+        std::min<std::chrono::steady_clock::duration>(left, std::chrono::milliseconds(10)));
+  }
+}
 bool ControlPlane::leave_requested(const std::string& member) {
   return get("ctl/leave/" + member).has_value();
 }

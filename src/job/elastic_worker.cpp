@@ -13,6 +13,7 @@
 
 #include "job/coordination.h"
 #include "job/periodic.h"
+#include "job/step_watch.h"
 #include "vflow/core/clock.h"
 #include "vflow/engine/run_job.h"
 #include "vflow/engine/runtime.h"
@@ -123,233 +124,273 @@ void transfer_state(engine::Trainer& trainer, comm::Communicator& communicator, 
   }
 }
 
-ElasticOutcome run_elastic_worker(const engine::JobSpec& spec,
-                                  const ElasticWorkerOptions& options) {
-  const bool cluster = !options.control.empty();
-  ControlPlane control(
-      cluster ? connect_control_store(options.control, options.job, options.timeout)
-              : connect_embedded_store(options.store_host, options.store_port, options.timeout));
-  // The rendezvous's own client of the job's store: the step's control calls and a
-  // regroup's rendezvous never share a connection.
-  const std::shared_ptr<comm::KeyValueStore> rendezvous_store =
-      cluster ? connect_control_store(options.control, options.job, options.timeout)
-              : connect_embedded_store(options.store_host, options.store_port, options.timeout);
-  // Where the peers are reached from (Gloo's interface faces it), the same every regroup.
-  const std::string rendezvous_host =
-      cluster ? control_store_host(options.control) : options.store_host;
-  std::unique_ptr<Periodic> lease;
-  if (options.volunteer) control.require_job(options.job, options.control);
-  if (cluster) {
+namespace {
+
+/// One worker of an elastic job, through its generations: connect() checks it against the
+/// job and starts its lease, control_steps() gives the trainer its step control, regroup()
+/// makes each generation's communicator, finish() publishes the result.
+class ElasticWorker {
+ public:
+  ElasticWorker(const engine::JobSpec& spec, const ElasticWorkerOptions& options)
+      : spec_(spec),
+        options_(options),
+        me_(options.member),
+        cluster_(!options.control.empty()),
+        control_(connect()) {}
+
+  ElasticOutcome run();
+
+ private:
+  std::unique_ptr<ControlStore> connect() const {
+    return cluster_
+               ? connect_control_store(options_.control, options_.job, options_.timeout)
+               : connect_embedded_store(options_.store_host, options_.store_port, options_.timeout);
+  }
+  /// Refuses a worker of another build or spec, starts the liveness lease on a cluster.
+  void join_job();
+  void control_steps();
+  /// Generation `g`'s communicator for this worker, and how it was made (" init",
+  /// " shrink", " grow", or "" for a fresh one a backend cannot derive from).
+  std::shared_ptr<comm::Communicator> regroup(const Generation& g, comm::Rendezvous& r,
+                                              comm::BackendCapabilities& caps, std::string& made);
+  ElasticOutcome finish(const engine::TrainResult& result);
+
+  const engine::JobSpec& spec_;
+  const ElasticWorkerOptions& options_;
+  const std::string me_;
+  const bool cluster_;
+  ControlPlane control_;
+  /// The rendezvous's own client of the job's store: the step's control calls and a
+  /// regroup's rendezvous never share a connection.
+  std::shared_ptr<comm::KeyValueStore> rendezvous_store_;
+  std::unique_ptr<Periodic> lease_;
+  std::unique_ptr<StepWatch> watch_;
+  std::shared_ptr<engine::Trainer> trainer_;
+  int64_t generation_ = 0;
+  bool was_member_ = false;  // a generation held this worker
+  bool leave_sent_ = false;
+  bool lost_logged_ = false;
+  // The last generation's communicator after a regroup without failure, kept where the
+  // backend can derive the next one from it (BackendCapabilities; NCCL): a shrink when the
+  // next generation drops members and keeps the others in order, a grow when it appends new
+  // members. The members agree through the store first (a member that failed meanwhile holds
+  // no communicator; a new one may not be able to join); otherwise they initialise afresh.
+  std::shared_ptr<comm::Communicator> previous_;
+  std::vector<std::string> previous_members_;
+  int64_t previous_generation_ = 0;
+};
+
+void ElasticWorker::join_job() {
+  rendezvous_store_ = connect();
+  if (options_.volunteer) control_.require_job(options_.job, options_.control);
+  if (cluster_) {
     // Hosts of one job run one build: a worker of another is refused before it trains.
-    if (const auto record = control.record(); record && record->version != build_identity()) {
+    if (const auto record = control_.record(); record && record->version != build_identity()) {
       throw RequestRefused(fmt::format(
           "this worker runs {}, job '{}' runs {}: every host of a job must run the same build",
-          build_identity(), options.job, record->version));
+          build_identity(), options_.job, record->version));
     }
   }
   // Every worker trains the job the launcher was given, or none: a worker started by hand
   // or on another host with another spec is refused before it trains.
-  if (const auto published = control.spec(); published && *published != spec.semantic_yaml()) {
+  if (const auto published = control_.spec(); published && *published != spec_.semantic_yaml()) {
     throw SpecError(fmt::format(
         "this worker's job spec differs from the job's in its semantic part (vflow-train "
         "--print-spec shows it); the job's:\n{}",
         *published));
   }
-  const std::string& me = options.member;
-  if (cluster) {
+  if (cluster_) {
     // On a cluster the coordinator may be on another host, or may change: the lease says
     // this process lives (a lost host's workers are noticed by their leases expiring). It
     // starts before the data and the model load, which may take long, and is renewed from
     // a thread of its own, with a client of its own.
-    const auto ttl = lease_ttl(options.timeout);
-    auto store = connect_control_store(options.control, options.job, options.timeout);
-    store->heartbeat(ControlPlane::liveness_name(me), ttl);
-    lease = std::make_unique<Periodic>(
+    const auto ttl = lease_ttl(options_.timeout);
+    auto store = connect();
+    store->heartbeat(ControlPlane::liveness_name(me_), ttl);
+    lease_ = std::make_unique<Periodic>(
         [s = std::shared_ptr<ControlStore>(std::move(store)),
-         name = ControlPlane::liveness_name(me), ttl] { s->heartbeat(name, ttl); },
-        ttl / 4, "renewing worker " + me + "'s liveness");
+         name = ControlPlane::liveness_name(me_), ttl] { s->heartbeat(name, ttl); },
+        ttl / 4, "renewing worker " + me_ + "'s liveness");
   }
-  if (!options.device_type.empty()) control.publish_device_type(me, options.device_type);
-  const auto trainer = engine::make_trainer(spec, nullptr, /*elastic=*/true);
-  trainer->set_stop_flag(options.stop_flag);
-  if (options.prepare) options.prepare(*trainer);
+  if (!options_.device_type.empty()) control_.publish_device_type(me_, options_.device_type);
+}
 
-  int64_t generation = 0;
-  bool leave_sent = false;
-  int64_t seen_news = -1;
-  Clock::time_point last_published;
-  Clock::time_point last_speed;
-  trainer->set_step_control([&](const engine::Trainer& t) {
+void ElasticWorker::control_steps() {
+  watch_ = std::make_unique<StepWatch>(ControlPlane(connect()), me_);
+  trainer_->set_step_control([this](const engine::Trainer& t) {
     engine::StepControl c;
-    if (options.leave_flag && options.leave_flag->load() && !leave_sent) {
-      spdlog::info("[elastic] worker {} asked to leave at the next step boundary", me);
-      control.request_leave(me);
-      leave_sent = true;
+    if (options_.leave_flag && options_.leave_flag->load() && !leave_sent_) {
+      spdlog::info("[elastic] worker {} asked to leave at the next step boundary", me_);
+      control_.request_leave(me_);
+      leave_sent_ = true;
     }
-    // Every worker reports its measured per-vnode and update times now and then; the
-    // coordinator splits the vnodes by them on a resize.
-    const auto now = Clock::now();
-    if (now - last_speed > std::chrono::seconds(1) && t.seconds_per_vnode() > 0) {
-      try {
-        control.publish_speed(me, {t.seconds_per_vnode(), t.update_seconds()});
-      } catch (const comm::PeerFailure&) {
-        // the coordinator is gone: rank 0 finds out below, or the next collective does
-      }
-      last_speed = now;
-    }
+    // Every worker reports its measured per-vnode and update times, which the watch
+    // publishes now and then: the coordinator splits the vnodes by them on a resize.
+    watch_->report(t.rank() == 0, t.step(), {t.seconds_per_vnode(), t.update_seconds()});
     if (t.rank() != 0) return c;
-    // Rank 0 polls the coordinator once per step (one round trip when nothing changed);
-    // everyone learns the outcome through the collective.
-    try {
-      if (now - last_published > std::chrono::milliseconds(200)) {
-        control.publish_step(t.step());
-        last_published = now;
-      }
-      const int64_t news = control.news();
-      if (news != seen_news) {
-        c.stop = control.stop_requested();
-        const int64_t latest = control.latest_generation();
-        if (latest > generation) c.next_generation = latest;
-        seen_news = news;
-      }
-    } catch (const comm::PeerFailure& e) {
-      spdlog::error("{}; stopping the job with a checkpoint", e.what());
+    // Rank 0 relays what its watch found; everyone learns it through the collective.
+    if (const auto why = watch_->lost(); !why.empty()) {
+      if (!lost_logged_) spdlog::error("{}; stopping the job with a checkpoint", why);
+      lost_logged_ = true;
       c.stop = true;
+    }
+    if (watch_->stop_requested()) c.stop = true;
+    if (const int64_t latest = watch_->latest_generation(); latest > generation_) {
+      c.next_generation = latest;
     }
     return c;
   });
-  control.mark_ready(me, static_cast<int64_t>(getpid()));
-  if (options.volunteer) {
-    control.volunteer(me);
-    spdlog::info("[elastic] worker {} offers to join job '{}'", me, options.job);
+}
+
+std::shared_ptr<comm::Communicator> ElasticWorker::regroup(const Generation& g, comm::Rendezvous& r,
+                                                           comm::BackendCapabilities& caps,
+                                                           std::string& made) {
+  std::shared_ptr<comm::Communicator> communicator;
+  // Where the peers are reached from (Gloo's interface faces it), the same every regroup.
+  r.store_host = cluster_ ? control_store_host(options_.control) : options_.store_host;
+  r.store_port = options_.store_port;
+  r.store = rendezvous_store_;
+  r.rank = g.rank_of(me_);
+  r.world_size = static_cast<int>(g.members.size());
+  r.generation = std::to_string(g.id);
+  r.timeout = options_.timeout;
+  engine::choose_backend(spec_.resources, trainer_->device(), r);
+  caps = comm::backend_capabilities(r.backend);
+  if (caps.can_derive()) {
+    // Released at the end of this block whatever happens (the trainer keeps its own
+    // reference until it gets the next communicator).
+    const auto parent = std::move(previous_);
+    const auto offer = regroup_offer(caps, parent.get(), previous_members_, previous_generation_,
+                                     g.members, was_member_);
+    const auto answer = control_.agree_regroup(g.id, g.members, me_, offer, options_.timeout);
+    const auto how = answer.how;
+    if (how == Regroup::kShrink) {
+      communicator = parent->shrink(*excluded_ranks(previous_members_, g.members),
+                                    /*after_failure=*/false);
+      if (communicator) made = " shrink";
+    } else if (how == Regroup::kGrow && parent) {
+      communicator = parent->grow(r);
+      if (!communicator) {
+        throw comm::PeerFailure(
+            fmt::format("[elastic] worker {} could not grow the communicator of generation {}", me_,
+                        previous_generation_));
+      }
+      made = " grow";
+    } else if (how == Regroup::kGrow) {
+      r.grown_from = static_cast<int>(answer.grown_from);  // a new member joins
+      made = " grow";
+    }
+    if (made.empty()) made = " init";
+    VFLOW_ASSERT(!communicator || communicator->rank() == r.rank,
+                 "a derived communicator numbers the members as the generation does");
   }
-  spdlog::info("[elastic] worker {} ready", me);
+  if (!communicator) communicator = comm::make_communicator(r);
+  control_.mark_joined(g.id, me_);
+  if (g.transfer_state) {
+    transfer_state(*trainer_, *communicator, g.rank_of(g.donor));
+  } else if (g.donor == me_) {
+    // Everyone is at the donor's step already; its observers still learn that the
+    // job goes on from it (rank 0 may have died before logging the last step).
+    trainer_->state_donated();
+  }
+  return communicator;
+}
+
+ElasticOutcome ElasticWorker::finish(const engine::TrainResult& result) {
+  if (trainer_->rank() == 0) {
+    try {
+      control_.publish_step(trainer_->step());
+      if (cluster_) {
+        std::string text =
+            fmt::format("fingerprint {} after {} steps", result.fingerprint, result.steps);
+        if (result.evaluation) {
+          text += fmt::format(", test accuracy {:.2f}%", 100.0 * result.evaluation->accuracy);
+        }
+        control_.publish_result(text);
+      }
+      control_.mark_done(result.completed ? "completed" : "stopped");
+    } catch (const comm::PeerFailure& e) {
+      spdlog::warn("{}", e.what());  // the coordinator is gone; the result stands
+    }
+  }
+  ElasticOutcome out;
+  out.result = result;
+  return out;
+}
+
+ElasticOutcome ElasticWorker::run() {
+  join_job();
+  trainer_ = engine::make_trainer(spec_, nullptr, /*elastic=*/true);
+  trainer_->set_stop_flag(options_.stop_flag);
+  if (options_.prepare) options_.prepare(*trainer_);
+  control_steps();
+  control_.mark_ready(me_, static_cast<int64_t>(getpid()));
+  if (options_.volunteer) {
+    control_.volunteer(me_);
+    spdlog::info("[elastic] worker {} offers to join job '{}'", me_, options_.job);
+  }
+  spdlog::info("[elastic] worker {} ready", me_);
 
   // Survivors wait for the coordinator to collect every report (up to its timeout).
-  const auto patience = 3 * options.timeout + std::chrono::seconds(5);
-  bool was_member = false;
-  // The last generation's communicator after a regroup without failure, kept where the
-  // backend can derive the next one from it (BackendCapabilities; NCCL): a shrink when the next
-  // generation drops members and keeps the others in order, a grow when it appends new members. The
-  // members agree through the store first (a member that failed meanwhile holds no communicator; a
-  // new one may not be able to join); otherwise they initialise afresh.
-  std::shared_ptr<comm::Communicator> previous;
-  std::vector<std::string> previous_members;
-  int64_t previous_generation = 0;
+  const auto patience = 3 * options_.timeout + std::chrono::seconds(5);
   while (true) {
     const auto g =
-        await_generation(control, generation, me, was_member, patience, options.leave_flag);
+        await_generation(control_, generation_, me_, was_member_, patience, options_.leave_flag);
     if (!g) {
       ElasticOutcome out;
-      out.kind = was_member ? ElasticOutcome::Kind::kLeft : ElasticOutcome::Kind::kNotNeeded;
-      spdlog::info("[elastic] worker {} {}", me,
-                   was_member ? "left the job" : "was not needed: the job is over");
+      out.kind = was_member_ ? ElasticOutcome::Kind::kLeft : ElasticOutcome::Kind::kNotNeeded;
+      spdlog::info("[elastic] worker {} {}", me_,
+                   was_member_ ? "left the job" : "was not needed: the job is over");
       return out;
     }
     const auto t0 = Clock::now();
-    generation = g->id;
+    generation_ = g->id;
     std::shared_ptr<comm::Communicator> communicator;
     comm::Rendezvous r;
     comm::BackendCapabilities caps;
     std::string made;  // how a communicator that can be derived was made: init, shrink or grow
     try {
-      r.store_host = rendezvous_host;
-      r.store_port = options.store_port;
-      r.store = rendezvous_store;
-      r.rank = g->rank_of(me);
-      r.world_size = static_cast<int>(g->members.size());
-      r.generation = std::to_string(g->id);
-      r.timeout = options.timeout;
-      engine::choose_backend(spec.resources, trainer->device(), r);
-      caps = comm::backend_capabilities(r.backend);
-      if (caps.can_derive()) {
-        // Released at the end of this block whatever happens (the trainer keeps its own
-        // reference until it gets the next communicator).
-        const auto parent = std::move(previous);
-        const auto offer = regroup_offer(caps, parent.get(), previous_members, previous_generation,
-                                         g->members, was_member);
-        const auto answer = control.agree_regroup(g->id, g->members, me, offer, options.timeout);
-        const auto how = answer.how;
-        if (how == Regroup::kShrink) {
-          communicator = parent->shrink(*excluded_ranks(previous_members, g->members),
-                                        /*after_failure=*/false);
-          if (communicator) made = " shrink";
-        } else if (how == Regroup::kGrow && parent) {
-          communicator = parent->grow(r);
-          if (!communicator) {
-            throw comm::PeerFailure(
-                fmt::format("[elastic] worker {} could not grow the communicator of generation {}",
-                            me, previous_generation));
-          }
-          made = " grow";
-        } else if (how == Regroup::kGrow) {
-          r.grown_from = static_cast<int>(answer.grown_from);  // a new member joins
-          made = " grow";
-        }
-        if (made.empty()) made = " init";
-        VFLOW_ASSERT(!communicator || communicator->rank() == r.rank,
-                     "a derived communicator numbers the members as the generation does");
-      }
-      if (!communicator) communicator = comm::make_communicator(r);
-      control.mark_joined(g->id, me);
-      if (g->transfer_state) {
-        transfer_state(*trainer, *communicator, g->rank_of(g->donor));
-      } else if (g->donor == me) {
-        // Everyone is at the donor's step already; its observers still learn that the
-        // job goes on from it (rank 0 may have died before logging the last step).
-        trainer->state_donated();
-      }
+      communicator = regroup(*g, r, caps, made);
     } catch (const comm::PeerFailure& e) {
-      spdlog::warn("[elastic] worker {}: {}", me, e.what());
-      control.report_survivor(g->id, me, trainer->step());
+      spdlog::warn("[elastic] worker {}: {}", me_, e.what());
+      control_.report_survivor(g->id, me_, trainer_->step());
       continue;
     }
-    trainer->set_communicator(communicator, g->vnodes);
-    was_member = true;
+    trainer_->set_communicator(communicator, g->vnodes);
+    was_member_ = true;
     spdlog::info(
-        "[elastic] worker {} is rank {} of {} in {} at step {} (regrouped in {:.3f} s, {})", me,
-        communicator->rank(), communicator->size(), g->describe(), trainer->step(),
+        "[elastic] worker {} is rank {} of {} in {} at step {} (regrouped in {:.3f} s, {})", me_,
+        communicator->rank(), communicator->size(), g->describe(), trainer_->step(),
         seconds_since(t0), r.backend + made);
-    if (g->stop) trainer->stop_now();
+    if (g->stop) trainer_->stop_now();
     engine::TrainResult result;
     try {
-      result = trainer->run();
+      result = trainer_->run();
     } catch (const comm::PeerFailure& e) {
-      spdlog::warn("[elastic] worker {}: {}; redoing step {} in the next generation", me, e.what(),
-                   trainer->step());
-      trainer->set_communicator(nullptr);
+      spdlog::warn("[elastic] worker {}: {}; redoing step {} in the next generation", me_, e.what(),
+                   trainer_->step());
+      trainer_->set_communicator(nullptr);
       communicator.reset();  // closes this worker's connections, so peers notice at once
-      control.report_survivor(g->id, me, trainer->step());
+      control_.report_survivor(g->id, me_, trainer_->step());
       continue;
     }
     if (result.next_generation > 0) {
       if (caps.can_derive()) {
-        previous = communicator;
-        previous_members = g->members;
-        previous_generation = g->id;
+        previous_ = communicator;
+        previous_members_ = g->members;
+        previous_generation_ = g->id;
       }
       continue;
     }
-    if (trainer->rank() == 0) {
-      try {
-        control.publish_step(trainer->step());
-        if (cluster) {
-          std::string text =
-              fmt::format("fingerprint {} after {} steps", result.fingerprint, result.steps);
-          if (result.evaluation) {
-            text += fmt::format(", test accuracy {:.2f}%", 100.0 * result.evaluation->accuracy);
-          }
-          control.publish_result(text);
-        }
-        control.mark_done(result.completed ? "completed" : "stopped");
-      } catch (const comm::PeerFailure& e) {
-        spdlog::warn("{}", e.what());  // the coordinator is gone; the result stands
-      }
-    }
-    ElasticOutcome out;
-    out.result = result;
-    return out;
+    return finish(result);
   }
+}
+
+}  // namespace
+
+ElasticOutcome run_elastic_worker(const engine::JobSpec& spec,
+                                  const ElasticWorkerOptions& options) {
+  return ElasticWorker(spec, options).run();
 }
 
 }  // namespace vflow::job

@@ -248,8 +248,11 @@ class ControlPlane {
   void publish_profiled(const std::map<std::string, double>& seconds_per_vnode);
   std::map<std::string, double> profiled();
   /// A counter that changes whenever a generation is published or a stop requested
-  /// (rank 0 polls it once per step).
+  /// (rank 0's step watch follows it, job/step_watch.h).
   int64_t news();
+  /// The news counter once it differs from `seen`, or after `wait` (then it may equal
+  /// `seen`): a watch of the key on a cluster store, a read every 10 ms on the embedded one.
+  int64_t await_news(int64_t seen, std::chrono::milliseconds wait);
   /// A counter that changes whenever something the coordinator acts on happens.
   int64_t requests();
   /// Marks the job finished: "completed" or "stopped".
