@@ -10,7 +10,7 @@
 #include <sstream>
 
 #include "command_line.h"
-#include "vflow/comm/nccl.h"
+#include "vflow/comm/nccl_environment.h"
 #include "vflow/core/error.h"
 #include "vflow/job/agent.h"
 #include "vflow/job/environment.h"

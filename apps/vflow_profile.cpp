@@ -18,7 +18,7 @@
 #include "vflow/core/clock.h"
 #include "vflow/engine/runtime.h"
 #include "vflow/hetero/cpu_quota.h"
-#include "vflow/job/environment.h"
+#include "vflow/job/roles.h"
 #include "vflow/vflow.h"
 
 namespace {

@@ -22,8 +22,9 @@ set(_allowed_job core vnode comm hetero data models engine job)
 set(_allowed_scheduler core scheduler)
 # Single headers a module's named files may include from a module it may not otherwise
 # reach: the scheduler's live mode (its own library) drives jobs through their control
-# planes; the rest of the scheduler is free of LibTorch and of the job module.
-set(_allowed_files_scheduler "vflow/job/control_plane.h")
+# planes and counts the node agents' slots; the rest of the scheduler is free of LibTorch
+# and of the job module.
+set(_allowed_files_scheduler "vflow/job/control_plane.h" "vflow/job/agent.h")
 set(_allowed_includers_scheduler "live.cpp" "live.h")
 
 set(_violations "")

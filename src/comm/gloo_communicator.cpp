@@ -16,8 +16,6 @@
 
 namespace vflow::comm {
 
-const char* const kLeftKey = "job/workers_left";
-
 namespace {
 
 bool is_loopback(const std::string& host) {

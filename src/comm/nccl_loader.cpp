@@ -10,6 +10,7 @@
 #include <string>
 
 #include "vflow/comm/nccl.h"
+#include "vflow/comm/nccl_environment.h"
 
 namespace vflow::comm {
 namespace {
@@ -78,14 +79,6 @@ const Backend& backend() {
 }
 
 }  // namespace
-
-void prepare_nccl_environment() {
-  // NCCL 2.30 and later take two ranks on one GPU (tests, small jobs) only when asked. A
-  // value the user set wins; older NCCL ignores the variable (vflow refuses that case).
-  if (std::getenv("NCCL_MULTI_RANK_GPU_ENABLE") == nullptr) {
-    ::setenv("NCCL_MULTI_RANK_GPU_ENABLE", "1", /*overwrite=*/0);
-  }
-}
 
 std::string cuda_device_name(int index) {
   const auto names = nccl_status().device_names;

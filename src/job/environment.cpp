@@ -1,7 +1,6 @@
 #include "vflow/job/environment.h"
 
 #include <fmt/format.h>
-#include <torch/cuda.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -9,7 +8,6 @@
 
 #include "vflow/core/address.h"
 #include "vflow/core/error.h"
-#include "vflow/engine/runtime.h"
 
 namespace vflow::job {
 
@@ -142,21 +140,6 @@ AgentPlace agent_place_from_environment() {
                        "cpu");
   }
   return place;
-}
-
-engine::ResourcesSpec place_on_this_host(const engine::JobSpec& spec, bool own_quota) {
-  auto resources = spec.resources;
-  if (resources.device == "cuda" && torch::cuda::is_available()) {
-    // Where CUDA is missing the engine reports it, naming the key.
-    const auto count = static_cast<int64_t>(torch::cuda::device_count());
-    resources.device = fmt::format("cuda:{}", local_rank() % count);
-  }
-  resources.threads = engine::intra_op_threads(spec, own_quota ? 1 : local_workers());
-  if (local_rank() == 0) engine::note_deterministic_threads(spec);
-  if (resources.prefetch == "auto") {
-    resources.prefetch = engine::prefetch_enabled(resources, local_workers()) ? "true" : "false";
-  }
-  return resources;
 }
 
 }  // namespace vflow::job

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
+#include <torch/cuda.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -244,6 +245,21 @@ RoleOutcome run_training_role(Role role, const engine::JobSpec& job, const RoleO
 }
 
 }  // namespace
+
+engine::ResourcesSpec place_on_this_host(const engine::JobSpec& spec, bool own_quota) {
+  auto resources = spec.resources;
+  if (resources.device == "cuda" && torch::cuda::is_available()) {
+    // Where CUDA is missing the engine reports it, naming the key.
+    const auto count = static_cast<int64_t>(torch::cuda::device_count());
+    resources.device = fmt::format("cuda:{}", local_rank() % count);
+  }
+  resources.threads = engine::intra_op_threads(spec, own_quota ? 1 : local_workers());
+  if (local_rank() == 0) engine::note_deterministic_threads(spec);
+  if (resources.prefetch == "auto") {
+    resources.prefetch = engine::prefetch_enabled(resources, local_workers()) ? "true" : "false";
+  }
+  return resources;
+}
 
 std::vector<std::string> command_line_of_this_program(int argc, char** argv) {
   std::vector<std::string> command{this_executable(argc > 0 ? argv[0] : "")};

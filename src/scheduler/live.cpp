@@ -28,6 +28,7 @@
 #include "vflow/core/exit_code.h"
 #include "vflow/core/process.h"
 #include "vflow/core/spec_node.h"
+#include "vflow/job/agent.h"
 #include "vflow/job/control_plane.h"
 
 namespace vflow::scheduler {

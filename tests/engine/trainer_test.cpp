@@ -13,7 +13,7 @@
 #include "vflow/engine/lr_schedule.h"
 #include "vflow/engine/run_job.h"
 #include "vflow/engine/runtime.h"
-#include "vflow/job/environment.h"
+#include "vflow/job/roles.h"
 
 using Catch::Matchers::Contains;
 using vflow::engine::make_trainer;

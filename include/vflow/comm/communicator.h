@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "vflow/comm/key_value_store.h"
+#include "vflow/comm/rendezvous.h"
 #include "vflow/core/error.h"
 
 namespace vflow::comm {
@@ -18,8 +19,6 @@ namespace vflow::comm {
 /// A collective did not complete because a peer died, closed its connection or
 /// stayed silent past the timeout (vflow/core/error.h).
 using vflow::PeerFailure;
-
-struct Rendezvous;
 
 /// A collective in flight (Communicator::start_allreduce_sum).
 class PendingWork {
@@ -35,10 +34,6 @@ class PendingWork {
 /// for i < n, and returns a figure of the parts (their largest magnitude, say), which the
 /// group max-reduces. It must not depend on which rank calls it.
 using Combine = std::function<double(const float* const* parts, int ranks, float* dst, int64_t n)>;
-
-/// The store key under which Communicator::leave counts a rank out: a coordinator that
-/// only hosts the store for externally started workers serves until all have left.
-extern const char* const kLeftKey;
 
 class Communicator {
  public:
@@ -91,33 +86,6 @@ class Communicator {
   /// Abandons every collective in flight and releases the connections at once (NCCL
   /// cannot be destroyed cleanly after a peer failed). Never throws.
   virtual void abort() {}
-};
-
-/// Where and how a worker meets its peers.
-struct Rendezvous {
-  std::string store_host = "127.0.0.1";  ///< the coordinator's store
-  int store_port = 0;
-  /// Set: the ranks meet through this store (a cluster's control store, e.g. etcd)
-  /// instead of a TCPStore at store_host:store_port, which then only names the host
-  /// whose direction picks Gloo's network interface (one of the store's endpoints).
-  std::shared_ptr<KeyValueStore> store;
-  int rank = 0;
-  int world_size = 1;
-  std::string generation = "0";  ///< store prefix: each generation gets a fresh one
-  std::chrono::milliseconds timeout{30000};
-  /// This process hosts the store itself (rank 0 under an external launcher such as
-  /// torchrun, mpirun or srun, where no vflow coordinator runs).
-  bool host_store = false;
-  std::string backend = "gloo";  ///< gloo | nccl (see make_communicator)
-  int cuda_device = 0;           ///< nccl: this rank's CUDA device index
-  /// gloo: ranks that all run on this host (and share its namespaces) sum host tensors
-  /// through a shared-memory segment instead of loopback sockets (docs/design.md, "Ranks
-  /// on one host"); elsewhere, or when the segment cannot be reserved, Gloo's sockets.
-  bool shared_memory = true;
-  /// nccl: > 0 when this rank is new and joins the communicator that the earlier
-  /// members, ranks 0 .. grown_from - 1, grow (Communicator::grow), instead of
-  /// initialising one with everybody afresh.
-  int grown_from = 0;
 };
 
 /// A Gloo communicator on LibTorch's c10d (ProcessGroupGloo over a TCPStore client).

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "vflow/comm/communicator.h"
+#include "vflow/comm/nccl_environment.h"
 
 namespace vflow::comm {
 
@@ -28,12 +29,6 @@ struct NcclStatus {
 NcclStatus nccl_status();
 /// The name of CUDA device `index` (e.g. "NVIDIA H200"), empty when not known.
 std::string cuda_device_name(int index);
-
-/// Sets the NCCL variables vflow relies on (NCCL_MULTI_RANK_GPU_ENABLE=1, for two ranks on
-/// one GPU with NCCL 2.30 and later) unless the user set them. The backend's loader calls
-/// it before any NCCL call; a program calls it first thing in main, before it starts
-/// threads, because changing the environment is not safe while other threads read it.
-void prepare_nccl_environment();
 
 /// Bytes in use on CUDA device `device` (total - free, so LibTorch's caching allocator
 /// counts at its high-water mark), or -1 when the backend or device is not there.

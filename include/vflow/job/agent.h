@@ -50,6 +50,12 @@ struct AgentRecord {
 /// Every living agent (one scan and one liveness read), sorted by name.
 std::vector<AgentRecord> read_agents(ClusterStore& root);
 
+/// The slots of the node agents living on the cluster store `control` ("etcd://..."):
+/// what a scheduler schedules over there (docs/design.md §6). Counts every slot whose device
+/// suits `device` ("cpu", "cuda"), taken or free.
+int agent_slots(const std::string& control, const std::string& device,
+                std::chrono::milliseconds timeout);
+
 /// Runs a node agent until `stop_flag` is set and its workers have ended. Returns 0, or
 /// throws Error (another agent of that name is running; the cluster cannot be reached).
 int run_agent(const AgentOptions& options);

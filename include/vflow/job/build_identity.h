@@ -12,7 +12,9 @@ constexpr int kControlProtocol = 2;
 
 /// "vflow <version> (control protocol <n>, LibTorch <x.y.z>, build <id>)": the library's
 /// version, the protocol, the LibTorch it was built against and the GNU build id of the
-/// vflow library itself, so that two different builds of one version differ too.
+/// engine's library (libvflow, beside the control plane's), so that two different builds
+/// of one version differ too, and a node agent, which does not load the engine, names the
+/// build of the workers it starts.
 std::string build_identity();
 
 }  // namespace vflow::job

@@ -276,10 +276,4 @@ class ControlPlane {
   std::string address_;
 };
 
-/// The slots of the node agents living on the cluster store `control` ("etcd://..."):
-/// what a scheduler schedules over there (docs/design.md §6). Counts every slot whose device
-/// suits `device` ("cpu", "cuda"), taken or free.
-int agent_slots(const std::string& control, const std::string& device,
-                std::chrono::milliseconds timeout);
-
 }  // namespace vflow::job

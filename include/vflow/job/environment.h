@@ -8,8 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "vflow/comm/communicator.h"
-#include "vflow/engine/job_spec.h"
+#include "vflow/comm/rendezvous.h"
 
 namespace vflow::job {
 
@@ -54,14 +53,5 @@ struct AgentPlace {
   std::vector<std::string> slots;
 };
 AgentPlace agent_place_from_environment();
-
-/// The job's resources part as this process applies it among the workers a launcher placed
-/// on this host: plain "cuda" becomes the local rank's device (local_rank() modulo the
-/// devices visible), `threads: 0` the threads engine::intra_op_threads gives one of
-/// local_workers() workers, and `prefetch: auto` is decided for them. With `own_quota` the
-/// process runs under a CPU quota of its own (a layout entry's `cpu_quota`, `vflow-profile
-/// --cpu-quota`), applied already: the cores it may use under it are its own, not shared
-/// with the host's other workers, so threads 0 are those of one worker.
-engine::ResourcesSpec place_on_this_host(const engine::JobSpec& spec, bool own_quota = false);
 
 }  // namespace vflow::job

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "vflow/comm/communicator.h"
+#include "vflow/comm/rendezvous.h"
 #include "vflow/job/generation_manager.h"
 
 namespace vflow::job {

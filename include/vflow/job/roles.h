@@ -60,6 +60,15 @@ std::vector<std::string> command_line_of_this_program(int argc, char** argv);
 /// inconsistent launcher variables.
 Role role_of(const engine::JobSpec& spec, const RoleOptions& options);
 
+/// The job's resources part as this process applies it among the workers a launcher placed
+/// on this host: plain "cuda" becomes the local rank's device (job::local_rank() modulo the
+/// devices visible), `threads: 0` the threads engine::intra_op_threads gives one of
+/// local_workers() workers, and `prefetch: auto` is decided for them. With `own_quota` the
+/// process runs under a CPU quota of its own (a layout entry's `cpu_quota`, `vflow-profile
+/// --cpu-quota`), applied already: the cores it may use under it are its own, not shared
+/// with the host's other workers, so threads 0 are those of one worker.
+engine::ResourcesSpec place_on_this_host(const engine::JobSpec& spec, bool own_quota = false);
+
 struct RoleOutcome {
   /// Where this process trained until the job completed or stopped: its result (rank 0's
   /// evaluation, the fingerprint every rank holds).
