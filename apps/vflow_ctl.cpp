@@ -15,7 +15,7 @@
 namespace {
 
 void print_status(const vflow::job::JobStatus& s) {
-  std::cout << "state " << s.state << "\n"
+  std::cout << "state " << to_string(s.state) << "\n"
             << "step " << s.step << "\n"
             << "generation " << s.generation.id << "\n"
             << "workers " << s.generation.members.size() << "\n"
@@ -94,8 +94,9 @@ int main(int argc, char** argv) {
            vflow::job::etcd_jobs(vflow::job::etcd_options(control_url, "job", timeout))) {
         vflow::job::ControlPlane job(vflow::job::connect_control_store(control_url, name, timeout));
         const auto s = job.status();
-        std::cout << fmt::format("{} state {} step {} generation {} workers {}\n", name, s.state,
-                                 s.step, s.generation.id, s.generation.members.size());
+        std::cout << fmt::format("{} state {} step {} generation {} workers {}\n", name,
+                                 to_string(s.state), s.step, s.generation.id,
+                                 s.generation.members.size());
       }
       return vflow::kExitOk;
     }

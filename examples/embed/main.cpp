@@ -110,7 +110,7 @@ void resize_once_training(int port, int64_t workers) {
   try {
     vflow::job::ControlPlane control("127.0.0.1", port, std::chrono::seconds(20));
     while (true) {
-      if (!control.done().empty()) return;
+      if (control.state() != vflow::job::JobState::kRunning) return;
       try {
         if (control.status().step > 0) break;
       } catch (const vflow::RequestRefused&) {

@@ -15,7 +15,7 @@
 namespace vflow::comm {
 namespace {
 
-struct Backend {
+struct LoadedBackend {
   int (*version)() = nullptr;
   int (*can_grow)() = nullptr;
   int (*devices)(char*, size_t) = nullptr;
@@ -33,8 +33,8 @@ std::string beside_this_library(const std::string& name) {
   return slash == std::string::npos ? name : self.substr(0, slash + 1) + name;
 }
 
-const Backend& backend() {
-  static Backend loaded;
+const LoadedBackend& backend() {
+  static LoadedBackend loaded;
   static std::once_flag once;
   std::call_once(once, [] {
     prepare_nccl_environment();  // before any NCCL call: NCCL reads its variables once
@@ -128,20 +128,20 @@ std::unique_ptr<Communicator> make_nccl_communicator(const Rendezvous& rendezvou
   return std::unique_ptr<Communicator>(backend().create(&rendezvous));
 }
 
-BackendCapabilities backend_capabilities(const std::string& backend) {
+BackendCapabilities backend_capabilities(Backend backend) {
   BackendCapabilities caps;
-  if (backend == "nccl") {
+  if (backend == Backend::kNccl) {
     caps.can_shrink = true;
     caps.can_grow = nccl_status().can_grow;
   }
   return caps;
 }
 
-void choose_backend(const std::string& requested, const std::string& key,
-                    const torch::Device& device, Rendezvous& r) {
+void choose_backend(Backend requested, const std::string& key, const torch::Device& device,
+                    Rendezvous& r) {
   r.cuda_device = device.is_cuda() ? device.index() : 0;
-  if (requested == "gloo" || (requested == "auto" && !device.is_cuda())) {
-    r.backend = "gloo";
+  if (requested == Backend::kGloo || (requested == Backend::kAuto && !device.is_cuda())) {
+    r.backend = Backend::kGloo;
     return;
   }
   if (!device.is_cuda()) {
@@ -149,20 +149,28 @@ void choose_backend(const std::string& requested, const std::string& key,
   }
   const auto nccl = nccl_status();
   if (nccl.usable()) {
-    r.backend = "nccl";
-  } else if (requested == "nccl") {
+    r.backend = Backend::kNccl;
+  } else if (requested == Backend::kNccl) {
     throw SpecError(fmt::format("{}: nccl cannot be used: {}", key, nccl.reason));
   } else {
     spdlog::info("[comm] NCCL cannot be used ({}); the CUDA workers talk through Gloo",
                  nccl.reason);
-    r.backend = "gloo";
+    r.backend = Backend::kGloo;
   }
 }
 
 std::unique_ptr<Communicator> make_communicator(const Rendezvous& rendezvous) {
-  if (rendezvous.backend == "nccl") return make_nccl_communicator(rendezvous);
-  if (rendezvous.backend == "gloo") return make_gloo_communicator(rendezvous);
-  throw Error(fmt::format("[comm] unknown backend '{}'; choices: gloo, nccl", rendezvous.backend));
+  switch (rendezvous.backend) {
+    case Backend::kNccl:
+      return make_nccl_communicator(rendezvous);
+    case Backend::kGloo:
+      return make_gloo_communicator(rendezvous);
+    case Backend::kAuto:
+      break;
+  }
+  throw InternalError(
+      "[comm] a rendezvous whose backend is not chosen (auto): choose_backend "
+      "resolves it first");
 }
 
 }  // namespace vflow::comm

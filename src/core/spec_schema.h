@@ -15,6 +15,7 @@
 #include <limits>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -146,6 +147,20 @@ class SpecSchema {
           v.*m = r.get_choice(k, v.*m, choices);
         },
         [m](const T& v) { return SpecNode::scalar(v.*m); });
+  }
+  /// An enumeration, read and written by name: `values` in the order the doc line gives
+  /// them, each named by `to_string(E)` (found beside E), so that its names are spelled once.
+  template <class E, class = std::enable_if_t<std::is_enum_v<E>>>
+  Key choice(std::string key, E T::*m, std::vector<E> values, std::string doc) {
+    std::vector<std::string> names;
+    for (const E e : values) names.push_back(to_string(e));
+    return add(
+        std::move(key), std::move(doc),
+        [m, values, names](OptionReader& r, const std::string& k, T& v) {
+          const std::string chosen = r.get_choice(k, to_string(v.*m), names);
+          v.*m = values[std::find(names.begin(), names.end(), chosen) - names.begin()];
+        },
+        [m](const T& v) { return SpecNode::scalar(to_string(v.*m)); });
   }
   Key integers(std::string key, std::vector<int64_t> T::*m, int64_t min, int64_t max,
                std::string doc) {

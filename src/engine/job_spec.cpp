@@ -292,7 +292,7 @@ const SpecSchema<SemanticSpec>& semantic_schema() {
               "worker counts (with equal `resources.threads`)");
     // Written only when not the default, so that earlier specs' text (kept in their
     // checkpoints and profiles) stays put.
-    s.choice("precision", &S::precision, {"fp32", "bf16"},
+    s.choice("precision", &S::precision, {Precision::kFp32, Precision::kBf16},
              "`fp32`, or `bf16`: every forward pass (training and evaluation) under autocast to "
              "bfloat16 on the worker's device type (matrix products and convolutions in bf16; "
              "parameters, gradients, the reduction and the optimizer stay fp32). Part of the "
@@ -344,7 +344,8 @@ const SpecSchema<ResourcesSpec>& resources_schema() {
            "`cuda:K`; the model, gradient buffer and stateful-kernel table live there "
            "(docs/gpu.md)")
         .after([](OptionReader& r, R& res) { check_device(r, res.device, false); });
-    s.choice("backend", &R::backend, {"auto", "gloo", "nccl"},
+    s.choice("backend", &R::backend,
+             {comm::Backend::kAuto, comm::Backend::kGloo, comm::Backend::kNccl},
              "collectives: `auto` = `nccl` when the workers are on CUDA devices and the NCCL "
              "backend can be used, else `gloo` (and always `gloo` when a `layout` mixes CPU and "
              "CUDA workers: every worker must use the same collectives); `gloo`; `nccl` (needs "
@@ -353,7 +354,7 @@ const SpecSchema<ResourcesSpec>& resources_schema() {
               "intra-op threads; 0 = the cores a worker may use (its CPU affinity and "
               "cgroup CPU quota) shared among this host's workers (a layout entry's cpu_quota "
               "is the worker's own: its cores under it, undivided), or 1 in deterministic mode");
-    s.choice("prefetch", &R::prefetch, {"auto", "true", "false"},
+    s.choice("prefetch", &R::prefetch, {Prefetch::kAuto, Prefetch::kOn, Prefetch::kOff},
              "a background thread beside the compute, which loads the next vnode's batch and, "
              "in deterministic mode on a CPU, runs half of each pass of the exact sum: `auto` "
              "= on where the intra-op threads of this host's workers leave a core free for it "
@@ -573,7 +574,7 @@ void check_backend(OptionReader& r, ResourcesSpec& res) {
   for (size_t i = 0; i < res.layout.size() && cpu_worker.empty(); ++i) {
     if (res.layout[i].device == "cpu") cpu_worker = fmt::format("resources.layout[{}]", i);
   }
-  if (res.backend == "nccl" && !cpu_worker.empty()) {
+  if (res.backend == comm::Backend::kNccl && !cpu_worker.empty()) {
     r.fail("backend", fmt::format("nccl needs every worker on a CUDA device, but {} is on the cpu; "
                                   "use backend gloo (or auto) for a job that mixes cpu and cuda",
                                   cpu_worker));
@@ -582,7 +583,9 @@ void check_backend(OptionReader& r, ResourcesSpec& res) {
       is_cuda_device(res.device) ||
       std::any_of(res.layout.begin(), res.layout.end(),
                   [](const ResourcesSpec::Worker& w) { return is_cuda_device(w.device); });
-  if (res.backend == "auto" && any_cuda && !cpu_worker.empty()) res.backend = "gloo";
+  if (res.backend == comm::Backend::kAuto && any_cuda && !cpu_worker.empty()) {
+    res.backend = comm::Backend::kGloo;
+  }
 }
 
 void parse_resources(const SpecNode& node, ResourcesSpec& res, const SemanticSpec& s) {

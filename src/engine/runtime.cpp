@@ -51,7 +51,7 @@ int64_t intra_op_threads(const JobSpec& spec, int64_t local_workers) {
 }
 
 bool prefetch_enabled(const ResourcesSpec& resources, int64_t local_workers) {
-  if (resources.prefetch != "auto") return resources.prefetch == "true";
+  if (resources.prefetch != Prefetch::kAuto) return resources.prefetch == Prefetch::kOn;
   // A background loader only helps when it gets a core of its own; on a fully
   // subscribed host it competes with the compute threads (measured at first: about
   // -15% with 2 single-threaded workers on 2 cores; at later builds within the noise

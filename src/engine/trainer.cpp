@@ -72,7 +72,7 @@ struct Trainer::Impl {
         model(std::move(m)),
         data(std::move(d)),
         device(worker_device(spec.resources)),
-        bf16(spec.semantic.precision == "bf16"),
+        bf16(spec.semantic.precision == Precision::kBf16),
         plan(spec.semantic.vnode_sizes.empty()
                  ? vnode::VirtualNodePlan(spec.semantic.global_batch, spec.semantic.virtual_nodes)
                  : vnode::VirtualNodePlan(spec.semantic.global_batch, spec.semantic.vnode_sizes)),

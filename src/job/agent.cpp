@@ -401,7 +401,7 @@ class Agent {
           continue;
         }
         if (!job.candidate->tick() || !maintain) continue;
-        if (job.control->done().empty()) continue;
+        if (job.control->state() == JobState::kRunning) continue;
         if (!job.done_since) job.done_since = now;
         auto& store = job.control->store();
         // Its submitter and workers had a lease time to read the end and leave.
@@ -418,7 +418,7 @@ class Agent {
     for (const auto& name : gone) forget(name);
     for (const auto& name : finished) {
       guarded("removing the keys of job " + name, [&] {
-        const auto state = jobs_[name].control->done();
+        const auto state = to_string(jobs_[name].control->state());
         jobs_[name].candidate->retire();
         const auto removed = jobs_[name].control->store().remove_all("");
         spdlog::info("[agent] job '{}' ended ({}): removed its {} keys", name, state, removed);

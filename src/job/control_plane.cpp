@@ -408,11 +408,37 @@ std::map<std::string, double> ControlPlane::profiled() {
   return text ? records::decode_profiled(*text, kProfiled) : std::map<std::string, double>{};
 }
 
-void ControlPlane::mark_done(const std::string& state) {
-  set(kDone, state);
+std::string to_string(JobState state) {
+  switch (state) {
+    case JobState::kCompleted:
+      return "completed";
+    case JobState::kStopped:
+      return "stopped";
+    case JobState::kFailed:
+      return "failed";
+    case JobState::kRunning:
+      break;
+  }
+  return "running";
+}
+
+void ControlPlane::mark_done(JobState state) {
+  VFLOW_ASSERT(state != JobState::kRunning, "mark_done needs a finished state");
+  set(kDone, to_string(state));
   add(kRequests, 1);
 }
-std::string ControlPlane::done() { return get(kDone).value_or(""); }
+
+JobState ControlPlane::state() {
+  const auto text = get(kDone);
+  if (!text) return JobState::kRunning;
+  for (const auto s : {JobState::kCompleted, JobState::kStopped, JobState::kFailed}) {
+    if (*text == to_string(s)) return s;
+  }
+  throw Error(
+      fmt::format("the job's store holds '{}' under {}, not a state a job ends in "
+                  "(completed, stopped, failed)",
+                  *text, kDone));
+}
 
 JobStatus ControlPlane::status() {
   JobStatus s;
@@ -421,8 +447,7 @@ JobStatus ControlPlane::status() {
   if (latest > 0) s.generation = generation(latest);
   s.step = to_int(get(kStep).value_or("0"), kStep);
   s.target = to_int(get(kTarget).value_or("0"), kTarget);
-  const auto done_state = done();
-  s.state = done_state.empty() ? "running" : done_state;
+  s.state = state();
   for (const auto& m : s.generation.members) {
     if (const auto pid = get("member/" + m + "/pid")) s.pids[m] = to_int(*pid, "pid");
   }

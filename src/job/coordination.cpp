@@ -121,10 +121,10 @@ bool CoordinatorCandidate::tick() {
     if (!record) return false;  // a job being submitted right now: its submitter starts it
     // An ended job has nothing to decide; one whose submitter died before it started (no
     // limits published) never will.
-    if (!control_.done().empty()) return true;
+    if (control_.state() != JobState::kRunning) return true;
     if (!control_.has_limits()) {
       spdlog::error("[elastic] job '{}' was never started: its submitter is gone", job_);
-      control_.mark_done("failed");
+      control_.mark_done(JobState::kFailed);
       return true;
     }
     ElasticOptions options;

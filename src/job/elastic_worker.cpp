@@ -43,7 +43,7 @@ std::optional<Generation> await_generation(ControlPlane& control, int64_t after,
       if (was_member) return std::nullopt;
       seen = latest;  // a joiner not taken in yet keeps waiting
     }
-    if (!control.done().empty()) return std::nullopt;
+    if (control.state() != JobState::kRunning) return std::nullopt;
     // A worker that holds no vnodes yet can leave at once.
     if (!was_member && leave_flag && leave_flag->load()) return std::nullopt;
     // A joiner still waiting when the job's keys went (it ended meanwhile) is not needed.
@@ -308,7 +308,7 @@ ElasticOutcome ElasticWorker::finish(const engine::TrainResult& result) {
         }
         control_.publish_result(text);
       }
-      control_.mark_done(result.completed ? "completed" : "stopped");
+      control_.mark_done(result.completed ? JobState::kCompleted : JobState::kStopped);
     } catch (const comm::PeerFailure& e) {
       spdlog::warn("{}", e.what());  // the coordinator is gone; the result stands
     }
@@ -361,7 +361,7 @@ ElasticOutcome ElasticWorker::run() {
     spdlog::info(
         "[elastic] worker {} is rank {} of {} in {} at step {} (regrouped in {:.3f} s, {})", me_,
         communicator->rank(), communicator->size(), g->describe(), trainer_->step(),
-        seconds_since(t0), r.backend + made);
+        seconds_since(t0), to_string(r.backend) + made);
     if (g->stop) trainer_->stop_now();
     engine::TrainResult result;
     try {

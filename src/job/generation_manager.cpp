@@ -91,7 +91,7 @@ void GenerationManager::drop_joiner(const std::string& member) {
 void GenerationManager::fail_start(const std::string& member, int exit_code) {
   spdlog::error("[elastic] worker {} exited with status {} at start-up; the job fails", member,
                 exit_code);
-  control_.mark_done("failed");
+  control_.mark_done(JobState::kFailed);
   current_.stop = true;
 }
 
@@ -241,7 +241,7 @@ void GenerationManager::tick() {
   if (requests == seen_requests_ && !dirty_ && !waiting) return;
   seen_requests_ = requests;
   dirty_ = false;
-  if (current_.stop || !control_.done().empty()) return;
+  if (current_.stop || control_.state() != JobState::kRunning) return;
   bool failed = control_.failure_reported(current_.id);
   for (const auto& m : current_.members) failed = failed || dead_.count(m) > 0;
   if (failed) {
@@ -292,7 +292,7 @@ void GenerationManager::check_liveness() {
   if (Clock::now() - last_liveness_ < std::chrono::milliseconds(250)) return;
   last_liveness_ = Clock::now();
   // A finished job's workers end and revoke their leases: no failure.
-  if (current_.stop || !control_.done().empty()) return;
+  if (current_.stop || control_.state() != JobState::kRunning) return;
   adopt_recorded_joiners();
   const auto living = control_.store().alive_names(ControlPlane::liveness_name(""));
   const auto alive = [&](const std::string& m) {
@@ -384,7 +384,7 @@ void GenerationManager::handle_failure() {
   }
   if (alive.empty()) {
     spdlog::error("[elastic] no worker of generation {} survived", current_.id);
-    control_.mark_done("failed");
+    control_.mark_done(JobState::kFailed);
     current_.stop = true;
     return;
   }

@@ -91,9 +91,9 @@ std::string submitter_name() {
 /// removed first.
 void claim_job_name(ControlPlane& control, ClusterStore& store, const LaunchOptions& options) {
   if (!store.list("").empty()) {
-    const bool running =
-        control.done().empty() && (store.holder("coordinator") || store.alive(kLauncher) ||
-                                   !store.alive_names(ControlPlane::liveness_name("")).empty());
+    const bool running = control.state() == JobState::kRunning &&
+                         (store.holder("coordinator") || store.alive(kLauncher) ||
+                          !store.alive_names(ControlPlane::liveness_name("")).empty());
     if (running) {
       throw Error(
           fmt::format("a job named '{}' is running on {}: choose another --job, or stop it first "
@@ -143,11 +143,12 @@ const std::vector<std::string>& worker_env(const LaunchOptions& options, size_t 
 }
 
 /// The launcher's exit code once the job has ended as `done` says.
-int outcome(const std::string& done, bool stopped, int worker_error) {
-  if (done == "completed") return kExitOk;
+int outcome(JobState done, bool stopped, int worker_error) {
+  if (done == JobState::kCompleted) return kExitOk;
   // Stopped on request: a signal to this launcher, or `vflow-ctl stop` (the control plane).
   if (stopped) return kExitStopped;
-  spdlog::error("[launch] the job ended {}", done.empty() ? "without finishing" : done);
+  spdlog::error("[launch] the job ended {}",
+                done == JobState::kRunning ? "without finishing" : to_string(done));
   // A worker's own error (a checkpoint that could not be written at the end, exit 4, say)
   // says more than "a peer failed".
   return worker_error != 0 ? worker_error : kExitPeerFailure;
@@ -203,7 +204,7 @@ int launch_on_cluster(const LaunchOptions& options) {
         if (Clock::now() > deadline || (options.stop_flag && options.stop_flag->load())) {
           const auto free = agents->describe();
           // Workers placed already see the job end; its keys go with the next coordinator.
-          control.mark_done("failed");
+          control.mark_done(JobState::kFailed);
           throw PeerFailure(
               fmt::format("[launch] no free slot for worker {} of {} within {} s on {}: {} (start "
                           "vflow-agent --control {} on the hosts, or pass --local)",
@@ -236,7 +237,7 @@ int launch_on_cluster(const LaunchOptions& options) {
       }
       if (auto* manager = candidate.manager()) manager->on_exit(name, code);
     }
-    std::string done;
+    JobState done = JobState::kRunning;
     try {
       candidate.tick();
       if (!candidate.manager()) {
@@ -246,7 +247,7 @@ int launch_on_cluster(const LaunchOptions& options) {
           shown = latest;
         }
       }
-      done = control.done();
+      done = control.state();
       if (options.stop_flag && options.stop_flag->load() && !stop_sent) {
         spdlog::warn("[launch] stopping the job at the next step boundary");
         control.request_stop();
@@ -257,14 +258,14 @@ int launch_on_cluster(const LaunchOptions& options) {
       spdlog::error("{}", e.what());
     }
     if (kill_at && Clock::now() > *kill_at) group.signal_all(SIGKILL);
-    if (done.empty() && options.detach_flag && options.detach_flag->load()) {
+    if (done == JobState::kRunning && options.detach_flag && options.detach_flag->load()) {
       spdlog::warn(
           "[launch] leaving job '{}' to its other coordinator candidates; it goes on "
           "(vflow-ctl --control {} status {})",
           options.job, options.control, options.job);
       return kExitOk;  // the claim and the launcher's lease end with this process's clients
     }
-    if (!done.empty() && !done_at) done_at = Clock::now();
+    if (done != JobState::kRunning && !done_at) done_at = Clock::now();
     // Ended: its workers here have exited, and the ones elsewhere have ended too (their
     // leases are gone), or had two lease times to; only then do its keys go.
     if (done_at && group.all_reaped()) {
@@ -276,16 +277,17 @@ int launch_on_cluster(const LaunchOptions& options) {
       }
       if (quiet) break;
     }
-    if (done.empty() && options.local && group.all_reaped() && !candidate.manager()) {
+    if (done == JobState::kRunning && options.local && group.all_reaped() && !candidate.manager()) {
       break;  // every worker here ended and nobody coordinates: nothing will finish it
     }
   }
-  const std::string done = control.done();
+  const JobState done = control.state();
   if (const auto result = control.result()) {
-    std::cout << fmt::format("job '{}' {}: {}", options.job, done.empty() ? "ended" : done, *result)
+    std::cout << fmt::format("job '{}' {}: {}", options.job,
+                             done == JobState::kRunning ? "ended" : to_string(done), *result)
               << std::endl;
   }
-  if (worker_error == 0 && done == "failed") {
+  if (worker_error == 0 && done == JobState::kFailed) {
     for (const auto& [member, exit] : control.exits()) {
       if (exit.code != 0 && exit.code < 128 && worker_error == 0) worker_error = exit.code;
     }
@@ -365,7 +367,7 @@ int launch_job(const LaunchOptions& options) {
     if (kill_at && Clock::now() > *kill_at) group.signal_all(SIGKILL);
   }
   if (failure != 0) return failure;
-  return outcome(control.done(), stop_sent || control.stop_requested(), worker_error);
+  return outcome(control.state(), stop_sent || control.stop_requested(), worker_error);
 }
 
 }  // namespace vflow::job

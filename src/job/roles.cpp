@@ -255,8 +255,10 @@ engine::ResourcesSpec place_on_this_host(const engine::JobSpec& spec, bool own_q
   }
   resources.threads = engine::intra_op_threads(spec, own_quota ? 1 : local_workers());
   if (local_rank() == 0) engine::note_deterministic_threads(spec);
-  if (resources.prefetch == "auto") {
-    resources.prefetch = engine::prefetch_enabled(resources, local_workers()) ? "true" : "false";
+  if (resources.prefetch == engine::Prefetch::kAuto) {
+    resources.prefetch = engine::prefetch_enabled(resources, local_workers())
+                             ? engine::Prefetch::kOn
+                             : engine::Prefetch::kOff;
   }
   return resources;
 }

@@ -291,7 +291,7 @@ TEST_CASE("a resize storm finishes without a hang or a leaked process", "[multip
     }
     REQUIRE(control);
     int64_t last = -1;
-    while (requests < 50 && control->done().empty()) {
+    while (requests < 50 && control->state() == vflow::job::JobState::kRunning) {
       const int64_t step = control->status().step;
       if (step == last) continue;
       control->request_resize(requests % 4 + 1);

@@ -80,12 +80,11 @@ TEST_CASE("The NCCL backend loads only when used and says why it cannot run", "[
     CHECK_FALSE(status.reason.empty());
     StoreHost coordinator("127.0.0.1", 0, std::chrono::seconds(5));
     auto r = rendezvous(coordinator, 0, 1, "nccl");
-    r.backend = "nccl";
+    r.backend = vflow::comm::Backend::kNccl;
     CHECK_THROWS_WITH(vflow::comm::make_communicator(r),
                       Catch::Contains("cannot use NCCL") && Catch::Contains(status.reason));
   }
-  vflow::comm::Rendezvous unknown;
-  unknown.backend = "mpi";
-  CHECK_THROWS_WITH(vflow::comm::make_communicator(unknown),
-                    Catch::Contains("unknown backend 'mpi'") && Catch::Contains("gloo, nccl"));
+  vflow::comm::Rendezvous unchosen;
+  unchosen.backend = vflow::comm::Backend::kAuto;
+  CHECK_THROWS_WITH(vflow::comm::make_communicator(unchosen), Catch::Contains("not chosen"));
 }

@@ -27,7 +27,8 @@ using vflow::testing::skip_unless;
 namespace {
 
 Rendezvous rendezvous(const StoreHost& c, int rank, int size, const std::string& generation,
-                      int device, const std::string& backend = "nccl", int timeout_ms = 20000) {
+                      int device, vflow::comm::Backend backend = vflow::comm::Backend::kNccl,
+                      int timeout_ms = 20000) {
   auto r = vflow::testing::rendezvous_at(c, rank, size, generation, timeout_ms);
   r.backend = backend;
   r.cuda_device = device;
@@ -105,10 +106,10 @@ TEST_CASE("NCCL sums, broadcasts and gathers exactly as Gloo does", "[cuda]") {
   const int d0 = devices.first, d1 = devices.second;
   StoreHost coordinator("127.0.0.1", 0, std::chrono::seconds(20));
   std::vector<std::vector<torch::Tensor>> out(2);
-  for (const std::string backend : {"gloo", "nccl"}) {
+  for (const auto backend : {vflow::comm::Backend::kGloo, vflow::comm::Backend::kNccl}) {
     const auto errors = on_ranks(2, [&, backend = backend](int rank) {
       auto comm = vflow::comm::make_communicator(
-          rendezvous(coordinator, rank, 2, backend, rank == 0 ? d0 : d1, backend));
+          rendezvous(coordinator, rank, 2, to_string(backend), rank == 0 ? d0 : d1, backend));
       auto sum = payload(rank, 100000);
       comm->allreduce_sum(sum);
       auto ints = torch::full({7}, rank * 10 + 1, torch::kInt64);
@@ -116,9 +117,10 @@ TEST_CASE("NCCL sums, broadcasts and gathers exactly as Gloo does", "[cuda]") {
       auto root = payload(rank, 33);
       comm->broadcast(root, 1);
       const auto gathered = comm->all_gather(torch::full({3}, static_cast<float>(rank)));
-      if (rank == 0) out[backend == "gloo" ? 0 : 1] = {sum, ints, root, gathered[1]};
+      if (rank == 0)
+        out[backend == vflow::comm::Backend::kGloo ? 0 : 1] = {sum, ints, root, gathered[1]};
     });
-    CAPTURE(backend, errors[0], errors[1]);
+    CAPTURE(to_string(backend), errors[0], errors[1]);
     REQUIRE(errors[0].empty());
     REQUIRE(errors[1].empty());
   }
@@ -227,8 +229,9 @@ TEST_CASE("NCCL grows by new ranks that join, keeping the earlier ranks' numbers
     CHECK(grow_and_sum(coordinator, "two", 2, 1, devices) == std::vector<float>(3, 906.0f));
   }
   // Gloo cannot derive communicators: its members start afresh.
-  auto gloo = vflow::comm::make_communicator(rendezvous(coordinator, 0, 1, "g", 0, "gloo"));
-  CHECK_FALSE(gloo->grow(rendezvous(coordinator, 0, 2, "g2", 0, "gloo")));
+  auto gloo = vflow::comm::make_communicator(
+      rendezvous(coordinator, 0, 1, "g", 0, vflow::comm::Backend::kGloo));
+  CHECK_FALSE(gloo->grow(rendezvous(coordinator, 0, 2, "g2", 0, vflow::comm::Backend::kGloo)));
 }
 
 TEST_CASE("A silent NCCL peer ends the collective within the timeout and aborts", "[cuda]") {
@@ -238,8 +241,8 @@ TEST_CASE("A silent NCCL peer ends the collective within the timeout and aborts"
   if (status.devices < 2 && status.version < 23000) {
     // One GPU: the peer never arrives at all; the id exchange gives up in time.
     const auto t0 = std::chrono::steady_clock::now();
-    CHECK_THROWS_AS(vflow::comm::make_nccl_communicator(
-                        rendezvous(coordinator, 0, 2, "absent", 0, "nccl", timeout_ms)),
+    CHECK_THROWS_AS(vflow::comm::make_nccl_communicator(rendezvous(
+                        coordinator, 0, 2, "absent", 0, vflow::comm::Backend::kNccl, timeout_ms)),
                     vflow::comm::PeerFailure);
     CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(3 * timeout_ms));
     return;
@@ -249,7 +252,8 @@ TEST_CASE("A silent NCCL peer ends the collective within the timeout and aborts"
   double waited = 0;
   const auto errors = on_ranks(2, [&, d0 = d0, d1 = d1](int rank) {
     auto comm = vflow::comm::make_nccl_communicator(
-        rendezvous(coordinator, rank, 2, "silent", rank == 0 ? d0 : d1, "nccl", timeout_ms));
+        rendezvous(coordinator, rank, 2, "silent", rank == 0 ? d0 : d1, vflow::comm::Backend::kNccl,
+                   timeout_ms));
     if (rank == 1) {
       // Stays silent, then aborts too (all ranks of a failed communicator abort).
       std::this_thread::sleep_for(std::chrono::milliseconds(2 * timeout_ms));

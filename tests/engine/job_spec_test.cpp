@@ -51,14 +51,14 @@ TEST_CASE("a planned layout may put workers on several device types", "[unit][he
   CHECK(spec.resources.layout[2].device == "cuda");
   CHECK(spec.resources.layout[2].cpu_quota == 0.5);
   // CPU and CUDA workers in one job: every worker talks through Gloo.
-  CHECK(spec.resources.backend == "gloo");
+  CHECK(spec.resources.backend == vflow::comm::Backend::kGloo);
   CHECK_NOTHROW(vflow::engine::validate(spec));
 
   SECTION("workers on CUDA devices only keep the automatic choice") {
     vflow::testing::write_file(path,
                                "resources:\n  device: cuda\n  workers: 2\n  layout:\n"
                                "    - {vnodes: 4, device: 'cuda:1'}\n    - {vnodes: 4}\n");
-    CHECK(load_job_spec(path).resources.backend == "auto");
+    CHECK(load_job_spec(path).resources.backend == vflow::comm::Backend::kAuto);
   }
 }
 

@@ -230,8 +230,8 @@ TEST_CASE("the worker's device and communication backend follow the resources pa
   CHECK(vflow::engine::worker_device(res) == torch::Device(torch::kCPU));
   vflow::comm::Rendezvous r;
   vflow::engine::choose_backend(res, torch::kCPU, r);
-  CHECK(r.backend == "gloo");  // auto on the CPU
-  res.backend = "nccl";
+  CHECK(r.backend == vflow::comm::Backend::kGloo);  // auto on the CPU
+  res.backend = vflow::comm::Backend::kNccl;
   CHECK_THROWS_WITH(vflow::engine::choose_backend(res, torch::kCPU, r),
                     Catch::Contains("nccl needs workers on CUDA devices"));
   res.device = "cuda";
@@ -277,7 +277,7 @@ TEST_CASE("threads 0 shares the host's cores among its workers, and is one when 
   const auto placed = vflow::job::place_on_this_host(spec);
   unsetenv("VFLOW_LOCAL_WORLD_SIZE");
   CHECK(placed.threads == 1);
-  CHECK(placed.prefetch == "false");
+  CHECK(placed.prefetch == vflow::engine::Prefetch::kOff);
 
   // A worker allowed one CPU (taskset, a cpuset) runs one thread, however many the host has.
   CHECK(vflow::testing::on_one_cpu([&] { return intra_op_threads(spec, 1); }) == 1);

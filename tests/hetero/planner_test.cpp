@@ -355,7 +355,7 @@ TEST_CASE("a printed layout runs each device type as it was profiled", "[unit][h
   const auto spec = vflow::engine::load_job_spec(dir.file("job.yaml"));
   CHECK(spec.resources.layout[0].device == "cuda:0");
   CHECK(spec.resources.layout[2].cpu_quota == 0.5);
-  CHECK(spec.resources.backend == "gloo");
+  CHECK(spec.resources.backend == vflow::comm::Backend::kGloo);
 }
 
 namespace {

@@ -102,14 +102,14 @@ struct BackendCapabilities {
 
 /// The capabilities of `backend` ("gloo", "nccl") in this process: Gloo derives nothing;
 /// NCCL shrinks, and grows where the loaded NCCL has ncclCommGrow (>= 2.29).
-BackendCapabilities backend_capabilities(const std::string& backend);
+BackendCapabilities backend_capabilities(Backend backend);
 
 /// Sets `r.backend` and `r.cuda_device` for a worker on `device` from the requested
 /// backend (`requested`: auto | gloo | nccl, the value of the setting named `key`): auto is
 /// nccl on a CUDA device when the NCCL backend is usable, gloo otherwise. Throws SpecError
 /// naming `key` when nccl is asked for and cannot be used.
-void choose_backend(const std::string& requested, const std::string& key,
-                    const torch::Device& device, Rendezvous& r);
+void choose_backend(Backend requested, const std::string& key, const torch::Device& device,
+                    Rendezvous& r);
 
 /// The communicator of `rendezvous.backend`: "gloo" (CPU tensors, and CUDA tensors where
 /// LibTorch has CUDA) or "nccl" (CUDA tensors; see vflow/comm/nccl.h).

@@ -11,6 +11,16 @@
 
 namespace vflow::comm {
 
+/// The collectives' library: what resources.backend asks for, and what a rendezvous chose.
+enum class Backend {
+  kAuto,  ///< "auto": nccl on CUDA devices where it can be used, else gloo (asked only)
+  kGloo,  ///< "gloo"
+  kNccl,  ///< "nccl"
+};
+inline std::string to_string(Backend b) {
+  return b == Backend::kGloo ? "gloo" : b == Backend::kNccl ? "nccl" : "auto";
+}
+
 /// The store key under which Communicator::leave counts a rank out: a coordinator that
 /// only hosts the store for externally started workers serves until all have left.
 inline constexpr const char* kLeftKey = "job/workers_left";
@@ -30,8 +40,8 @@ struct Rendezvous {
   /// This process hosts the store itself (rank 0 under an external launcher such as
   /// torchrun, mpirun or srun, where no vflow coordinator runs).
   bool host_store = false;
-  std::string backend = "gloo";  ///< gloo | nccl (see make_communicator)
-  int cuda_device = 0;           ///< nccl: this rank's CUDA device index
+  Backend backend = Backend::kGloo;  ///< gloo or nccl (see make_communicator)
+  int cuda_device = 0;               ///< nccl: this rank's CUDA device index
   /// gloo: ranks that all run on this host (and share its namespaces) sum host tensors
   /// through a shared-memory segment instead of loopback sockets (docs/design.md, "Ranks
   /// on one host"); elsewhere, or when the segment cannot be reserved, Gloo's sockets.

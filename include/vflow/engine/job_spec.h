@@ -10,9 +10,27 @@
 #include <string>
 #include <vector>
 
+#include "vflow/comm/rendezvous.h"
 #include "vflow/core/spec_node.h"
 
 namespace vflow::engine {
+
+/// semantic.precision: the forward passes' arithmetic.
+enum class Precision {
+  kFp32,  ///< "fp32"
+  kBf16,  ///< "bf16": under autocast to bfloat16
+};
+inline std::string to_string(Precision p) { return p == Precision::kBf16 ? "bf16" : "fp32"; }
+
+/// resources.prefetch: the background loader (and the exact sum's second thread).
+enum class Prefetch {
+  kAuto,  ///< "auto": on where this host has a core to spare
+  kOn,    ///< "true"
+  kOff,   ///< "false"
+};
+inline std::string to_string(Prefetch p) {
+  return p == Prefetch::kOn ? "true" : p == Prefetch::kOff ? "false" : "auto";
+}
 
 struct ModelSpec {
   std::string name = "convnet";  ///< a name in the model registry
@@ -88,7 +106,7 @@ struct SemanticSpec {
   bool deterministic = false;  ///< bitwise reproducible kernels (slower)
   /// fp32, or bf16: forward passes under autocast to bfloat16 on the worker's device
   /// (matrix products and convolutions in bf16; parameters, gradients, optimizer in fp32).
-  std::string precision = "fp32";
+  Precision precision = Precision::kFp32;
 };
 
 struct ResourcesSpec {
@@ -96,11 +114,11 @@ struct ResourcesSpec {
   std::string device = "cpu";  ///< cpu | cuda (the local rank's GPU) | cuda:K
   /// Collectives: auto (nccl on CUDA devices when the NCCL backend is usable, else
   /// gloo) | gloo | nccl.
-  std::string backend = "auto";
+  comm::Backend backend = comm::Backend::kAuto;
   int64_t threads = 0;  ///< intra-op threads; 0: see engine::intra_op_threads
   /// Load the next vnode's batch on a background thread: on, off, or auto (on when this
   /// host has a core to spare: intra-op threads x local workers < cores).
-  std::string prefetch = "auto";
+  Prefetch prefetch = Prefetch::kAuto;
   /// Gradient bytes (MiB) per bucket of the reduction overlapped with the backward pass
   /// (default mode, Gloo); 0 = one collective after the backward pass, the default: on
   /// one machine the reduction uses the cores that train (docs/benchmarks.md).

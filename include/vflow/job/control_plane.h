@@ -105,13 +105,19 @@ struct WorkerExit {
   std::string why;  ///< a refusal's reason (a node agent of another build, say); may be empty
 };
 
+/// Where a job is: running until rank 0 marks it completed or stopped, or its
+/// coordinator marks it failed.
+enum class JobState { kRunning, kCompleted, kStopped, kFailed };
+/// "running", "completed", "stopped", "failed": as the store holds it and vflow-ctl shows it.
+std::string to_string(JobState state);
+
 /// What `vflow-ctl status` shows.
 struct JobStatus {
   JobLimits limits;
-  Generation generation;                ///< the latest published generation
-  int64_t step = 0;                     ///< steps completed, as rank 0 last published
-  int64_t target = 0;                   ///< the requested worker count
-  std::string state;                    ///< running | completed | stopped
+  Generation generation;  ///< the latest published generation
+  int64_t step = 0;       ///< steps completed, as rank 0 last published
+  int64_t target = 0;     ///< the requested worker count
+  JobState state = JobState::kRunning;
   std::map<std::string, int64_t> pids;  ///< process id of each member
 };
 
@@ -255,10 +261,10 @@ class ControlPlane {
   int64_t await_news(int64_t seen, std::chrono::milliseconds wait);
   /// A counter that changes whenever something the coordinator acts on happens.
   int64_t requests();
-  /// Marks the job finished: "completed" or "stopped".
-  void mark_done(const std::string& state);
-  /// Empty while the job runs.
-  std::string done();
+  /// Marks the job finished (not kRunning).
+  void mark_done(JobState state);
+  /// kRunning until it is marked finished.
+  JobState state();
 
   JobStatus status();
 
