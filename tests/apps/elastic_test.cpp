@@ -85,8 +85,11 @@ TEST_CASE(
   TempDir dir;
   const auto r = run_elastic_job(
       dir, 2, kLongJob + " --set output.logging.examples=" + dir.file("examples.log"),
-      "$CTL list; $CTL resize $A 3; await_workers 3; " + kill_rank(1, "KILL") +
-          "; await_workers 2; $CTL resize $A 1; await_workers 1",
+      // The SIGKILL lands while the 3 workers train, 20 steps after their generation was
+      // published, not in the middle of their rendezvous.
+      "$CTL list; $CTL resize $A 3; await_workers 3; "
+      "await_step $(( $(status | sed -n 's/^step //p') + 20 )); " +
+          kill_rank(1, "KILL") + "; await_workers 2; $CTL resize $A 1; await_workers 1",
       etcd.url(), "fmnist-1");
   INFO(r.output);
   CHECK_THAT(r.output, Catch::Matchers::Contains("exit=0"));
