@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include "core/spec_schema.h"
+
 namespace vflow::models {
 
 ConvNet::ConvNet(const ConvNetOptions& options, const ModelContext& ctx) {
@@ -32,12 +34,24 @@ torch::Tensor ConvNet::forward(const torch::Tensor& input) {
   return classifier_->forward(features_->forward(input));
 }
 
+namespace {
+
+const SpecSchema<ConvNetOptions>& convnet_schema() {
+  static const auto schema = [] {
+    using O = ConvNetOptions;
+    SpecSchema<O> s("convnet");
+    s.integers("channels", &O::channels, 1, 4096, "output channels of each block");
+    s.integer("hidden", &O::hidden, 1, 1 << 20, "width of the fully connected layer");
+    s.real("dropout", &O::dropout, 0.0, 0.99, "dropout before the classifier (0 = none)");
+    s.boolean("batch_norm", &O::batch_norm, "BatchNorm2d after each convolution");
+    return s;
+  }();
+  return schema;
+}
+
 ModelBuilder make_convnet_factory(OptionReader& opt, const ModelContext& ctx) {
   ConvNetOptions o;
-  o.channels = opt.get_int_list("channels", o.channels, 1, 4096);
-  o.hidden = opt.get_int("hidden", o.hidden, 1, 1 << 20);
-  o.dropout = opt.get_double("dropout", o.dropout, 0.0, 0.99);
-  o.batch_norm = opt.get_bool("batch_norm", o.batch_norm);
+  convnet_schema().read(opt, o);
   if (o.channels.empty()) opt.fail("channels", "needs at least one convolution block");
   if (ctx.input_shape.size() != 3) {
     opt.fail("channels", fmt::format("convnet needs image inputs [channels, height, width]; the "
@@ -50,6 +64,15 @@ ModelBuilder make_convnet_factory(OptionReader& opt, const ModelContext& ctx) {
                                      o.channels.size(), ctx.input_shape[1], ctx.input_shape[2]));
   }
   return [o, ctx] { return std::make_shared<ConvNet>(o, ctx); };
+}
+
+}  // namespace
+
+void register_convnet(ModelRegistry& registry) {
+  registry.add("convnet",
+               "one 3×3 convolution [+ batch norm] + ReLU + 2×2 max-pool block per channel "
+               "entry, then a hidden layer",
+               make_convnet_factory, convnet_schema().rows());
 }
 
 }  // namespace vflow::models

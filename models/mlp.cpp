@@ -2,6 +2,8 @@
 
 #include <torch/torch.h>
 
+#include "core/spec_schema.h"
+
 namespace vflow::models {
 
 Mlp::Mlp(const MlpOptions& options, const ModelContext& ctx) {
@@ -21,17 +23,34 @@ Mlp::Mlp(const MlpOptions& options, const ModelContext& ctx) {
 
 torch::Tensor Mlp::forward(const torch::Tensor& input) { return layers_->forward(input); }
 
+namespace {
+
+const SpecSchema<MlpOptions>& mlp_schema() {
+  static const auto schema = [] {
+    SpecSchema<MlpOptions> s("mlp");
+    s.integers("hidden", &MlpOptions::hidden, 1, 1 << 20, "hidden layer widths");
+    s.real("dropout", &MlpOptions::dropout, 0.0, 0.99, "dropout after each hidden layer");
+    s.boolean("batch_norm", &MlpOptions::batch_norm, "BatchNorm1d after each hidden linear layer");
+    return s;
+  }();
+  return schema;
+}
+
 ModelBuilder make_mlp_factory(OptionReader& opt, const ModelContext& ctx) {
   MlpOptions o;
-  o.hidden = opt.get_int_list("hidden", o.hidden, 1, 1 << 20);
-  o.dropout = opt.get_double("dropout", o.dropout, 0.0, 0.99);
-  o.batch_norm = opt.get_bool("batch_norm", o.batch_norm);
+  mlp_schema().read(opt, o);
   if (ctx.vocab_size > 0) {
     opt.fail("hidden",
              "mlp needs float inputs; the data holds token ids (use bert or "
              "transformer-lm)");
   }
   return [o, ctx] { return std::make_shared<Mlp>(o, ctx); };
+}
+
+}  // namespace
+
+void register_mlp(ModelRegistry& registry) {
+  registry.add("mlp", "a multi-layer perceptron", make_mlp_factory, mlp_schema().rows());
 }
 
 }  // namespace vflow::models

@@ -12,20 +12,11 @@
 namespace vflow::models {
 
 ModelRegistry::ModelRegistry() : Registry("model") {
-  add("mlp", "multi-layer perceptron (options: hidden, dropout, batch_norm)", make_mlp_factory);
-  add("convnet", "conv + batch norm + dropout (options: channels, hidden, dropout, batch_norm)",
-      make_convnet_factory);
-  add("resnet", "ResNet-18/34/50/101 (options: depth, stem, width)", make_resnet_factory);
-  add("bert",
-      "BERT-style encoder classifying token sequences (options: preset, layers, hidden, heads, "
-      "intermediate, dropout)",
-      make_bert_factory);
-  add("transformer-lm",
-      "decoder-only Transformer language model (options: layers, hidden, heads, intermediate, "
-      "dropout)",
-      make_transformer_lm_factory);
-  add("torchscript", "a TorchScript module exported from Python (options: path)",
-      make_torchscript_factory);
+  register_mlp(*this);
+  register_convnet(*this);
+  register_resnet(*this);
+  register_transformers(*this);
+  register_torchscript(*this);
 }
 
 torch::Tensor prediction_loss(const torch::Tensor& logits, const torch::Tensor& target, bool sum,

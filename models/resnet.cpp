@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include "core/spec_schema.h"
+
 namespace vflow::models {
 
 namespace {
@@ -137,20 +139,45 @@ torch::Tensor ResNet::forward(const torch::Tensor& input) {
   return fc_->forward(torch::flatten(torch::adaptive_avg_pool2d(x, {1, 1}), 1));
 }
 
+namespace {
+
+const SpecSchema<ResNetOptions>& resnet_schema() {
+  static const auto schema = [] {
+    using O = ResNetOptions;
+    SpecSchema<O> s("resnet");
+    s.integer("depth", &O::depth, 18, 101, "18, 34, 50 or 101").after([](OptionReader& r, O& o) {
+      if (o.depth != 18 && o.depth != 34 && o.depth != 50 && o.depth != 101) {
+        r.fail("depth", fmt::format("ResNet depth {} is not one of 18, 34, 50, 101", o.depth));
+      }
+    });
+    s.choice("stem", &O::stem, {"auto", "cifar", "imagenet"},
+             "`cifar` (3×3 conv, no pooling), `imagenet` (7×7 stride-2 conv + 3×3 max-pool), "
+             "`auto` = cifar for inputs up to 64×64");
+    s.integer("width", &O::width, 1, 4096,
+              "channels of the first stage (stages double it); smaller = a thin ResNet");
+    return s;
+  }();
+  return schema;
+}
+
 ModelBuilder make_resnet_factory(OptionReader& opt, const ModelContext& ctx) {
   ResNetOptions o;
-  o.depth = opt.get_int("depth", o.depth, 18, 101);
-  if (o.depth != 18 && o.depth != 34 && o.depth != 50 && o.depth != 101) {
-    opt.fail("depth", fmt::format("ResNet depth {} is not one of 18, 34, 50, 101", o.depth));
-  }
-  o.stem = opt.get_choice("stem", o.stem, {"auto", "cifar", "imagenet"});
-  o.width = opt.get_int("width", o.width, 1, 4096);
+  resnet_schema().read(opt, o);
   if (ctx.input_shape.size() != 3 || ctx.vocab_size > 0) {
     opt.fail("depth", fmt::format("resnet needs image inputs [channels, height, width]; the data "
                                   "has {} dimensions{}",
                                   ctx.input_shape.size(), ctx.vocab_size > 0 ? " of tokens" : ""));
   }
   return [o, ctx] { return std::make_shared<ResNet>(o, ctx); };
+}
+
+}  // namespace
+
+void register_resnet(ModelRegistry& registry) {
+  registry.add("resnet",
+               "ResNet-18/34 with basic blocks, ResNet-50/101 with bottlenecks; batch norm "
+               "throughout, handled by the stateful-kernel table",
+               make_resnet_factory, resnet_schema().rows());
 }
 
 }  // namespace vflow::models

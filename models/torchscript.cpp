@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "core/input_file.h"
+#include "core/spec_schema.h"
 #include "core/zip_check.h"
 #include "vflow/core/error.h"
 #include "vflow/vnode/stateful_kernels.h"
@@ -129,14 +130,35 @@ void TorchScriptModel::train(bool on) {
   module_->train(on);
 }
 
+namespace {
+
+struct TorchScriptOptions {
+  std::string path;
+};
+
+const SpecSchema<TorchScriptOptions>& torchscript_schema() {
+  static const auto schema = [] {
+    SpecSchema<TorchScriptOptions> s("torchscript");
+    s.text("path", &TorchScriptOptions::path,
+           "the module's file, saved by `torch.jit.script` or `torch.jit.trace` and `.save()`; "
+           "relative to the working directory")
+        .default_text("required")
+        .after([](OptionReader& r, TorchScriptOptions& o) {
+          if (o.path.empty()) r.fail("path", "needs the TorchScript file (.pt) to train");
+          std::error_code ec;
+          if (!std::filesystem::is_regular_file(o.path, ec)) {
+            r.fail("path", fmt::format("{}: no such file", o.path));
+          }
+        });
+    return s;
+  }();
+  return schema;
+}
+
 ModelBuilder make_torchscript_factory(OptionReader& opt, const ModelContext& ctx) {
-  const std::string path = opt.get_string("path", "");
-  if (path.empty()) opt.fail("path", "needs the TorchScript file (.pt) to train");
-  std::error_code ec;
-  if (!std::filesystem::is_regular_file(path, ec)) {
-    opt.fail("path", fmt::format("{}: no such file", path));
-  }
-  return [path, ctx] {
+  TorchScriptOptions o;
+  torchscript_schema().read(opt, o);
+  return [path = o.path, ctx] {
     auto model = std::make_shared<TorchScriptModel>(path);
     // A mismatch between the exported model and the data shows here, not mid-training.
     std::vector<int64_t> shape{2};
@@ -162,6 +184,13 @@ ModelBuilder make_torchscript_factory(OptionReader& opt, const ModelContext& ctx
     }
     return model;
   };
+}
+
+}  // namespace
+
+void register_torchscript(ModelRegistry& registry) {
+  registry.add("torchscript", "a TorchScript module exported from Python", make_torchscript_factory,
+               torchscript_schema().rows());
 }
 
 }  // namespace vflow::models

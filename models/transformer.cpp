@@ -5,6 +5,8 @@
 
 #include <cmath>
 
+#include "core/spec_schema.h"
+
 namespace vflow::models {
 
 namespace nn = torch::nn;
@@ -131,13 +133,59 @@ torch::Tensor TransformerLm::forward(const torch::Tensor& tokens) {
 
 namespace {
 
-TransformerOptions read_transformer(OptionReader& opt, TransformerOptions o, const char* model,
-                                    const ModelContext& ctx) {
-  o.layers = opt.get_int("layers", o.layers, 1, 1024);
-  o.hidden = opt.get_int("hidden", o.hidden, 1, 1 << 16);
-  o.heads = opt.get_int("heads", o.heads, 1, 1024);
-  o.intermediate = opt.get_int("intermediate", o.intermediate, 0, 1 << 20);
-  o.dropout = opt.get_double("dropout", o.dropout, 0.0, 0.99);
+/// bert's options: a preset size, which the other keys override.
+struct BertOptions : TransformerOptions {
+  std::string preset = "tiny";  ///< the defaults above are tiny's
+};
+
+/// transformer-lm's options: the stack's defaults with 4 heads.
+struct LmOptions : TransformerOptions {
+  LmOptions() { heads = 4; }
+};
+
+/// The keys both models share; `sized` is the default column of the preset's keys.
+template <class T>
+void add_stack_keys(SpecSchema<T>& s, const char* sized) {
+  auto layers = s.integer("layers", &T::layers, 1, 1024, "transformer blocks");
+  auto hidden = s.integer("hidden", &T::hidden, 1, 1 << 16, "model width; `heads` must divide it");
+  auto heads = s.integer("heads", &T::heads, 1, 1024, "attention heads");
+  if (sized != nullptr) {
+    layers.default_text(sized);
+    hidden.default_text(sized);
+    heads.default_text(sized);
+  }
+  s.integer("intermediate", &T::intermediate, 0, 1 << 20, "feed-forward width; 0 = 4 × hidden");
+  s.real("dropout", &T::dropout, 0.0, 0.99, "on embeddings, attention weights and block outputs");
+}
+
+const SpecSchema<BertOptions>& bert_schema() {
+  static const auto schema = [] {
+    SpecSchema<BertOptions> s("bert");
+    s.choice("preset", &BertOptions::preset, {"tiny", "mini", "small", "medium", "base"},
+             "BERT sizes: `tiny` (2 layers, 128 wide, 2 heads), `mini` (4, 256, 4), `small` "
+             "(4, 512, 8), `medium` (8, 512, 8), `base` (12, 768, 12); the keys below override "
+             "it")
+        .after([](OptionReader&, BertOptions& o) {
+          static_cast<TransformerOptions&>(o) = bert_preset(o.preset);
+        });
+    add_stack_keys(s, "the preset's");
+    return s;
+  }();
+  return schema;
+}
+
+const SpecSchema<LmOptions>& lm_schema() {
+  static const auto schema = [] {
+    SpecSchema<LmOptions> s("transformer-lm");
+    add_stack_keys(s, nullptr);
+    return s;
+  }();
+  return schema;
+}
+
+/// Refuses sizes that do not fit together and data that is not token sequences.
+void check_transformer(OptionReader& opt, const TransformerOptions& o, const char* model,
+                       const ModelContext& ctx) {
   if (o.hidden % o.heads != 0) {
     opt.fail("heads", fmt::format("{} heads do not divide hidden size {}", o.heads, o.hidden));
   }
@@ -147,28 +195,40 @@ TransformerOptions read_transformer(OptionReader& opt, TransformerOptions o, con
                          "fortunes-langid or fortunes-lm); the data has {}",
                          model, ctx.vocab_size > 0 ? "tokens of another shape" : "float inputs"));
   }
-  return o;
 }
 
-}  // namespace
-
 ModelBuilder make_bert_factory(OptionReader& opt, const ModelContext& ctx) {
-  const std::string preset =
-      opt.get_choice("preset", "tiny", {"tiny", "mini", "small", "medium", "base"});
-  const TransformerOptions o = read_transformer(opt, bert_preset(preset), "bert", ctx);
+  BertOptions read;
+  bert_schema().read(opt, read);
+  const TransformerOptions o = read;
+  check_transformer(opt, o, "bert", ctx);
   return [o, ctx] { return std::make_shared<BertClassifier>(o, ctx); };
 }
 
 ModelBuilder make_transformer_lm_factory(OptionReader& opt, const ModelContext& ctx) {
-  TransformerOptions defaults;
-  defaults.heads = 4;
-  const TransformerOptions o = read_transformer(opt, defaults, "transformer-lm", ctx);
+  LmOptions read;
+  lm_schema().read(opt, read);
+  const TransformerOptions o = read;
+  check_transformer(opt, o, "transformer-lm", ctx);
   if (ctx.num_classes != ctx.vocab_size) {
     opt.fail("layers",
              "transformer-lm predicts the next token: the data's classes must be its "
              "vocabulary (a language-modelling data set such as fortunes-lm)");
   }
   return [o, ctx] { return std::make_shared<TransformerLm>(o, ctx); };
+}
+
+}  // namespace
+
+void register_transformers(ModelRegistry& registry) {
+  registry.add("bert",
+               "a BERT-style post-norm encoder over token inputs, classifying from the first "
+               "([start]) position through a tanh pooler; padding is masked out of attention",
+               make_bert_factory, bert_schema().rows());
+  registry.add("transformer-lm",
+               "a decoder-only pre-norm language model with causal attention, logits for the "
+               "next token at every position",
+               make_transformer_lm_factory, lm_schema().rows());
 }
 
 }  // namespace vflow::models

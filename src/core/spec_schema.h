@@ -23,13 +23,6 @@
 
 namespace vflow {
 
-/// One row of a key table: dotted key, default, meaning.
-struct SpecKeyRow {
-  std::string key;
-  std::string default_text;
-  std::string doc;
-};
-
 template <class T>
 class SpecSchema {
  public:
@@ -360,6 +353,13 @@ class SpecSchema {
     if ((node.is_scalar() && node.value().empty()) ||
         (node.is_sequence() && node.items().empty())) {
       return "empty";
+    }
+    if (node.is_sequence()) {  // a list of scalars, as a flow list: `[32, 64]`
+      std::vector<std::string> items;
+      for (const auto& item : node.items()) {
+        if (item.is_scalar()) items.push_back(item.value());
+      }
+      if (items.size() == node.items().size()) return fmt::format("`[{}]`", fmt::join(items, ", "));
     }
     std::string text = node.to_yaml();
     while (!text.empty() && text.back() == '\n') text.pop_back();

@@ -3,6 +3,9 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include <type_traits>
+
+#include "core/spec_schema.h"
 #include "vflow/core/error.h"
 #include "vflow/data/fashion_mnist.h"
 #include "vflow/data/synthetic.h"
@@ -38,29 +41,76 @@ Batch TensorDataset::get(const torch::Tensor& indices) const {
 
 namespace {
 
+struct FashionMnistOptions {
+  std::string path = kFashionMnistDefaultPath;
+  bool normalize = true;
+};
+
+const SpecSchema<FashionMnistOptions>& fashion_mnist_schema() {
+  static const auto schema = [] {
+    using O = FashionMnistOptions;
+    SpecSchema<O> s("fashion-mnist");
+    s.text("path", &O::path,
+           "the folder of the idx files (`.gz` or plain); the default is where Debian's "
+           "`dataset-fashion-mnist` installs them");
+    s.boolean("normalize", &O::normalize, "standardise with mean 0.2860, std 0.3530");
+    return s;
+  }();
+  return schema;
+}
+
 PreparedData prepare_fashion_mnist(OptionReader& opt) {
-  const std::string path = opt.get_string("path", kFashionMnistDefaultPath);
-  const bool normalize = opt.get_bool("normalize", true);
+  FashionMnistOptions o;
+  fashion_mnist_schema().read(opt, o);
   PreparedData p;
   p.info = DataInfo{{1, 28, 28}, 10};
-  p.load = [path, normalize] {
-    return DataSplits{load_fashion_mnist(path, "train", normalize),
-                      load_fashion_mnist(path, "test", normalize)};
+  p.load = [o] {
+    return DataSplits{load_fashion_mnist(o.path, "train", o.normalize),
+                      load_fashion_mnist(o.path, "test", o.normalize)};
   };
   return p;
 }
 
+/// synthetic's options: one SyntheticOptions per split, less what the splits share.
+struct SyntheticKeys {
+  int64_t train_size = 4096;
+  int64_t test_size = 1024;
+  int64_t classes = 10;
+  std::vector<int64_t> shape = {1, 28, 28};
+  double noise = 1.0;
+  uint64_t seed = 0;
+};
+
+const SpecSchema<SyntheticKeys>& synthetic_schema() {
+  static const auto schema = [] {
+    using O = SyntheticKeys;
+    SpecSchema<O> s("synthetic");
+    s.integer("train_size", &O::train_size, 1, int64_t{1} << 32, "training examples");
+    s.integer("test_size", &O::test_size, 0, int64_t{1} << 32,
+              "evaluation examples (the same prototypes, other noise); 0 = no evaluation");
+    s.integer("classes", &O::classes, 2, 100000, "classes, one prototype each");
+    s.integers("shape", &O::shape, 1, 1 << 20, "the shape of one example")
+        .after([](OptionReader& r, O& o) {
+          if (o.shape.empty()) r.fail("shape", "needs at least one dimension");
+        });
+    s.real("noise", &O::noise, 0.0, 1e6, "standard deviation of each example's Gaussian noise");
+    s.integer("seed", &O::seed, INT64_MAX, "the data's own seed, independent of the job's");
+    return s;
+  }();
+  return schema;
+}
+
 PreparedData prepare_synthetic(OptionReader& opt) {
+  SyntheticKeys keys;
+  synthetic_schema().read(opt, keys);
   SyntheticOptions train;
-  train.size = opt.get_int("train_size", 4096, 1, int64_t{1} << 32);
-  const int64_t test_size = opt.get_int("test_size", 1024, 0, int64_t{1} << 32);
-  train.classes = opt.get_int("classes", 10, 2, 100000);
-  train.shape = opt.get_int_list("shape", {1, 28, 28}, 1, 1 << 20);
-  if (train.shape.empty()) opt.fail("shape", "needs at least one dimension");
-  train.noise = opt.get_double("noise", 1.0, 0.0, 1e6);
-  train.seed = static_cast<uint64_t>(opt.get_int("seed", 0, 0, INT64_MAX));
+  train.size = keys.train_size;
+  train.classes = keys.classes;
+  train.shape = keys.shape;
+  train.noise = keys.noise;
+  train.seed = keys.seed;
   SyntheticOptions test = train;
-  test.size = test_size;
+  test.size = keys.test_size;
   test.split = 1;
   PreparedData p;
   p.info = DataInfo{train.shape, train.classes};
@@ -70,37 +120,69 @@ PreparedData prepare_synthetic(OptionReader& opt) {
   return p;
 }
 
-std::vector<std::pair<std::string, std::vector<std::string>>> read_text_classes(
-    OptionReader& opt, const std::string& root) {
-  const auto& items = opt.list("classes");
-  if (items.empty()) {
-    if (root.empty()) opt.fail("classes", "needs at least two classes ({name, paths})");
-    return fortunes_language_classes(root);
-  }
-  std::vector<std::pair<std::string, std::vector<std::string>>> classes;
-  for (const auto& item : items) {
-    OptionReader c(item);
-    std::string name = c.get_string("name", "");
-    auto paths = c.get_string_list("paths", {});
-    if (name.empty()) c.fail("name", "every class needs a name");
-    if (paths.empty()) c.fail("paths", "every class needs files or directories");
-    c.finish();
-    classes.emplace_back(std::move(name), std::move(paths));
-  }
-  if (classes.size() < 2) opt.fail("classes", "needs at least two classes");
-  return classes;
+const SpecSchema<TextClass>& text_class_schema() {
+  static const auto schema = [] {
+    SpecSchema<TextClass> s("class");
+    s.text("name", &TextClass::name, "the class's name")
+        .default_text("required")
+        .after([](OptionReader& r, TextClass& c) {
+          if (c.name.empty()) r.fail("name", "every class needs a name");
+        });
+    s.texts("paths", &TextClass::paths,
+            "its files or directories (their files, not recursive, without `*.dat`/`*.u8`)")
+        .default_text("required")
+        .after([](OptionReader& r, TextClass& c) {
+          if (c.paths.empty()) r.fail("paths", "every class needs files or directories");
+        });
+    return s;
+  }();
+  return schema;
 }
 
-// `preset`: the fortune-package language task, whose classes default to the languages
-// under `root`.
-PreparedData prepare_text_classes(OptionReader& opt, bool preset) {
-  const std::string root = preset ? opt.get_string("root", kFortunesRoot) : std::string();
-  TextClassesOptions o;
-  o.classes = read_text_classes(opt, root);
-  o.max_length = opt.get_int("max_length", o.max_length, 3, 1 << 16);
-  o.min_bytes = opt.get_int("min_bytes", o.min_bytes, 1, 1 << 16);
-  o.per_class = opt.get_int("per_class", o.per_class, 0, int64_t{1} << 32);
-  o.test_every = opt.get_int("test_every", o.test_every, 2, 1 << 20);
+/// fortunes-langid's options: text-classes' and the fortune packages' root.
+struct FortunesLangidOptions : TextClassesOptions {
+  std::string root = kFortunesRoot;
+};
+
+/// text-classes' keys, or (T = FortunesLangidOptions) fortunes-langid's, whose classes
+/// default to the languages under `root`.
+template <class T>
+SpecSchema<T> text_classes_schema() {
+  constexpr bool preset = std::is_same_v<T, FortunesLangidOptions>;
+  SpecSchema<T> s(preset ? "fortunes-langid" : "text-classes");
+  if constexpr (preset) {
+    s.text("root", &T::root, "where Debian's fortune packages install their files");
+  }
+  s.template list<TextClass>(
+       "classes", &T::classes, text_class_schema(),
+       "list of `{name, paths}`, at least two; `paths` are files or directories")
+      .default_text(preset ? "de, es, it and pt under `root`" : "required")
+      .after([](OptionReader& r, T& o) {
+        if (o.classes.size() == 1) r.fail("classes", "needs at least two classes");
+      });
+  s.integer("max_length", &T::max_length, 3, 1 << 16,
+            "tokens per example: [start], up to max_length − 2 bytes, [end], padding");
+  s.integer("min_bytes", &T::min_bytes, 1, 1 << 16, "shorter sentences are dropped");
+  s.integer("per_class", &T::per_class, 0, int64_t{1} << 32,
+            "training sentences per class; 0 = as many as the smallest class has (balanced)");
+  s.integer("test_every", &T::test_every, 2, 1 << 20,
+            "about one sentence in k, chosen by a hash of its text, is held out for evaluation");
+  return s;
+}
+
+template <class T>
+PreparedData prepare_text_classes(OptionReader& opt) {
+  static const SpecSchema<T> schema = text_classes_schema<T>();
+  T read;
+  schema.read(opt, read);
+  if (read.classes.empty()) {
+    if constexpr (std::is_same_v<T, FortunesLangidOptions>) {
+      read.classes = fortunes_language_classes(read.root);
+    } else {
+      opt.fail("classes", "needs at least two classes ({name, paths})");
+    }
+  }
+  const TextClassesOptions o = read;
   PreparedData p;
   p.info =
       DataInfo{{o.max_length}, static_cast<int64_t>(o.classes.size()), ByteTokenizer::kVocabSize};
@@ -108,16 +190,40 @@ PreparedData prepare_text_classes(OptionReader& opt, bool preset) {
   return p;
 }
 
-PreparedData prepare_text_lm(OptionReader& opt, bool preset) {
-  TextLmOptions o;
-  if (preset) {
-    o.paths = fortunes_english_files(opt.get_string("root", kFortunesRoot));
+/// fortunes-lm's options: text-lm's, with the fortune packages' root for the paths.
+struct FortunesLmOptions : TextLmOptions {
+  std::string root = kFortunesRoot;
+};
+
+/// text-lm's keys, or (T = FortunesLmOptions) fortunes-lm's.
+template <class T>
+SpecSchema<T> text_lm_schema() {
+  constexpr bool preset = std::is_same_v<T, FortunesLmOptions>;
+  SpecSchema<T> s(preset ? "fortunes-lm" : "text-lm");
+  if constexpr (preset) {
+    s.text("root", &T::root, "where Debian's `fortunes` package installs its files");
   } else {
-    o.paths = opt.get_string_list("paths", {});
-    if (o.paths.empty()) opt.fail("paths", "needs text files or directories");
+    s.texts("paths", &T::paths, "text files or directories, concatenated in order")
+        .default_text("required")
+        .after([](OptionReader& r, T& o) {
+          if (o.paths.empty()) r.fail("paths", "needs text files or directories");
+        });
   }
-  o.context = opt.get_int("context", o.context, 1, 1 << 16);
-  o.test_every = opt.get_int("test_every", o.test_every, 2, 1 << 20);
+  s.integer("context", &T::context, 1, 1 << 16,
+            "tokens per example; targets are the inputs shifted by one");
+  s.integer("test_every", &T::test_every, 2, 1 << 20, "every k-th window is held out");
+  return s;
+}
+
+template <class T>
+PreparedData prepare_text_lm(OptionReader& opt) {
+  static const SpecSchema<T> schema = text_lm_schema<T>();
+  T read;
+  schema.read(opt, read);
+  if constexpr (std::is_same_v<T, FortunesLmOptions>) {
+    read.paths = fortunes_english_files(read.root);
+  }
+  const TextLmOptions o = read;
   PreparedData p;
   p.info = DataInfo{{o.context}, ByteTokenizer::kVocabSize, ByteTokenizer::kVocabSize};
   p.load = [o] { return load_text_lm(o); };
@@ -127,25 +233,23 @@ PreparedData prepare_text_lm(OptionReader& opt, bool preset) {
 }  // namespace
 
 DataRegistry::DataRegistry() : Registry("data set") {
-  add("fashion-mnist", "Fashion-MNIST idx files (options: path, normalize)", prepare_fashion_mnist);
-  add("synthetic",
-      "class prototypes plus noise (options: train_size, test_size, classes, shape, noise, seed)",
-      prepare_synthetic);
+  add("fashion-mnist", "Zalando's Fashion-MNIST, from its idx files", prepare_fashion_mnist,
+      fashion_mnist_schema().rows());
+  add("synthetic", "class prototypes plus Gaussian noise, for tests and benchmarks",
+      prepare_synthetic, synthetic_schema().rows());
   add("text-classes",
-      "sentence classification over text files, byte tokens (options: classes [{name, paths}], "
-      "max_length, min_bytes, per_class, test_every)",
-      [](OptionReader& o) { return prepare_text_classes(o, false); });
-  add("text-lm",
-      "next-byte language modelling over text files (options: paths, context, test_every)",
-      [](OptionReader& o) { return prepare_text_lm(o, false); });
+      "sentence classification over text files, one example per sentence; inputs "
+      "`[max_length]` token ids",
+      prepare_text_classes<TextClassesOptions>, text_classes_schema<TextClassesOptions>().rows());
   add("fortunes-langid",
-      "language identification (de, es, it, pt) of sentences from Debian's fortunes-de/-es/-it/-br "
-      "(options: root, classes, max_length, min_bytes, per_class, test_every)",
-      [](OptionReader& o) { return prepare_text_classes(o, true); });
-  add("fortunes-lm",
-      "next-byte language modelling on Debian's English fortunes package (options: root, "
-      "context, test_every)",
-      [](OptionReader& o) { return prepare_text_lm(o, true); });
+      "`text-classes` whose classes default to German, Spanish, Italian and Brazilian "
+      "Portuguese from Debian's `fortunes-de`, `fortunes-es`, `fortunes-it` and `fortunes-br`",
+      prepare_text_classes<FortunesLangidOptions>,
+      text_classes_schema<FortunesLangidOptions>().rows());
+  add("text-lm", "next-byte prediction over text files; inputs and targets `[context]`",
+      prepare_text_lm<TextLmOptions>, text_lm_schema<TextLmOptions>().rows());
+  add("fortunes-lm", "`text-lm` over the English prose files of Debian's `fortunes` package",
+      prepare_text_lm<FortunesLmOptions>, text_lm_schema<FortunesLmOptions>().rows());
 }
 
 DataRegistry& DataRegistry::global() {

@@ -166,7 +166,7 @@ DataSplits load_text_classes(const TextClassesOptions& options) {
   std::vector<std::vector<std::pair<uint64_t, std::string>>> train(options.classes.size());
   std::vector<std::vector<std::pair<uint64_t, std::string>>> test(options.classes.size());
   for (size_t c = 0; c < options.classes.size(); ++c) {
-    for (const auto& file : expand_text_paths(options.classes[c].second)) {
+    for (const auto& file : expand_text_paths(options.classes[c].paths)) {
       for (const auto& entry : read_text_entries(file)) {
         for (auto& s : split_sentences(entry, static_cast<size_t>(options.min_bytes))) {
           if (!seen.insert(s).second) continue;
@@ -178,7 +178,7 @@ DataSplits load_text_classes(const TextClassesOptions& options) {
     }
     if (train[c].empty()) {
       throw DataError(fmt::format("text class '{}': no sentence of at least {} bytes in its files",
-                                  options.classes[c].first, options.min_bytes));
+                                  options.classes[c].name, options.min_bytes));
     }
     std::sort(train[c].begin(), train[c].end());
     std::sort(test[c].begin(), test[c].end());
@@ -260,8 +260,7 @@ std::vector<std::string> italian_fortunes(const fs::path& root) {
 
 }  // namespace
 
-std::vector<std::pair<std::string, std::vector<std::string>>> fortunes_language_classes(
-    const std::string& root) {
+std::vector<TextClass> fortunes_language_classes(const std::string& root) {
   const fs::path r(root);
   return {{"de", {(r / "de").string()}},
           {"es", {(r / "es").string()}},

@@ -646,6 +646,16 @@ std::string job_spec_key_tables() {
   for (const auto& [part, rows] : parts) {
     text += fmt::format("<!-- keys: {} -->\n{}<!-- end keys -->\n", part, key_table(rows));
   }
+  // Each model's and data set's options: its description, then its table.
+  const auto options = [&text](const char* section, const auto& entries) {
+    for (const auto& e : entries) {
+      text +=
+          fmt::format("<!-- keys: {}.{} -->\n`{}`: {}.\n\n{}<!-- end keys -->\n", section, e.name,
+                      e.name, e.description, e.keys.empty() ? "No options.\n" : key_table(e.keys));
+    }
+  };
+  options("model", models::ModelRegistry::global().entries());
+  options("data", data::DataRegistry::global().entries());
   return text;
 }
 

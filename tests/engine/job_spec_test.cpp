@@ -4,6 +4,8 @@
 
 #include "support.h"
 #include "vflow/core/error.h"
+#include "vflow/data/dataset.h"
+#include "vflow/models/registry.h"
 
 using Catch::Matchers::Contains;
 using vflow::SpecError;
@@ -122,6 +124,17 @@ TEST_CASE("each class of bad job spec is rejected with file, line and key", "[un
   SECTION("unknown data set option") {
     CHECK_THAT(error_of("semantic:\n  data: {name: synthetic, options: {size: 10}}\n"),
                Contains("semantic.data.options.size: unknown key"));
+    CHECK_THAT(error_of("semantic:\n  data: {name: synthetic, options: {shape: []}}\n"),
+               Contains("semantic.data.options.shape: needs at least one dimension"));
+    CHECK_THAT(error_of("semantic:\n  data:\n    name: text-classes\n    options:\n"
+                        "      classes: [{name: a, paths: [x]}, {paths: [y]}]\n"),
+               Contains("semantic.data.options.classes[1].name: every class needs a name"));
+    CHECK_THAT(
+        error_of("semantic:\n  data:\n    name: text-classes\n    options:\n"
+                 "      classes: [{name: a, paths: [x]}]\n"),
+        Contains("job.yaml:5:16: semantic.data.options.classes: needs at least two classes"));
+    CHECK_THAT(error_of("semantic:\n  data: {name: text-lm}\n"),
+               Contains("semantic.data.options.paths: needs text files or directories"));
   }
   SECTION("steps and epochs together") {
     CHECK_THAT(error_of("semantic:\n  steps: 10\n  epochs: 2\n"),
@@ -259,6 +272,16 @@ TEST_CASE("the key tables come from the schema the parser reads", "[unit]") {
   CHECK_THAT(tables, Contains("| `optimizer.beta1` | `0.9` | adamw, adam, lamb only: "));
   CHECK_THAT(tables, Contains("| `layout[].cpu_quota` | `0` |"));
   CHECK_THAT(tables, Contains("| `checkpoint.dir` | empty |"));
+  // Every registered model and data set has its options' table, from its own schema.
+  for (const auto& name : vflow::models::ModelRegistry::global().names()) {
+    CHECK_THAT(tables, Contains("<!-- keys: model." + name + " -->\n`" + name + "`: "));
+  }
+  for (const auto& name : vflow::data::DataRegistry::global().names()) {
+    CHECK_THAT(tables, Contains("<!-- keys: data." + name + " -->\n`" + name + "`: "));
+  }
+  CHECK_THAT(tables, Contains("| `channels` | `[32, 64]` | output channels of each block |"));
+  CHECK_THAT(tables, Contains("| `heads` | the preset's |"));
+  CHECK_THAT(tables, Contains("| `classes[].paths` | required |"));
   // Every key of a printed spec has a row.
   const auto spec = load_job_spec("", {"resources.layout=[{vnodes: 8, device: cuda}]"});
   const std::string text = spec.yaml();

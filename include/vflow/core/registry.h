@@ -17,17 +17,27 @@ namespace vflow {
 template <typename Factory>
 class Registry {
  public:
+  struct Entry {
+    std::string name;
+    std::string description;  ///< a phrase: "multi-layer perceptron"
+    Factory factory;
+    /// Its options' key table (the options' schema rows); empty = not documented here.
+    std::vector<SpecKeyRow> keys;
+  };
+
   explicit Registry(std::string kind) : kind_(std::move(kind)) {}
 
   /// Registers `name`, replacing an earlier entry of the same name.
-  void add(const std::string& name, const std::string& description, Factory factory) {
+  void add(const std::string& name, const std::string& description, Factory factory,
+           std::vector<SpecKeyRow> keys = {}) {
+    Entry entry{name, description, std::move(factory), std::move(keys)};
     for (auto& e : entries_) {
       if (e.name == name) {
-        e = Entry{name, description, std::move(factory)};
+        e = std::move(entry);
         return;
       }
     }
-    entries_.push_back(Entry{name, description, std::move(factory)});
+    entries_.push_back(std::move(entry));
   }
 
   /// The factory of `name`; an unknown name is a SpecError located at `name_node`.
@@ -44,12 +54,10 @@ class Registry {
     return out;
   }
 
+  /// Every entry, in the order registered.
+  const std::vector<Entry>& entries() const { return entries_; }
+
  private:
-  struct Entry {
-    std::string name;
-    std::string description;
-    Factory factory;
-  };
   std::string kind_;
   std::vector<Entry> entries_;
 };

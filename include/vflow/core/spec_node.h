@@ -110,6 +110,13 @@ std::string yaml_quoted(const std::string& text);
 /// `text` with bytes that a terminal would not show as themselves written as \xNN.
 std::string printable(const std::string& text);
 
+/// One row of a key table in the reference docs: dotted key, default, meaning.
+struct SpecKeyRow {
+  std::string key;
+  std::string default_text;
+  std::string doc;
+};
+
 /// Strict, typed reader over one map node. Every getter marks its key as known;
 /// finish() throws SpecError for keys that no getter asked for, naming the choices.
 class OptionReader {

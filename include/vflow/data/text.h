@@ -48,8 +48,14 @@ std::vector<std::string> read_text_entries(const std::string& path);
 std::vector<std::string> split_sentences(const std::string& entry, size_t min_bytes);
 
 /// Sentence classification: each class is a list of files or directories.
+/// One class of sentences: its name and its files or directories.
+struct TextClass {
+  std::string name;
+  std::vector<std::string> paths;
+};
+
 struct TextClassesOptions {
-  std::vector<std::pair<std::string, std::vector<std::string>>> classes;  ///< name, paths
+  std::vector<TextClass> classes;
   int64_t max_length = 64;  ///< tokens per example: [start] bytes... [end] padding
   int64_t min_bytes = 24;   ///< shorter sentences are dropped
   /// Training sentences per class; 0 = as many as the smallest class has (balanced).
@@ -74,8 +80,7 @@ DataSplits load_text_lm(const TextLmOptions& options);
 
 /// The language-identification preset: sentences of Debian's fortunes-de, fortunes-es,
 /// fortunes-it and fortunes-br (Brazilian Portuguese) packages under `root`.
-std::vector<std::pair<std::string, std::vector<std::string>>> fortunes_language_classes(
-    const std::string& root);
+std::vector<TextClass> fortunes_language_classes(const std::string& root);
 /// The English fortune files of Debian's fortunes package under `root`.
 std::vector<std::string> fortunes_english_files(const std::string& root);
 

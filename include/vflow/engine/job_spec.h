@@ -208,7 +208,8 @@ ResourcesSpec::Worker parse_layout_entry(const std::string& text, const std::str
 
 /// The reference tables of every key (key, default, meaning), one markdown table per part
 /// between "<!-- keys: PART -->" and "<!-- end keys -->" lines: what docs/job-spec.md shows,
-/// generated from the same declaration the parser reads (`vflow-train --spec-keys`).
+/// generated from the same declaration the parser reads (`vflow-train --spec-keys`). The
+/// registered models' and data sets' options are parts "model.NAME" and "data.NAME".
 std::string job_spec_key_tables();
 
 /// The built-in default job: a ConvNet on Fashion-MNIST.

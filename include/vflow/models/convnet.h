@@ -25,6 +25,7 @@ class ConvNet final : public Model {
   torch::nn::Sequential classifier_;
 };
 
-ModelBuilder make_convnet_factory(OptionReader& options, const ModelContext& ctx);
+/// Registers "convnet" with its options' keys.
+void register_convnet(ModelRegistry& registry);
 
 }  // namespace vflow::models

@@ -22,6 +22,7 @@ class Mlp final : public Model {
   torch::nn::Sequential layers_;
 };
 
-ModelBuilder make_mlp_factory(OptionReader& options, const ModelContext& ctx);
+/// Registers "mlp" with its options' keys.
+void register_mlp(ModelRegistry& registry);
 
 }  // namespace vflow::models

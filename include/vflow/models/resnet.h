@@ -29,6 +29,7 @@ class ResNet final : public Model {
   torch::nn::Linear fc_{nullptr};
 };
 
-ModelBuilder make_resnet_factory(OptionReader& options, const ModelContext& ctx);
+/// Registers "resnet" with its options' keys.
+void register_resnet(ModelRegistry& registry);
 
 }  // namespace vflow::models

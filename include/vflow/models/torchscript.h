@@ -32,8 +32,9 @@ class TorchScriptModel final : public Model {
   std::unique_ptr<torch::jit::Module> module_;
 };
 
-/// Options: path (the .pt file, relative to the working directory). The job spec's
-/// shorthand `model: {torchscript: file.pt}` means {name: torchscript, options: {path}}.
-ModelBuilder make_torchscript_factory(OptionReader& options, const ModelContext& ctx);
+/// Registers "torchscript" with its option, `path` (the .pt file, relative to the working
+/// directory). The job spec's shorthand `model: {torchscript: file.pt}` means
+/// {name: torchscript, options: {path}}.
+void register_torchscript(ModelRegistry& registry);
 
 }  // namespace vflow::models

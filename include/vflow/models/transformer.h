@@ -88,7 +88,7 @@ class TransformerLm final : public Model {
   torch::nn::Linear head_{nullptr};
 };
 
-ModelBuilder make_bert_factory(OptionReader& options, const ModelContext& ctx);
-ModelBuilder make_transformer_lm_factory(OptionReader& options, const ModelContext& ctx);
+/// Registers "bert" and "transformer-lm" with their options' keys.
+void register_transformers(ModelRegistry& registry);
 
 }  // namespace vflow::models
