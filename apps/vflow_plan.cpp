@@ -132,15 +132,17 @@ int main(int argc, char** argv) {
         std::cout << t << " s (plan is " << t / plan.predicted_step_seconds << "x faster)\n";
       }
     };
+    const auto layout = vflow::hetero::planned_layout(request, plan.workers);
     std::cout << "as the job's resources part:\n"
               << "resources:\n  workers: " << plan.workers.size() << "\n  layout:\n"
-              << vflow::hetero::layout_yaml(request, plan.workers);
+              << vflow::engine::layout_lines(layout.entries, layout.notes);
     std::cout << "baselines:\n";
     line("even split over every device", base.even_split);
     line("split proportional to throughput", base.proportional);
     line("best single type alone (" + base.fastest_type + ")", base.fastest_type_alone);
     if (relaxed) {
       const auto r = vflow::hetero::plan_relaxed(request);
+      const auto relaxed_layout = vflow::hetero::planned_layout(request, r);
       std::cout << "\nrelaxed mode: global batch " << request.global_batch << " in "
                 << r.vnode_sizes().size() << " vnodes\n"
                 << r.describe() << "  exact mode's plan: " << plan.predicted_step_seconds
@@ -150,7 +152,7 @@ int main(int argc, char** argv) {
                    "result):\nsemantic:\n  virtual_nodes: null\n  vnode_sizes: ["
                 << fmt::format("{}", fmt::join(r.vnode_sizes(), ", ")) << "]\nresources:\n"
                 << "  workers: " << r.workers.size() << "\n  layout:\n"
-                << vflow::hetero::layout_yaml(request, r);
+                << vflow::engine::layout_lines(relaxed_layout.entries, relaxed_layout.notes);
     }
     return vflow::kExitOk;
   });

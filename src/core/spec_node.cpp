@@ -116,16 +116,35 @@ void SpecNode::reroot(const std::string& path) {
   for (size_t i = 0; i < items_.size(); ++i) items_[i].reroot(fmt::format("{}[{}]", path_, i));
 }
 
+namespace {
+
+/// A scalar as YAML writes it: plain where it can be, else double-quoted.
+std::string scalar_yaml(const std::string& value) {
+  const bool plain = !value.empty() &&
+                     value.find_first_of(":#{}[],&*!|>'\"%@`\n") == std::string::npos &&
+                     value.front() != ' ' && value.back() != ' ';
+  return plain ? value : fmt::format("\"{}\"", value);
+}
+
+}  // namespace
+
+std::string SpecNode::to_flow() const {
+  if (is_null()) return "null";
+  if (is_scalar()) return scalar_yaml(value_);
+  std::vector<std::string> parts;
+  if (is_sequence()) {
+    for (const auto& item : items_) parts.push_back(item.to_flow());
+    return fmt::format("[{}]", fmt::join(parts, ", "));
+  }
+  for (const auto& [k, v] : entries_) parts.push_back(k + ": " + v.to_flow());
+  return fmt::format("{{{}}}", fmt::join(parts, ", "));
+}
+
 std::string SpecNode::to_yaml(int indent) const {
   const std::string pad(static_cast<size_t>(indent), ' ');
   auto inline_form = [](const SpecNode& n) -> std::optional<std::string> {
     if (n.is_null()) return std::string("null");
-    if (n.is_scalar()) {
-      const bool plain = !n.value_.empty() &&
-                         n.value_.find_first_of(":#{}[],&*!|>'\"%@`\n") == std::string::npos &&
-                         n.value_.front() != ' ' && n.value_.back() != ' ';
-      return plain ? n.value_ : fmt::format("\"{}\"", n.value_);
-    }
+    if (n.is_scalar()) return scalar_yaml(n.value_);
     if (n.is_sequence()) {
       std::string out = "[";
       for (size_t i = 0; i < n.items_.size(); ++i) {

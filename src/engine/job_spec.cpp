@@ -318,9 +318,11 @@ const SpecSchema<ResourcesSpec::Worker>& worker_schema() {
         .after([](OptionReader& r, W& w) { check_device(r, w.device, true); });
     s.integer("threads", &W::threads, 0, 4096,
               "its intra-op threads; 0 = `resources.threads` (with `cpu_quota` and threads 0: "
-              "the cores it may use under its quota, or 1 in deterministic mode)");
+              "the cores it may use under its quota, or 1 in deterministic mode)")
+        .shown([](const W& w) { return w.threads != 0; });
     s.real("cpu_quota", &W::cpu_quota, 0, 4096,
-           "cores it may use (a cgroup of its own, cpu controller); 0 = no limit");
+           "cores it may use (a cgroup of its own, cpu controller); 0 = no limit")
+        .shown([](const W& w) { return w.cpu_quota != 0; });
     s.text("device_type", &W::device_type,
            "its device type's name, matched against `resources.profiles`; absent = the name "
            "`vflow-profile` gives its device, threads and quota (`cpu-1t-q0.5`)")
@@ -628,6 +630,17 @@ SpecNode semantic_tree(const SemanticSpec& s) { return semantic_schema().tree(s)
 
 std::string layout_entry_yaml(const ResourcesSpec::Worker& worker) {
   return worker_schema().tree(worker).to_yaml();
+}
+
+std::string layout_lines(const std::vector<ResourcesSpec::Worker>& layout,
+                         const std::vector<std::string>& comments) {
+  std::string text;
+  for (size_t i = 0; i < layout.size(); ++i) {
+    text += "    - " + worker_schema().tree(layout[i]).to_flow();
+    if (i < comments.size() && !comments[i].empty()) text += "  # " + comments[i];
+    text += "\n";
+  }
+  return text;
 }
 
 ResourcesSpec::Worker parse_layout_entry(const std::string& text, const std::string& source) {

@@ -658,42 +658,45 @@ namespace vflow::hetero {
 
 namespace {
 
-/// One layout entry per worker; `sizes[i]` > 0 adds the vnode size to the comment.
-std::string layout_lines(const PlanRequest& request, const std::vector<std::string>& types,
-                         const std::vector<int64_t>& vnodes, const std::vector<int64_t>& sizes) {
-  std::string text;
+/// One layout entry per worker; `sizes[i]` > 0 adds the vnode size to the note.
+PlannedLayout layout_of(const PlanRequest& request, const std::vector<std::string>& types,
+                        const std::vector<int64_t>& vnodes, const std::vector<int64_t>& sizes) {
+  PlannedLayout layout;
   int cuda_workers = 0;
   for (size_t i = 0; i < types.size(); ++i) {
     const auto found = request.profiles.find(types[i]);
     const DeviceProfile* p = found == request.profiles.end() ? nullptr : &found->second;
-    text += fmt::format("    - {{vnodes: {}", vnodes[i]);
+    LayoutEntry entry;
+    entry.vnodes = vnodes[i];
     if (p && p->device == "cuda") {
-      text += fmt::format(", device: 'cuda:{}'", cuda_workers++);
+      entry.device = fmt::format("cuda:{}", cuda_workers++);
     } else if (p && p->device == "cpu") {
-      text += ", device: cpu";
+      entry.device = "cpu";
     }
-    if (p && p->threads > 0) text += fmt::format(", threads: {}", p->threads);
-    if (p && p->cpu_quota > 0) text += fmt::format(", cpu_quota: {}", p->cpu_quota);
-    text += fmt::format("}}  # {}", types[i]);
-    if (sizes[i] > 0) text += fmt::format(", {} examples each", sizes[i]);
-    text += "\n";
+    if (p) {
+      entry.threads = p->threads;
+      entry.cpu_quota = p->cpu_quota;
+    }
+    layout.entries.push_back(entry);
+    layout.notes.push_back(sizes[i] > 0 ? fmt::format("{}, {} examples each", types[i], sizes[i])
+                                        : types[i]);
   }
-  return text;
+  return layout;
 }
 
 }  // namespace
 
-std::string layout_yaml(const PlanRequest& request, const std::vector<WorkerShare>& workers) {
+PlannedLayout planned_layout(const PlanRequest& request, const std::vector<WorkerShare>& workers) {
   std::vector<std::string> types;
   std::vector<int64_t> vnodes;
   for (const auto& w : workers) {
     types.push_back(w.device_type);
     vnodes.push_back(w.vnodes);
   }
-  return layout_lines(request, types, vnodes, std::vector<int64_t>(workers.size(), 0));
+  return layout_of(request, types, vnodes, std::vector<int64_t>(workers.size(), 0));
 }
 
-std::string layout_yaml(const PlanRequest& request, const RelaxedPlan& plan) {
+PlannedLayout planned_layout(const PlanRequest& request, const RelaxedPlan& plan) {
   std::vector<std::string> types;
   std::vector<int64_t> vnodes, sizes;
   for (const auto& w : plan.workers) {
@@ -701,7 +704,7 @@ std::string layout_yaml(const PlanRequest& request, const RelaxedPlan& plan) {
     vnodes.push_back(w.vnodes);
     sizes.push_back(w.vnode_size);
   }
-  return layout_lines(request, types, vnodes, sizes);
+  return layout_of(request, types, vnodes, sizes);
 }
 
 }  // namespace vflow::hetero

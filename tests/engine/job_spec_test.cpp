@@ -283,7 +283,8 @@ TEST_CASE("the key tables come from the schema the parser reads", "[unit]") {
   CHECK_THAT(tables, Contains("| `heads` | the preset's |"));
   CHECK_THAT(tables, Contains("| `classes[].paths` | required |"));
   // Every key of a printed spec has a row.
-  const auto spec = load_job_spec("", {"resources.layout=[{vnodes: 8, device: cuda}]"});
+  const auto spec =
+      load_job_spec("", {"resources.layout=[{vnodes: 8, device: cuda, cpu_quota: 0.5}]"});
   const std::string text = spec.yaml();
   for (const char* key : {"drop_last", "warmup_start", "min_factor", "memory_limit_mb",
                           "replace_failed", "cpu_quota", "every_epochs", "keep", "examples"}) {

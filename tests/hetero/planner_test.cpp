@@ -279,11 +279,13 @@ TEST_CASE("From VirtualFlow's published V100/P100 figures the planner picks its 
   CHECK(vnodes["p100"] == std::set<int64_t>{2});
   CHECK(plan.predicted_step_seconds == Approx(2.2273).epsilon(1e-3));
   // The printed layout puts each GPU worker on its own device.
-  const auto layout = layout_yaml(r, plan.workers);
+  const auto planned = planned_layout(r, plan.workers);
+  const auto layout = vflow::engine::layout_lines(planned.entries, planned.notes);
   for (int k = 0; k < 10; ++k) {
-    CHECK_THAT(layout, Catch::Matchers::Contains(fmt::format("device: 'cuda:{}'}}", k)));
+    CHECK_THAT(layout, Catch::Matchers::Contains(fmt::format("device: \"cuda:{}\"}}", k)));
   }
-  CHECK_THAT(layout, Catch::Matchers::StartsWith("    - {vnodes: 8, device: 'cuda:0'}  # v100\n"));
+  CHECK_THAT(layout,
+             Catch::Matchers::StartsWith("    - {vnodes: 8, device: \"cuda:0\"}  # v100\n"));
 }
 
 TEST_CASE("a ring allreduce grows with its participants, and a mixed group meets its link",
@@ -342,8 +344,10 @@ TEST_CASE("a printed layout runs each device type as it was profiled", "[unit][h
   auto r = request(8, {{"cuda-NVIDIA-H200", 1, 0}, {"cpu-2t", 1, 0}, {"cpu-1t-q0.5", 1, 0}},
                    {gpu, fast, slow});
   const std::vector<WorkerShare> shares{{"cuda-NVIDIA-H200", 5}, {"cpu-2t", 2}, {"cpu-1t-q0.5", 1}};
-  CHECK(layout_yaml(r, shares) ==
-        "    - {vnodes: 5, device: 'cuda:0'}  # cuda-NVIDIA-H200\n"
+  const auto planned = planned_layout(r, shares);
+  const auto lines = vflow::engine::layout_lines(planned.entries, planned.notes);
+  CHECK(lines ==
+        "    - {vnodes: 5, device: \"cuda:0\"}  # cuda-NVIDIA-H200\n"
         "    - {vnodes: 2, device: cpu, threads: 2}  # cpu-2t\n"
         "    - {vnodes: 1, device: cpu, threads: 1, cpu_quota: 0.5}  # cpu-1t-q0.5\n");
   // The printed entries are a valid layout of the job.
@@ -351,7 +355,7 @@ TEST_CASE("a printed layout runs each device type as it was profiled", "[unit][h
   vflow::testing::write_file(dir.file("job.yaml"),
                              "semantic: {global_batch: 64, virtual_nodes: 8}\nresources:\n"
                              "  workers: 3\n  layout:\n" +
-                                 layout_yaml(r, shares));
+                                 lines);
   const auto spec = vflow::engine::load_job_spec(dir.file("job.yaml"));
   CHECK(spec.resources.layout[0].device == "cuda:0");
   CHECK(spec.resources.layout[2].cpu_quota == 0.5);

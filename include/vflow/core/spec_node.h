@@ -67,6 +67,8 @@ class SpecNode {
 
   /// Deterministic YAML-flow rendering, used for digests and --print-spec.
   std::string to_yaml(int indent = 0) const;
+  /// The same on one line: maps as {key: value, ...}, sequences as [a, b].
+  std::string to_flow() const;
 
   /// "<location>: <path>" prefix for error messages about this node.
   std::string describe() const;

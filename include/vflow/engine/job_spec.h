@@ -12,6 +12,7 @@
 
 #include "vflow/comm/rendezvous.h"
 #include "vflow/core/spec_node.h"
+#include "vflow/hetero/layout.h"
 
 namespace vflow::engine {
 
@@ -137,13 +138,7 @@ struct ResourcesSpec {
   /// that needs more ends the job with OutOfMemory. 0 = no limit.
   int64_t memory_limit_mb = 0;
   /// One worker of a planned first generation (vflow-plan prints them).
-  struct Worker {
-    int64_t vnodes = 0;       ///< vnodes this worker holds (exact mode: equal vnode sizes)
-    std::string device;       ///< cpu | cuda | cuda:K; empty = resources.device
-    int64_t threads = 0;      ///< its intra-op threads; 0 = resources.threads
-    double cpu_quota = 0;     ///< cores it may use (cgroup cpu controller); 0 = no limit
-    std::string device_type;  ///< its device type's name (profiles); empty = the default name
-  };
+  using Worker = hetero::LayoutEntry;
   /// Per-worker settings of the first generation, in rank order; empty = even split.
   std::vector<Worker> layout;
   /// Device profiles (vflow-profile files) by which a resize splits the vnodes over workers
@@ -204,6 +199,10 @@ struct JobSpec {
 /// One layout entry as YAML, with the keys of resources.layout[] (what a launcher hands a
 /// worker of a planned layout), and back; errors name `source` and the key.
 std::string layout_entry_yaml(const ResourcesSpec::Worker& worker);
+/// A layout as the lines under a `layout:` key: one flow map per entry through the
+/// layout-entry schema, each followed by "  # <comment>" where `comments` gives one.
+std::string layout_lines(const std::vector<ResourcesSpec::Worker>& layout,
+                         const std::vector<std::string>& comments = {});
 ResourcesSpec::Worker parse_layout_entry(const std::string& text, const std::string& source);
 
 /// The reference tables of every key (key, default, meaning), one markdown table per part

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "vflow/hetero/layout.h"
 #include "vflow/hetero/profile.h"
 
 namespace vflow::hetero {
@@ -114,11 +115,16 @@ struct Baselines {
 };
 Baselines baselines(const PlanRequest& request);
 
-/// The `resources.layout` entries of a plan, one YAML line per worker in rank order
-/// (indented for the layout key): its vnodes and, from its type's profile, its device
-/// (the k-th worker on a CUDA type gets cuda:k), threads and CPU quota.
-std::string layout_yaml(const PlanRequest& request, const std::vector<WorkerShare>& workers);
-std::string layout_yaml(const PlanRequest& request, const RelaxedPlan& plan);
+/// A plan as the job's `resources.layout`, in rank order: each worker's vnodes and, from
+/// its type's profile, its device (the k-th worker on a CUDA type gets cuda:k), threads
+/// and CPU quota; and a note per worker naming its device type (and, relaxed, its vnode
+/// size). engine::layout_lines prints it.
+struct PlannedLayout {
+  std::vector<LayoutEntry> entries;
+  std::vector<std::string> notes;
+};
+PlannedLayout planned_layout(const PlanRequest& request, const std::vector<WorkerShare>& workers);
+PlannedLayout planned_layout(const PlanRequest& request, const RelaxedPlan& plan);
 
 /// The worker list of an inventory, in inventory order (one entry per device).
 std::vector<std::string> expand_inventory(const std::vector<DeviceGroup>& inventory);
