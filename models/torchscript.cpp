@@ -119,7 +119,7 @@ void TorchScriptModel::mirror() {
 torch::Tensor TorchScriptModel::forward(const torch::Tensor& input) {
   auto out = module_->forward({input});
   if (!out.isTensor()) {
-    throw Error(
+    throw SpecError(
         fmt::format("{}: forward() returned a {}, not one tensor of logits", path_, out.tagKind()));
   }
   return out.toTensor();

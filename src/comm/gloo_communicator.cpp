@@ -195,7 +195,7 @@ class LocalCommunicator final : public Communicator {
 }  // namespace
 
 double Communicator::allreduce_combine(torch::Tensor&, const Combine&) {
-  throw Error("[comm] this communicator cannot combine tensors element by element");
+  throw InternalError("[comm] this communicator cannot combine tensors element by element");
 }
 
 std::unique_ptr<PendingWork> Communicator::start_allreduce_sum(torch::Tensor& tensor) {

@@ -121,9 +121,9 @@ std::unique_ptr<Communicator> make_nccl_communicator(const Rendezvous& rendezvou
     throw Error(fmt::format("[comm] rank {}: cannot use NCCL: {}", rendezvous.rank, status.reason));
   }
   if (rendezvous.cuda_device < 0 || rendezvous.cuda_device >= status.devices) {
-    throw Error(fmt::format("[comm] rank {}: cuda:{} does not exist ({} CUDA device{} visible)",
-                            rendezvous.rank, rendezvous.cuda_device, status.devices,
-                            status.devices == 1 ? "" : "s"));
+    throw SpecError(fmt::format("[comm] rank {}: cuda:{} does not exist ({} CUDA device{} visible)",
+                                rendezvous.rank, rendezvous.cuda_device, status.devices,
+                                status.devices == 1 ? "" : "s"));
   }
   return std::unique_ptr<Communicator>(backend().create(&rendezvous));
 }

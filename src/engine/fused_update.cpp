@@ -233,8 +233,8 @@ class FusedOptimizer : public torch::optim::Optimizer, public FixedPointStep {
           state.serialize(saved);
           const int64_t steps = restore_state(i, state);
           if (any && steps != steps_) {
-            throw Error(fmt::format("the optimizer state of parameter {} is at step {}, not {}", i,
-                                    steps, steps_));
+            throw CheckpointError(fmt::format(
+                "the optimizer state of parameter {} is at step {}, not {}", i, steps, steps_));
           }
           steps_ = steps;
           restored[i] = any = true;
@@ -242,8 +242,9 @@ class FusedOptimizer : public torch::optim::Optimizer, public FixedPointStep {
     // A fresh optimizer's archive holds no state at all; any other holds every parameter's.
     const auto missing = std::find(restored.begin(), restored.end(), false);
     if (any && missing != restored.end()) {
-      throw Error(fmt::format("the optimizer state has no entry for trainable parameter {}",
-                              missing - restored.begin()));
+      throw CheckpointError(
+          fmt::format("the optimizer state has no entry for trainable parameter {}",
+                      missing - restored.begin()));
     }
   }
 
@@ -265,7 +266,7 @@ class FusedOptimizer : public torch::optim::Optimizer, public FixedPointStep {
   void restore(size_t i, int k, const torch::Tensor& t, const char* name) {
     const auto& p = flat_.params()[i];
     if (!t.defined() || !t.sizes().equals(p.sizes())) {
-      throw Error(fmt::format(
+      throw CheckpointError(fmt::format(
           "optimizer state {} of parameter {} has shape {}, its parameter {}", name, i,
           t.defined() ? fmt::format("{}", fmt::join(t.sizes(), "x")) : std::string("(none)"),
           fmt::join(p.sizes(), "x")));

@@ -70,8 +70,9 @@ class LayerwiseOptimizer : public torch::optim::Optimizer {
         torch::Tensor t;
         archive.read(fmt::format("{}.{}", names_[k], i), t, /*is_buffer=*/true);
         if (!t.sizes().equals(params[i].sizes())) {
-          throw Error(fmt::format("optimizer state {}.{} has shape {}, its parameter {}", names_[k],
-                                  i, fmt::join(t.sizes(), "x"), fmt::join(params[i].sizes(), "x")));
+          throw CheckpointError(fmt::format("optimizer state {}.{} has shape {}, its parameter {}",
+                                            names_[k], i, fmt::join(t.sizes(), "x"),
+                                            fmt::join(params[i].sizes(), "x")));
         }
         state_[i].push_back(t.to(params[i].device()));
       }

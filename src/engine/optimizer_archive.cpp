@@ -17,7 +17,7 @@ torch::serialize::InputArchive read_archive(torch::serialize::InputArchive& arch
                                             const std::string& key) {
   torch::serialize::InputArchive nested;
   if (!archive.try_read(key, nested)) {
-    throw Error(fmt::format("the optimizer state has no '{}'", key));
+    throw CheckpointError(fmt::format("the optimizer state has no '{}'", key));
   }
   return nested;
 }
@@ -25,7 +25,7 @@ torch::serialize::InputArchive read_archive(torch::serialize::InputArchive& arch
 int64_t read_count(torch::serialize::InputArchive& archive, const std::string& key) {
   torch::Tensor count;
   if (!archive.try_read(key, count) || count.numel() != 1 || count.item<int64_t>() < 0) {
-    throw Error(fmt::format("the optimizer state has no count '{}'", key));
+    throw CheckpointError(fmt::format("the optimizer state has no count '{}'", key));
   }
   return count.item<int64_t>();
 }
@@ -41,15 +41,16 @@ std::vector<std::string> listed_keys(torch::serialize::InputArchive& archive) {
     for (int64_t k = 0; k < count; ++k) {
       c10::IValue key;
       if (!group.try_read(fmt::format("params/{}", k), key)) {
-        throw Error(fmt::format("the optimizer state's group {} lists no parameter {}", g, k));
+        throw CheckpointError(
+            fmt::format("the optimizer state's group {} lists no parameter {}", g, k));
       }
       if (key.isString()) {
         keys.push_back(key.toStringRef());
       } else if (key.isInt()) {
         keys.push_back(std::to_string(key.toInt()));
       } else {
-        throw Error(fmt::format("the optimizer state's group {} names parameter {} by a {}", g, k,
-                                key.tagKind()));
+        throw CheckpointError(fmt::format(
+            "the optimizer state's group {} names parameter {} by a {}", g, k, key.tagKind()));
       }
     }
   }
@@ -63,8 +64,8 @@ void for_each_saved_state(
     const std::function<void(size_t, torch::serialize::InputArchive&)>& restore) {
   const auto keys = listed_keys(archive);
   if (keys.size() != parameters) {
-    throw Error(fmt::format("the optimizer state lists {} parameters, this model has {}",
-                            keys.size(), parameters));
+    throw CheckpointError(fmt::format("the optimizer state lists {} parameters, this model has {}",
+                                      keys.size(), parameters));
   }
   auto states = read_archive(archive, "state");
   const auto saved = states.keys();

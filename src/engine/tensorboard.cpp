@@ -465,7 +465,7 @@ std::vector<TensorBoardScalar> read_tensorboard_scalars(const std::string& path)
 std::string find_tensorboard_file(const std::string& dir) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) {
-    throw Error(fmt::format("{}: not a directory, no TensorBoard event file to read", dir));
+    throw DataError(fmt::format("{}: not a directory, no TensorBoard event file to read", dir));
   }
   const std::string prefix = kFilePrefix;
   bool found = false;
@@ -479,8 +479,8 @@ std::string find_tensorboard_file(const std::string& dir) {
     if (!found || key > newest) newest = std::move(key);
     found = true;
   }
-  if (ec) throw Error(fmt::format("{}: cannot list directory: {}", dir, ec.message()));
-  if (!found) throw Error(fmt::format("{}: no {}* file in this directory", dir, prefix));
+  if (ec) throw DataError(fmt::format("{}: cannot list directory: {}", dir, ec.message()));
+  if (!found) throw DataError(fmt::format("{}: no {}* file in this directory", dir, prefix));
   return std::get<2>(newest);
 }
 

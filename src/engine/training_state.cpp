@@ -127,8 +127,9 @@ StateHeader read_state(torch::serialize::InputArchive& archive, const std::strin
         torch::Tensor t;
         ema_archive.read(fmt::format("p{}", i), t, /*is_buffer=*/true);
         if (!t.sizes().equals(parts.ema[i].sizes())) {
-          throw Error(fmt::format("its weight average p{} has shape {}, the parameter {}", i,
-                                  fmt::join(t.sizes(), "x"), fmt::join(parts.ema[i].sizes(), "x")));
+          throw CheckpointError(fmt::format("its weight average p{} has shape {}, the parameter {}",
+                                            i, fmt::join(t.sizes(), "x"),
+                                            fmt::join(parts.ema[i].sizes(), "x")));
         }
         parts.ema[i] = t.to(device);
       }

@@ -39,7 +39,7 @@ void make_dir(const std::string& path) {
 }  // namespace
 
 void apply_cpu_quota(double cores, const std::string& name) {
-  if (!(cores > 0)) throw Error(fmt::format("a CPU quota must be positive, got {}", cores));
+  if (!(cores > 0)) throw InternalError(fmt::format("a CPU quota must be positive, got {}", cores));
   // A 10 ms period (the kernel's default is 100 ms): a worker at half a core then runs
   // 5 ms of every 10 rather than 50 of every 100, so a vnode of tens of milliseconds
   // meets the quota as a slower CPU would, in proportion to its work.

@@ -95,7 +95,7 @@ class Group {
 const DeviceProfile& profile_for(const PlanRequest& r, const std::string& type) {
   const auto it = r.profiles.find(type);
   if (it == r.profiles.end()) {
-    throw Error(
+    throw SpecError(
         fmt::format("no profile for device type '{}'; run vflow-profile on it first", type));
   }
   return it->second;
@@ -104,33 +104,34 @@ const DeviceProfile& profile_for(const PlanRequest& r, const std::string& type) 
 /// The checks both modes share: devices listed, a profile for each type, measured with
 /// this model.
 void check_profiles(const PlanRequest& r) {
-  if (r.inventory.empty()) throw Error("the inventory lists no devices");
+  if (r.inventory.empty()) throw SpecError("the inventory lists no devices");
   for (const auto& g : r.inventory) {
     const auto& p = profile_for(r, g.device_type);
     if (!r.model.empty() && p.model != r.model) {
-      throw Error(fmt::format(
+      throw SpecError(fmt::format(
           "the profile of '{}' was measured with model {} but this job's model is {}; profile "
           "this model",
           g.device_type, p.model.empty() ? "(unknown)" : p.model, r.model));
     }
     if (g.count < 1)
-      throw Error(fmt::format("device type '{}' has count {}", g.device_type, g.count));
+      throw SpecError(fmt::format("device type '{}' has count {}", g.device_type, g.count));
     if (r.link_bandwidth > 0 && p.gradient_bytes <= 0) {
-      throw Error(fmt::format(
+      throw SpecError(fmt::format(
           "the profile of '{}' does not record gradient_bytes, which the link bandwidth "
           "between device types needs; profile again or add it",
           g.device_type));
     }
   }
   if (r.link_bandwidth < 0) {
-    throw Error(fmt::format("link bandwidth {} must be positive", r.link_bandwidth));
+    throw SpecError(fmt::format("link bandwidth {} must be positive", r.link_bandwidth));
   }
 }
 
 std::vector<TypeCost> type_costs(const PlanRequest& r) {
   if (r.global_batch <= 0 || r.virtual_nodes <= 0 || r.global_batch % r.virtual_nodes != 0) {
-    throw Error(fmt::format("global batch {} must be a positive multiple of the {} virtual nodes",
-                            r.global_batch, r.virtual_nodes));
+    throw SpecError(
+        fmt::format("global batch {} must be a positive multiple of the {} virtual nodes",
+                    r.global_batch, r.virtual_nodes));
   }
   check_profiles(r);
   const int64_t size = r.global_batch / r.virtual_nodes;
@@ -151,7 +152,7 @@ const TypeCost& cost_of(const std::vector<TypeCost>& costs, const std::string& t
   for (const auto& c : costs) {
     if (c.type == type) return c;
   }
-  throw Error(fmt::format("device type '{}' is not in the inventory", type));
+  throw SpecError(fmt::format("device type '{}' is not in the inventory", type));
 }
 
 double predict(const std::vector<TypeCost>& costs, const std::vector<WorkerShare>& shares,
@@ -288,7 +289,7 @@ Plan plan_exact(const PlanRequest& request) {
     if (c.fits) usable.push_back(&c);
   }
   if (usable.empty()) {
-    throw Error(fmt::format(
+    throw SpecError(fmt::format(
         "no device type can hold a vnode of {} examples within its memory cap; use more "
         "virtual nodes (smaller vnodes) or raise the caps",
         request.global_batch / request.virtual_nodes));
@@ -555,14 +556,14 @@ double predict_relaxed_seconds(const PlanRequest& request,
 RelaxedPlan plan_relaxed(const PlanRequest& request) {
   check_profiles(request);
   const int64_t b = request.global_batch;
-  if (b <= 0) throw Error(fmt::format("global batch {} must be positive", b));
+  if (b <= 0) throw SpecError(fmt::format("global batch {} must be positive", b));
   std::vector<std::pair<const DeviceGroup*, std::vector<int64_t>>> options;
   for (const auto& g : request.inventory) {
     auto sizes = candidate_sizes(request, g);
     if (!sizes.empty()) options.emplace_back(&g, std::move(sizes));
   }
   if (options.empty()) {
-    throw Error(
+    throw SpecError(
         "no device type can hold any profiled vnode size within its memory cap; "
         "profile smaller vnode sizes or raise the caps");
   }
@@ -601,7 +602,7 @@ RelaxedPlan plan_relaxed(const PlanRequest& request) {
     }
   }
   if (best.workers.empty()) {
-    throw Error(fmt::format(
+    throw SpecError(fmt::format(
         "no combination of the profiled vnode sizes adds up to the global batch {}; profile "
         "more sizes",
         b));

@@ -20,7 +20,7 @@ namespace {
 template <typename Value>
 double interpolate(const DeviceProfile& p, int64_t size, Value value) {
   if (p.points.empty()) {
-    throw Error(fmt::format("profile of {} has no measurements", p.device_type));
+    throw SpecError(fmt::format("profile of {} has no measurements", p.device_type));
   }
   const auto& first = p.points.front();
   if (size <= first.vnode_size) {
@@ -37,7 +37,7 @@ double interpolate(const DeviceProfile& p, int64_t size, Value value) {
              f * (static_cast<double>(value(b)) - static_cast<double>(value(a)));
     }
   }
-  throw Error(fmt::format(
+  throw SpecError(fmt::format(
       "profile of {} was measured up to vnode size {}; profile again with larger sizes to plan "
       "vnodes of {}",
       p.device_type, p.points.back().vnode_size, size));

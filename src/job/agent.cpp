@@ -121,7 +121,7 @@ class Agent {
     record_.slots = options_.slots;
     const auto ttl = lease_ttl(options_.timeout);
     if (root_->alive(agent_liveness(options_.name))) {
-      throw Error(
+      throw RequestRefused(
           fmt::format("an agent named '{}' is running on {} already: give this one "
                       "another --name",
                       options_.name, options_.control));

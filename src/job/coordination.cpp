@@ -45,7 +45,7 @@ CoordinatorCandidate::CoordinatorCandidate(const std::string& control, const std
   if (first) {
     const auto holder = claim_->campaign(kCoordinator, me_, ttl_);
     if (holder != me_) {
-      throw Error(
+      throw RequestRefused(
           fmt::format("job '{}' on {} is coordinated by {} already", job_, control_url_, holder));
     }
     renewed_ = Clock::now();
@@ -99,7 +99,7 @@ void CoordinatorCandidate::start(const ElasticOptions& options,
                                  const std::vector<std::string>& members,
                                  const std::vector<int64_t>& vnodes) {
   if (!leading_ || manager_) {
-    throw Error(
+    throw RequestRefused(
         fmt::format("job '{}' on {}: this submitter no longer holds the coordinator's "
                     "claim, or has started the job already",
                     job_, control_url_));

@@ -22,7 +22,7 @@ int env_int(const char* name, const std::string& value) {
   char* end = nullptr;
   const long v = std::strtol(value.c_str(), &end, 10);
   if (value.empty() || *end != '\0' || v < 0) {
-    throw Error(
+    throw SpecError(
         fmt::format("environment variable {}='{}' is not a non-negative integer", name, value));
   }
   return static_cast<int>(v);
@@ -40,14 +40,14 @@ std::optional<ElasticWorkerEnvironment> elastic_worker_from_environment() {
   out.member = *member;
   if (const auto control = env("VFLOW_CONTROL")) {
     const auto job = env("VFLOW_JOB");
-    if (!job) throw Error("VFLOW_CONTROL is set but VFLOW_JOB (the job's name) is not");
+    if (!job) throw SpecError("VFLOW_CONTROL is set but VFLOW_JOB (the job's name) is not");
     out.control = *control;
     out.job = *job;
     return out;
   }
   const auto store = env("VFLOW_STORE");
   if (!store) {
-    throw Error(
+    throw SpecError(
         "VFLOW_MEMBER is set but neither VFLOW_STORE (the coordinator's host:port) nor "
         "VFLOW_CONTROL (a cluster's control store) is");
   }
@@ -63,7 +63,7 @@ std::optional<comm::Rendezvous> rendezvous_from_environment(std::chrono::millise
   const auto store = env("VFLOW_STORE");
   if (rank || size || store) {
     if (!rank || !size || !store) {
-      throw Error("VFLOW_RANK, VFLOW_WORLD_SIZE and VFLOW_STORE must be set together");
+      throw SpecError("VFLOW_RANK, VFLOW_WORLD_SIZE and VFLOW_STORE must be set together");
     }
     r.rank = env_int("VFLOW_RANK", *rank);
     r.world_size = env_int("VFLOW_WORLD_SIZE", *size);
@@ -90,7 +90,7 @@ std::optional<comm::Rendezvous> rendezvous_from_environment(std::chrono::millise
     const auto addr = env("MASTER_ADDR");
     const auto port = env("MASTER_PORT");
     if (!addr || !port) {
-      throw Error(
+      throw SpecError(
           fmt::format("{} and {} are set, so this is a worker of an external launcher, "
                       "but MASTER_ADDR and MASTER_PORT (where rank 0 hosts the job's "
                       "store) are not",
@@ -101,7 +101,7 @@ std::optional<comm::Rendezvous> rendezvous_from_environment(std::chrono::millise
     r.host_store = r.rank == 0;
   }
   if (r.world_size < 1 || r.rank >= r.world_size) {
-    throw Error(fmt::format("rank {} is not below the world size {}", r.rank, r.world_size));
+    throw SpecError(fmt::format("rank {} is not below the world size {}", r.rank, r.world_size));
   }
   return r;
 }

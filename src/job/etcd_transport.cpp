@@ -226,11 +226,12 @@ Json Transport::call(const std::string& path, const Json& request, const std::st
       continue;
     }
     if (code == kPermissionDenied) {
-      throw Error(fmt::format("etcd at {} refused {} under {} to user '{}': {}",
-                              options_.endpoints[e], what, scope_, options_.user, message));
+      throw RequestRefused(fmt::format("etcd at {} refused {} under {} to user '{}': {}",
+                                       options_.endpoints[e], what, scope_, options_.user,
+                                       message));
     }
     if (code == kInvalidArgument && message.find("user name is empty") != std::string::npos) {
-      throw Error(
+      throw SpecError(
           fmt::format("etcd at {} requires authentication: set VFLOW_ETCD_USER and "
                       "VFLOW_ETCD_PASSWORD_FILE",
                       options_.endpoints[e]));
@@ -291,8 +292,8 @@ Transport::WatchEnd Transport::stream_watch(const Json& create, milliseconds tim
     if (compacted) return WatchEnd::kCompacted;
     if (!refused.empty()) {
       if (refused.find("permission denied") != std::string::npos) {
-        throw Error(fmt::format("etcd at {} refused {} to user '{}': {}", options_.endpoints[e],
-                                what, options_.user, refused));
+        throw RequestRefused(fmt::format("etcd at {} refused {} to user '{}': {}",
+                                         options_.endpoints[e], what, options_.user, refused));
       }
       // A token that expired: look again from now.
       if (!options_.user.empty()) authenticate();

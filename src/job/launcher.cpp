@@ -95,7 +95,7 @@ void claim_job_name(ControlPlane& control, ClusterStore& store, const LaunchOpti
                          (store.holder("coordinator") || store.alive(kLauncher) ||
                           !store.alive_names(ControlPlane::liveness_name("")).empty());
     if (running) {
-      throw Error(
+      throw RequestRefused(
           fmt::format("a job named '{}' is running on {}: choose another --job, or stop it first "
                       "(vflow-ctl --control {} stop {})",
                       options.job, options.control, options.control, options.job));
@@ -107,8 +107,9 @@ void claim_job_name(ControlPlane& control, ClusterStore& store, const LaunchOpti
   const std::string me = fmt::format("{}-{}", submitter_name(),
                                      std::chrono::system_clock::now().time_since_epoch().count());
   if (store.set_if_absent("job/owner", me) != me) {
-    throw Error(fmt::format("another launcher took the job name '{}' on {} at the same moment",
-                            options.job, options.control));
+    throw RequestRefused(
+        fmt::format("another launcher took the job name '{}' on {} at the same moment", options.job,
+                    options.control));
   }
 }
 

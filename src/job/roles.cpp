@@ -166,7 +166,7 @@ RoleOutcome run_elastic_worker_role(const engine::JobSpec& job, const RoleOption
 
 RoleOutcome run_launcher_role(const engine::JobSpec& spec, const RoleOptions& options) {
   if (options.command.empty()) {
-    throw Error(
+    throw SpecError(
         "a job of several workers needs the command line each worker runs "
         "(RoleOptions::command, e.g. command_line_of_this_program)");
   }
@@ -296,7 +296,7 @@ RoleOutcome run_role(Role role, const engine::JobSpec& spec, const RoleOptions& 
     case Role::kSingle:
       return run_training_role(role, spec, options);
   }
-  throw Error("unknown role");
+  throw InternalError("unknown role");
 }
 
 }  // namespace vflow::job

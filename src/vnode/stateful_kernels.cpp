@@ -29,13 +29,13 @@ class RunningStatsGroup final : public StatefulKernel {
   /// A counter that only one of the two names is kept.
   bool add(Layer layer) {
     if (layer.count.defined() && layer.count.numel() != 1) {
-      throw Error("a running-statistics counter must be one number, not " +
-                  std::to_string(layer.count.numel()));
+      throw SpecError("a running-statistics counter must be one number, not " +
+                      std::to_string(layer.count.numel()));
     }
     for (auto& known : layers_) {
       if (!same_memory(known.mean, layer.mean)) continue;
       if (known.momentum != layer.momentum) {
-        throw Error(
+        throw SpecError(
             "the same running statistics are registered twice with different momenta; "
             "register them once");
       }

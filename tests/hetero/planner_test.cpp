@@ -181,6 +181,10 @@ TEST_CASE("bad plan requests are refused clearly", "[unit][hetero]") {
   r = request(8, {{"cpu", 1, 0}}, {profile("cpu", 0, 0.001, 0, 0)});
   r.global_batch = 4096;  // vnodes of 512 examples: beyond the measured 256
   CHECK_THROWS_WITH(plan_exact(r), Catch::Matchers::Contains("measured up to vnode size 256"));
+  // A plan request is the user's input: its errors are usage errors (exit code 2).
+  CHECK_THROWS_AS(plan_exact(r), vflow::SpecError);
+  r.inventory.clear();
+  CHECK_THROWS_AS(plan_relaxed(r), vflow::SpecError);
 }
 
 TEST_CASE("profiles round-trip through their file and bad files name the line", "[unit][hetero]") {

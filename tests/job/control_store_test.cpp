@@ -450,6 +450,7 @@ TEST_CASE(
   // Alice's credentials cannot touch job B's keys, neither read nor write.
   const auto alice_on_b = [&] { return connect_etcd_store(options("B", "alice", "alice-secret")); };
   CHECK_THROWS_WITH(alice_on_b(), Catch::Contains("permission denied"));
+  CHECK_THROWS_AS(alice_on_b(), vflow::RequestRefused);  // exit code 7, not a failure
   CHECK(bob->get("job/step") == std::optional<std::string>("1"));
   // Listing every job needs access to all of them: root may, alice may not.
   alice->set("job/owner", "1");  // what a launcher that took the name writes
@@ -460,6 +461,7 @@ TEST_CASE(
 
   CHECK_THROWS_WITH(connect_etcd_store(options("A", "", "")),
                     Catch::Contains("requires authentication"));
+  CHECK_THROWS_AS(connect_etcd_store(options("A", "", "")), vflow::SpecError);
   CHECK_THROWS_AS(connect_etcd_store(options("A", "alice", "wrong")), vflow::Error);
   // Without the cluster's CA the server's certificate is not trusted.
   auto untrusted = options("A", "alice", "alice-secret");

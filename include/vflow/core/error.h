@@ -4,6 +4,16 @@
 // user errors (a bad job spec, a corrupt data file, an unusable checkpoint)
 // carry a message the user can act on; InternalError marks a broken
 // invariant inside vflow. Library code throws; only apps/ map errors to exit codes.
+//
+// Which class to throw:
+// - what the user gave (a spec, flag, variable, profile, model) -> SpecError;
+// - a data file -> DataError; a checkpoint, or the state a joiner receives -> CheckpointError;
+// - a peer or the coordinator that failed -> PeerFailure; a request that the job, its
+//   control store or its name's owner refused -> RequestRefused; memory -> OutOfMemory;
+// - the machine or a service failing vflow (a system call, a cgroup, libcurl, an output
+//   file that cannot be written, a store holding what vflow never wrote) -> Error itself,
+//   with a message naming the resource;
+// - a broken invariant -> VFLOW_ASSERT or InternalError.
 #pragma once
 
 #include <stdexcept>
@@ -17,8 +27,9 @@ class Error : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-/// A job spec (YAML file, --set override, or options built in code) that is invalid.
-/// The message starts with the location ("job.yaml:12:5") and the dotted key.
+/// A job spec (YAML file, --set override, or options built in code) that is invalid: the
+/// message starts with the location ("job.yaml:12:5") and the dotted key. Also a flag, an
+/// environment variable, a profile or a model that cannot be used, named in the message.
 class SpecError : public Error {
  public:
   using Error::Error;
@@ -52,7 +63,8 @@ class PeerFailure : public Error {
 };
 
 /// A running job's coordinator refused a request, e.g. a resize outside the job's limits
-/// or an address that is not an elastic vflow job.
+/// or an address that is not an elastic vflow job; or the cluster's control store did (a
+/// job or agent name that another holds, keys the user's credentials may not touch).
 class RequestRefused : public Error {
  public:
   using Error::Error;

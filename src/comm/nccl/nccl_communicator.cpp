@@ -59,8 +59,8 @@ ncclDataType_t nccl_type(const torch::Tensor& t) {
     case torch::kUInt8:
       return ncclUint8;
     default:
-      throw Error(fmt::format("[comm] NCCL has no type for tensors of {}",
-                              std::string(c10::toString(t.scalar_type()))));
+      throw InternalError(fmt::format("[comm] NCCL has no type for tensors of {}",
+                                      std::string(c10::toString(t.scalar_type()))));
   }
 }
 
@@ -448,7 +448,7 @@ class NcclCommunicator final : public Communicator {
     int version = 0;
     ncclGetVersion(&version);
     if (version < NCCL_VERSION(2, 30, 0)) {
-      throw Error(fmt::format(
+      throw SpecError(fmt::format(
           "[comm] two ranks of this job are on one GPU (rank {} on cuda:{}), which NCCL {} "
           "refuses (2.30 and later allow it); give each worker its own device, or use "
           "resources.backend: gloo",
@@ -481,7 +481,7 @@ class NcclCommunicator final : public Communicator {
                                      size_, where(file, line), ncclGetErrorString(status),
                                      last && *last ? ": " : "", last ? last : "");
     abort_now();
-    if (status == ncclInvalidArgument || status == ncclInvalidUsage) throw Error(message);
+    if (status == ncclInvalidArgument || status == ncclInvalidUsage) throw InternalError(message);
     throw PeerFailure(message);
   }
 
@@ -541,7 +541,7 @@ class NcclCommunicator final : public Communicator {
 
   void check_device(const torch::Tensor& t) const {
     if (t.device().index() != device_ || !t.is_contiguous()) {
-      throw Error(fmt::format(
+      throw InternalError(fmt::format(
           "[comm] NCCL rank {} works on contiguous tensors of cuda:{}, got "
           "a {}tensor on {}",
           rank_, device_, t.is_contiguous() ? "" : "non-contiguous ", t.device().str()));
