@@ -26,16 +26,17 @@ void StepPacket::add_loss(const torch::Tensor& vnode_loss, int64_t examples) {
   slot += vnode_loss.detach() * static_cast<double>(examples);
 }
 
-void StepPacket::request_stop() { section(3).fill_(1.0); }
+void StepPacket::request_stop() { section(Part::kStop).fill_(1.0); }
 
 void StepPacket::request_regroup(int64_t generation) {
-  section(4).fill_(static_cast<double>(generation));
+  section(Part::kRegroup).fill_(static_cast<double>(generation));
 }
 
 StepPacket::Tail StepPacket::tail() const {
   // loss, stop and regroup lie next to each other at the end of the packet.
+  const int64_t loss_at = section_of(Part::kLoss).offset;
   const auto host =
-      buffer_.flat().narrow(0, sections_[2].offset, 3).to(torch::kCPU, torch::kDouble).contiguous();
+      buffer_.flat().narrow(0, loss_at, 3).to(torch::kCPU, torch::kDouble).contiguous();
   const double* v = host.data_ptr<double>();
   return Tail{v[0], v[1] > 0, std::llround(v[2])};
 }

@@ -23,6 +23,7 @@ TEST_CASE("the step packet lays out gradients, table, loss, stop and regroup in 
   CHECK(next == packet.numel());
   CHECK(sections[0].numel == 8);
   CHECK(sections[1].numel == 5);
+  CHECK(&packet.section_of(StepPacket::Part::kRegroup) == &sections.back());
   CHECK(packet.table().numel() == 5);
   // Every .grad is a view into the gradients section: a backward pass writes the packet.
   const auto x = torch::ones({4, 3});

@@ -21,6 +21,7 @@
 
 #include <torch/types.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -31,6 +32,9 @@ namespace vflow::vnode {
 
 class StepPacket {
  public:
+  /// The sections, in the packet's order.
+  enum class Part : size_t { kGradients, kTable, kLoss, kStop, kRegroup };
+
   /// One contiguous range of the packet.
   struct Section {
     std::string name;  ///< gradients, table, loss, stop or regroup
@@ -52,10 +56,10 @@ class StepPacket {
   int64_t numel() const { return buffer_.numel(); }
   GradientBuffer& gradient_buffer() { return buffer_; }
 
-  torch::Tensor gradients() const { return section(0); }
-  torch::Tensor table() const { return section(1); }
+  torch::Tensor gradients() const { return section(Part::kGradients); }
+  torch::Tensor table() const { return section(Part::kTable); }
   /// One element: Σ loss_v · n_v; add a vnode's share with add_loss.
-  torch::Tensor loss() const { return section(2); }
+  torch::Tensor loss() const { return section(Part::kLoss); }
   void add_loss(const torch::Tensor& vnode_loss, int64_t examples);
 
   // ---- the control word ----
@@ -73,10 +77,12 @@ class StepPacket {
 
   /// The sections in order: gradients, table, loss, stop, regroup.
   const std::vector<Section>& sections() const { return sections_; }
+  const Section& section_of(Part part) const { return sections_[static_cast<size_t>(part)]; }
 
  private:
-  torch::Tensor section(size_t k) const {
-    return buffer_.flat().narrow(0, sections_[k].offset, sections_[k].numel);
+  torch::Tensor section(Part part) const {
+    const Section& s = section_of(part);
+    return buffer_.flat().narrow(0, s.offset, s.numel);
   }
   GradientBuffer buffer_;
   std::vector<Section> sections_;
