@@ -38,6 +38,18 @@ void write_file(const std::string& path, const std::string& content) {
   out << content;
 }
 
+void write_llmc_shard(const std::string& path, const std::vector<uint16_t>& tokens, int32_t magic,
+                      int32_t version, int64_t count) {
+  int32_t header[256] = {};
+  header[0] = magic;
+  header[1] = version;
+  header[2] = static_cast<int32_t>(count < 0 ? static_cast<int64_t>(tokens.size()) : count);
+  std::ofstream out(path, std::ios::binary);
+  out.write(reinterpret_cast<const char*>(header), sizeof header);
+  out.write(reinterpret_cast<const char*>(tokens.data()),
+            static_cast<std::streamsize>(tokens.size() * sizeof(uint16_t)));
+}
+
 std::string read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   std::stringstream s;

@@ -26,6 +26,10 @@ class TempDir {
 };
 
 void write_file(const std::string& path, const std::string& content);
+/// Writes `tokens` as an llm.c token shard: a header of 256 int32 (`magic`, `version`, the
+/// token count, or `count` where it is not negative) and the tokens as uint16.
+void write_llmc_shard(const std::string& path, const std::vector<uint16_t>& tokens,
+                      int32_t magic = 20240520, int32_t version = 1, int64_t count = -1);
 std::string read_file(const std::string& path);
 
 /// The numerically sensitive tests ([numeric]) must hold on any x86-64 CPU, BLAS kernel and

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include <tuple>
 #include <type_traits>
 
 #include "core/spec_schema.h"
@@ -10,6 +11,7 @@
 #include "vflow/data/fashion_mnist.h"
 #include "vflow/data/synthetic.h"
 #include "vflow/data/text.h"
+#include "vflow/data/token_shards.h"
 
 namespace vflow::data {
 
@@ -230,6 +232,70 @@ PreparedData prepare_text_lm(OptionReader& opt) {
   return p;
 }
 
+/// token-shards' options: the training and evaluation shards, and how to read them.
+struct TokenShardsKeys {
+  std::vector<std::string> train;
+  std::vector<std::string> eval;
+  TokenFormat format = TokenFormat::kLlmc;
+  int64_t context = 64;
+  int64_t vocab_size = 0;
+};
+
+const SpecSchema<TokenShardsKeys>& token_shards_schema() {
+  static const auto schema = [] {
+    using O = TokenShardsKeys;
+    SpecSchema<O> s("token-shards");
+    s.texts("train", &O::train,
+            "the training shards: files or glob patterns (`data/train_*.bin`, each pattern's "
+            "matches in name order), relative to the working directory")
+        .default_text("required")
+        .after([](OptionReader& r, O& o) {
+          if (o.train.empty()) r.fail("train", "needs the training shards");
+        });
+    s.texts("eval", &O::eval, "the evaluation shards, alike; empty = no evaluation");
+    s.choice("format", &O::format, {TokenFormat::kLlmc, TokenFormat::kUint16, TokenFormat::kUint32},
+             "`llmc`: llm.c's shards (a 1024-byte header: magic 20240520, version 1, the token "
+             "count; then uint16 tokens); `uint16` or `uint32`: raw little-endian token ids");
+    s.integer("context", &O::context, 1, 1 << 20,
+              "tokens per example; targets are the inputs shifted by one (an example reads "
+              "context + 1 tokens; examples do not overlap or cross shards)");
+    s.integer("vocab_size", &O::vocab_size, 1, int64_t{1} << 32,
+              "the tokenizer's vocabulary: every token id is below it (GPT-2's is 50257)")
+        .default_text("required")
+        .after([](OptionReader& r, O& o) {
+          if (o.vocab_size == 0) r.fail("vocab_size", "needs the tokenizer's vocabulary size");
+        });
+    return s;
+  }();
+  return schema;
+}
+
+PreparedData prepare_token_shards(OptionReader& opt) {
+  TokenShardsKeys keys;
+  token_shards_schema().read(opt, keys);
+  TokenShardsOptions train;
+  train.format = keys.format;
+  train.context = keys.context;
+  train.vocab_size = keys.vocab_size;
+  TokenShardsOptions eval = train;
+  // Which files: listed now (cheap); their headers are read when the data loads.
+  for (auto [key, patterns, out] : {std::tuple{"train", &keys.train, &train.paths},
+                                    std::tuple{"eval", &keys.eval, &eval.paths}}) {
+    try {
+      *out = expand_shard_paths(*patterns, key);
+    } catch (const DataError& e) {
+      opt.fail(key, e.what());
+    }
+  }
+  PreparedData p;
+  p.info = DataInfo{{keys.context}, keys.vocab_size, keys.vocab_size};
+  p.load = [train, eval] {
+    return DataSplits{open_token_shards(train),
+                      eval.paths.empty() ? nullptr : open_token_shards(eval)};
+  };
+  return p;
+}
+
 }  // namespace
 
 DataRegistry::DataRegistry() : Registry("data set") {
@@ -250,6 +316,10 @@ DataRegistry::DataRegistry() : Registry("data set") {
       prepare_text_lm<TextLmOptions>, text_lm_schema<TextLmOptions>().rows());
   add("fortunes-lm", "`text-lm` over the English prose files of Debian's `fortunes` package",
       prepare_text_lm<FortunesLmOptions>, text_lm_schema<FortunesLmOptions>().rows());
+  add("token-shards",
+      "next-token prediction over pre-tokenized shards (llm.c's or raw token files), read "
+      "from disk as examples are needed; inputs and targets `[context]`",
+      prepare_token_shards, token_shards_schema().rows());
 }
 
 DataRegistry& DataRegistry::global() {

@@ -53,6 +53,36 @@ TEST_CASE("deterministic jobs give the same fingerprint on 1, 2, 3 and 4 workers
   }
 }
 
+TEST_CASE("a language model on token shards gives one fingerprint on 1 and 3 workers",
+          "[multiproc]") {
+  // Real text as tokens: a fortune file's bytes (id 3 + b), in two training shards of
+  // llm.c's format and an evaluation shard, read from disk as the examples are needed.
+  TempDir dir;
+  const std::string text = read_file("/usr/share/games/fortunes/computers");
+  REQUIRE(text.size() > 20000);
+  std::vector<uint16_t> tokens;
+  for (const unsigned char b : text.substr(0, 20000)) tokens.push_back(uint16_t{3} + b);
+  const auto part = [&](size_t from, size_t to) {
+    return std::vector<uint16_t>(tokens.begin() + from, tokens.begin() + to);
+  };
+  write_llmc_shard(dir.file("train_0.bin"), part(0, 9000));
+  write_llmc_shard(dir.file("train_1.bin"), part(9000, 17000));
+  write_llmc_shard(dir.file("eval.bin"), part(17000, 20000));
+  const std::string lm =
+      " --set semantic.data='{name: token-shards, options: {train: " + dir.file("train_*.bin") +
+      ", eval: " + dir.file("eval.bin") +
+      ", context: 16, vocab_size: 259}}'"
+      " --set semantic.model='{name: transformer-lm, options: {layers: 1, hidden: 16, heads: "
+      "2, dropout: 0.1}}' --set semantic.deterministic=true";
+  const auto one = train(1, lm);
+  REQUIRE(one.fingerprints.size() == 1);
+  REQUIRE(one.losses.size() == 16);
+  CHECK(one.losses.back() < one.losses.front());
+  const auto three = train(3, lm);
+  CHECK(three.fingerprints == one.fingerprints);
+  CHECK(three.losses == one.losses);
+}
+
 TEST_CASE(
     "deterministic jobs of one vnode a worker give the one-worker fingerprint, their exact sum "
     "formed in shared memory or split over sockets",

@@ -1,6 +1,8 @@
 // The fuzz targets (fuzz_target.h). Each names the parser it drives.
 #include <spdlog/spdlog.h>
+#include <torch/torch.h>
 
+#include <algorithm>
 #include <sstream>
 #include <string>
 #include <string_view>
@@ -10,6 +12,7 @@
 #include "vflow/core/spec_node.h"
 #include "vflow/data/fashion_mnist.h"
 #include "vflow/data/text.h"
+#include "vflow/data/token_shards.h"
 #include "vflow/engine/job_spec.h"
 #include "vflow/engine/run_job.h"
 #include "vflow/engine/trainer.h"
@@ -90,6 +93,32 @@ std::string text(const uint8_t* data, size_t size) {
         }
       },
       file.path());
+}
+
+/// A token shard, opened in each format and read window by window (the first 256 windows):
+/// accepted when one format takes it whole, else llm.c's refusal.
+std::string token_shard(const uint8_t* data, size_t size) {
+  const MemoryFile file(data, size);
+  std::string llmc_refusal;
+  bool accepted = false;
+  for (const auto format :
+       {data::TokenFormat::kLlmc, data::TokenFormat::kUint16, data::TokenFormat::kUint32}) {
+    const auto refusal = expect_clean_refusal(
+        [&] {
+          data::TokenShardsOptions o;
+          o.paths = {file.path()};
+          o.format = format;
+          o.context = 3;
+          o.vocab_size = 50000;  // below the magic number's low half as uint16, 55432
+          const auto shards = data::open_token_shards(o);
+          const int64_t n = std::min<int64_t>(shards->size(), 256);
+          for (int64_t k = 0; k < n; ++k) (void)shards->get(torch::tensor({k}, torch::kInt64));
+        },
+        file.path());
+    if (format == data::TokenFormat::kLlmc) llmc_refusal = refusal;
+    accepted = accepted || refusal.empty();
+  }
+  return accepted ? "" : llmc_refusal;
 }
 
 /// A device profile as vflow-plan reads it.
@@ -210,6 +239,7 @@ const std::vector<Target>& targets() {
       {"job_spec", job_spec},
       {"idx", idx},
       {"text", text},
+      {"token_shard", token_shard},
       {"profile", profile},
       {"gavel_trace", gavel_trace},
       {"philly_trace", philly_trace},

@@ -78,7 +78,8 @@ using DataFactory = std::function<PreparedData(OptionReader& options)>;
 class DataRegistry : public Registry<DataFactory> {
  public:
   /// The registry with vflow's data sets: "fashion-mnist", "synthetic", "text-classes",
-  /// "text-lm" and the fortune-package presets "fortunes-langid" and "fortunes-lm".
+  /// "text-lm", the fortune-package presets "fortunes-langid" and "fortunes-lm", and
+  /// "token-shards".
   static DataRegistry& global();
 
   /// Validates `options` for data set `name`; unknown names and keys are SpecErrors.

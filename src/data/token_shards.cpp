@@ -1,0 +1,220 @@
+#include "vflow/data/token_shards.h"
+
+#include <fmt/format.h>
+#include <glob.h>
+#include <sys/mman.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+
+#include "core/input_file.h"
+#include "vflow/core/error.h"
+
+namespace vflow::data {
+
+std::string to_string(TokenFormat format) {
+  switch (format) {
+    case TokenFormat::kLlmc:
+      return "llmc";
+    case TokenFormat::kUint16:
+      return "uint16";
+    case TokenFormat::kUint32:
+      return "uint32";
+  }
+  return "?";
+}
+
+namespace {
+
+/// One shard, mapped read-only. The pages a read touched are given back to the kernel
+/// after it (they stay in the page cache), so the process's resident memory stays at
+/// what one batch needs however large the shards are.
+class Shard {
+ public:
+  Shard(const std::string& path, TokenFormat format) : path_(path) {
+    auto in = core::open_input_file(path);
+    if (!in.ok()) throw DataError(fmt::format("{}: cannot read: {}", path, in.error));
+    const uint64_t size = in.size;
+    if (size == 0) throw DataError(fmt::format("{}: an empty shard", path));
+    width_ = format == TokenFormat::kUint32 ? 4 : 2;
+    if (format == TokenFormat::kLlmc) read_header(in.fd.get(), size);
+    if ((size - static_cast<uint64_t>(offset_)) % static_cast<uint64_t>(width_) != 0) {
+      throw DataError(
+          fmt::format("{}: {} bytes of tokens are not a whole number of {}-byte "
+                      "tokens (a truncated file, or another format)",
+                      path, size - static_cast<uint64_t>(offset_), width_));
+    }
+    tokens_ = static_cast<int64_t>((size - static_cast<uint64_t>(offset_)) /
+                                   static_cast<uint64_t>(width_));
+    if (tokens_ == 0) throw DataError(fmt::format("{}: an empty shard (no tokens)", path));
+    bytes_ = static_cast<size_t>(size);
+    void* map = ::mmap(nullptr, bytes_, PROT_READ, MAP_PRIVATE, in.fd.get(), 0);
+    if (map == MAP_FAILED) {
+      throw DataError(fmt::format("{}: cannot map: {}", path, std::strerror(errno)));
+    }
+    data_ = static_cast<const unsigned char*>(map);
+  }
+  ~Shard() {
+    if (data_) ::munmap(const_cast<unsigned char*>(data_), bytes_);
+  }
+  Shard(const Shard&) = delete;
+  Shard& operator=(const Shard&) = delete;
+
+  const std::string& path() const { return path_; }
+  int64_t tokens() const { return tokens_; }
+
+  /// Tokens [first, first + n) as int64 into `out`; an id not below `vocab` is a DataError.
+  void read(int64_t first, int64_t n, int64_t vocab, int64_t* out) const {
+    const unsigned char* at = data_ + offset_ + first * width_;
+    for (int64_t i = 0; i < n; ++i, at += width_) {
+      uint32_t v = 0;
+      if (width_ == 2) {
+        v = static_cast<uint32_t>(at[0]) | static_cast<uint32_t>(at[1]) << 8;
+      } else {
+        v = static_cast<uint32_t>(at[0]) | static_cast<uint32_t>(at[1]) << 8 |
+            static_cast<uint32_t>(at[2]) << 16 | static_cast<uint32_t>(at[3]) << 24;
+      }
+      if (v >= static_cast<uint64_t>(vocab)) {
+        throw DataError(
+            fmt::format("{}: token {} (byte offset {}) is {}, not below the "
+                        "vocabulary's {} ids",
+                        path_, first + i, offset_ + (first + i) * width_, v, vocab));
+      }
+      out[i] = v;
+    }
+    release(offset_ + first * width_, n * width_);
+  }
+
+ private:
+  void read_header(int fd, uint64_t size) {
+    int32_t header[256] = {};
+    if (size < static_cast<uint64_t>(kLlmcHeaderBytes) ||
+        ::pread(fd, header, sizeof header, 0) != static_cast<ssize_t>(sizeof header)) {
+      throw DataError(fmt::format("{}: {} bytes, shorter than llm.c's {}-byte header", path_, size,
+                                  kLlmcHeaderBytes));
+    }
+    if (header[0] != kLlmcMagic) {
+      throw DataError(
+          fmt::format("{}: magic number {} at offset 0, not llm.c's {} (format: "
+                      "uint16 or uint32 reads a raw token file)",
+                      path_, header[0], kLlmcMagic));
+    }
+    if (header[1] != kLlmcVersion) {
+      throw DataError(
+          fmt::format("{}: version {} at offset 4; llm.c's uint16 shards are "
+                      "version {}",
+                      path_, header[1], kLlmcVersion));
+    }
+    const uint64_t expected = static_cast<uint64_t>(kLlmcHeaderBytes) +
+                              2 * static_cast<uint64_t>(std::max<int32_t>(header[2], 0));
+    if (header[2] < 0 || expected != size) {
+      throw DataError(
+          fmt::format("{}: the header (offset 8) counts {} tokens, {} bytes with "
+                      "the header, but the file has {} bytes",
+                      path_, header[2], expected, size));
+    }
+    offset_ = kLlmcHeaderBytes;
+  }
+
+  /// Drops the mapping's pages that [from, from + n) covers from this process.
+  void release(int64_t from, int64_t n) const {
+    static const int64_t page = ::sysconf(_SC_PAGESIZE);
+    const int64_t start = from / page * page;
+    ::madvise(const_cast<unsigned char*>(data_) + start, static_cast<size_t>(from + n - start),
+              MADV_DONTNEED);
+  }
+
+  std::string path_;
+  int64_t width_ = 2;
+  int64_t offset_ = 0;
+  int64_t tokens_ = 0;
+  size_t bytes_ = 0;
+  const unsigned char* data_ = nullptr;
+};
+
+class TokenShards final : public Dataset {
+ public:
+  explicit TokenShards(const TokenShardsOptions& o) : context_(o.context), vocab_(o.vocab_size) {
+    VFLOW_ASSERT(o.context >= 1 && o.vocab_size >= 1, "token shards need a context and a vocab");
+    ends_.reserve(o.paths.size());
+    int64_t total = 0;
+    for (const auto& path : o.paths) {
+      shards_.push_back(std::make_unique<Shard>(path, o.format));
+      // Each window takes context + 1 tokens; a shard shorter than one adds none.
+      total += (shards_.back()->tokens() - 1) / context_;
+      ends_.push_back(total);
+    }
+    if (total == 0) {
+      throw DataError(fmt::format("{}{}: fewer than context + 1 = {} tokens, not one example",
+                                  o.paths.front(), o.paths.size() > 1 ? " and the others" : "",
+                                  context_ + 1));
+    }
+  }
+
+  int64_t size() const override { return ends_.back(); }
+
+  DataInfo info() const override { return DataInfo{{context_}, vocab_, vocab_}; }
+
+  Batch get(const torch::Tensor& indices) const override {
+    const auto idx = indices.to(torch::kInt64).contiguous();
+    const int64_t n = idx.numel();
+    auto input = torch::empty({n, context_}, torch::kInt64);
+    auto target = torch::empty({n, context_}, torch::kInt64);
+    std::vector<int64_t> window(static_cast<size_t>(context_ + 1));
+    const int64_t* k = idx.data_ptr<int64_t>();
+    for (int64_t i = 0; i < n; ++i) {
+      VFLOW_ASSERT(k[i] >= 0 && k[i] < size(), "example index out of range");
+      const size_t s =
+          static_cast<size_t>(std::upper_bound(ends_.begin(), ends_.end(), k[i]) - ends_.begin());
+      const int64_t local = k[i] - (s == 0 ? 0 : ends_[s - 1]);
+      shards_[s]->read(local * context_, context_ + 1, vocab_, window.data());
+      std::memcpy(input[i].data_ptr<int64_t>(), window.data(),
+                  static_cast<size_t>(context_) * sizeof(int64_t));
+      std::memcpy(target[i].data_ptr<int64_t>(), window.data() + 1,
+                  static_cast<size_t>(context_) * sizeof(int64_t));
+    }
+    return Batch{input, target};
+  }
+
+ private:
+  int64_t context_;
+  int64_t vocab_;
+  std::vector<std::unique_ptr<Shard>> shards_;
+  std::vector<int64_t> ends_;  ///< examples in shards 0..s, for each s
+};
+
+}  // namespace
+
+std::shared_ptr<Dataset> open_token_shards(const TokenShardsOptions& options) {
+  return std::make_shared<TokenShards>(options);
+}
+
+std::vector<std::string> expand_shard_paths(const std::vector<std::string>& patterns,
+                                            const std::string& what) {
+  std::vector<std::string> out;
+  for (const auto& pattern : patterns) {
+    if (pattern.find_first_of("*?[") == std::string::npos) {
+      std::error_code ec;
+      if (!std::filesystem::exists(pattern, ec)) {
+        throw DataError(fmt::format("{}: {}: no such file", what, pattern));
+      }
+      out.push_back(pattern);
+      continue;
+    }
+    glob_t found{};
+    const int rc = ::glob(pattern.c_str(), 0, nullptr, &found);
+    std::vector<std::string> matches(found.gl_pathv, found.gl_pathv + found.gl_pathc);
+    ::globfree(&found);
+    if (rc != 0 || matches.empty()) {
+      throw DataError(fmt::format("{}: {}: no file matches", what, pattern));
+    }
+    std::sort(matches.begin(), matches.end());
+    out.insert(out.end(), matches.begin(), matches.end());
+  }
+  return out;
+}
+
+}  // namespace vflow::data
