@@ -4,6 +4,7 @@
 #   scripts/dev.sh test  [ctest args...]        install what is missing, build, check that every
 #                                               source compiles with clang, run every test
 #   scripts/dev.sh deps | build | consumer      the individual stages (deps PACKAGE...: those)
+#   scripts/dev.sh tool TARGET...               the build's packages and those targets only
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -32,6 +33,9 @@ TEST_PACKAGES=(
   # text corpora: English (language model) and German, Spanish, Italian, Brazilian
   # Portuguese (language identification)
   fortunes fortunes-de fortunes-es fortunes-it fortunes-br
+  # vflow-tokenize's SentencePiece (built where it is installed), and its command-line tools
+  # for the round-trip test
+  libsentencepiece-dev sentencepiece
 )
 
 log() { printf '\033[1m[dev]\033[0m %s\n' "$*" >&2; }
@@ -95,6 +99,7 @@ case "$cmd" in
   # deps PACKAGE...: those packages instead (the other scripts' own, clang's say)
   deps) if (($#)); then deps "$@"; else deps "${ALL_PACKAGES[@]}"; fi ;;
   build) deps "${ALL_PACKAGES[@]}"; build ;;
+  tool) deps "${BUILD_PACKAGES[@]}"; build "$@" ;;
   consumer) deps "${ALL_PACKAGES[@]}"; build; consumer ;;
   # Only what the default job needs: the library and vflow-train.
   train) deps "${BUILD_PACKAGES[@]}"; build vflow-train; exec "$BUILD/vflow-train" "$@" ;;

@@ -1,31 +1,17 @@
 #include "vflow/data/token_shards.h"
 
 #include <fmt/format.h>
-#include <glob.h>
 #include <sys/mman.h>
 #include <torch/torch.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
-#include <filesystem>
 
 #include "core/input_file.h"
 #include "vflow/core/error.h"
 
 namespace vflow::data {
-
-std::string to_string(TokenFormat format) {
-  switch (format) {
-    case TokenFormat::kLlmc:
-      return "llmc";
-    case TokenFormat::kUint16:
-      return "uint16";
-    case TokenFormat::kUint32:
-      return "uint32";
-  }
-  return "?";
-}
 
 namespace {
 
@@ -190,31 +176,6 @@ class TokenShards final : public Dataset {
 
 std::shared_ptr<Dataset> open_token_shards(const TokenShardsOptions& options) {
   return std::make_shared<TokenShards>(options);
-}
-
-std::vector<std::string> expand_shard_paths(const std::vector<std::string>& patterns,
-                                            const std::string& what) {
-  std::vector<std::string> out;
-  for (const auto& pattern : patterns) {
-    if (pattern.find_first_of("*?[") == std::string::npos) {
-      std::error_code ec;
-      if (!std::filesystem::exists(pattern, ec)) {
-        throw DataError(fmt::format("{}: {}: no such file", what, pattern));
-      }
-      out.push_back(pattern);
-      continue;
-    }
-    glob_t found{};
-    const int rc = ::glob(pattern.c_str(), 0, nullptr, &found);
-    std::vector<std::string> matches(found.gl_pathv, found.gl_pathv + found.gl_pathc);
-    ::globfree(&found);
-    if (rc != 0 || matches.empty()) {
-      throw DataError(fmt::format("{}: {}: no file matches", what, pattern));
-    }
-    std::sort(matches.begin(), matches.end());
-    out.insert(out.end(), matches.begin(), matches.end());
-  }
-  return out;
 }
 
 }  // namespace vflow::data

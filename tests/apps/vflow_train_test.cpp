@@ -132,8 +132,13 @@ TEST_CASE("a vnode too big for resources.memory_limit_mb fails with exit code 6,
 
 TEST_CASE("the example jobs are valid", "[integration]") {
   TempDir dir;
-  // The TorchScript example trains convnet.pt from the working directory.
+  // The TorchScript example trains convnet.pt from the working directory, the token-shard
+  // example the shards of scripts/make-token-shards.sh (a check lists them, reads none).
   vflow::testing::export_torchscript("convnet", dir.file("convnet.pt"));
+  std::filesystem::create_directories(dir.file("data/fortunes-spm"));
+  for (const char* shard : {"train_000000.bin", "eval_000000.bin"}) {
+    vflow::testing::write_llmc_shard(dir.file(std::string("data/fortunes-spm/") + shard), {1, 2});
+  }
   int checked = 0;
   for (const auto& entry :
        std::filesystem::directory_iterator(std::string(VFLOW_SOURCE_DIR) + "/examples/jobs")) {

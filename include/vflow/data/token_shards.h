@@ -14,17 +14,9 @@
 #include <vector>
 
 #include "vflow/data/dataset.h"
+#include "vflow/data/token_files.h"
 
 namespace vflow::data {
-
-enum class TokenFormat { kLlmc, kUint16, kUint32 };
-/// "llmc", "uint16", "uint32": as the job spec names it.
-std::string to_string(TokenFormat format);
-
-/// llm.c's shard header: its magic number, its version, and its size in bytes.
-inline constexpr int32_t kLlmcMagic = 20240520;
-inline constexpr int32_t kLlmcVersion = 1;
-inline constexpr int64_t kLlmcHeaderBytes = 256 * 4;
 
 struct TokenShardsOptions {
   std::vector<std::string> paths;  ///< the shards, in this order
@@ -39,11 +31,5 @@ struct TokenShardsOptions {
 /// (at read time) a token id not below vocab_size are DataErrors naming the file (and the
 /// token's offset).
 std::shared_ptr<Dataset> open_token_shards(const TokenShardsOptions& options);
-
-/// The files a list of paths and glob patterns names, in order (each pattern's matches
-/// sorted); a pattern that matches nothing, or a path that does not exist, is named in the
-/// message (`what` names the list: "train").
-std::vector<std::string> expand_shard_paths(const std::vector<std::string>& patterns,
-                                            const std::string& what);
 
 }  // namespace vflow::data
