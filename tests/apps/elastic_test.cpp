@@ -57,6 +57,27 @@ std::vector<int64_t> second_generation_split(const std::string& output) {
   return split;
 }
 
+/// Every example was used once in each whole epoch of an examples log of the long job
+/// (1500 steps of 12 vnodes over 600 examples, B = 48: 12 full batches and a tail of 24, so
+/// 13 steps an epoch; the last epoch is cut short by the steps).
+void check_each_example_once_an_epoch(
+    const std::map<std::pair<int64_t, int64_t>, std::vector<int64_t>>& log) {
+  constexpr int64_t kStepsPerEpoch = 13;
+  std::map<int64_t, std::vector<int64_t>> uses;  // epoch -> indices
+  for (const auto& [key, indices] : log) {
+    auto& u = uses[key.first / kStepsPerEpoch];
+    u.insert(u.end(), indices.begin(), indices.end());
+  }
+  for (auto& [epoch, indices] : uses) {
+    if (epoch == 1500 / kStepsPerEpoch) continue;
+    CAPTURE(epoch);
+    std::sort(indices.begin(), indices.end());
+    std::vector<int64_t> all(600);
+    std::iota(all.begin(), all.end(), 0);
+    CHECK(indices == all);
+  }
+}
+
 }  // namespace
 
 TEST_CASE("a job resized 2 -> 3 -> 1 -> 4 ends with the undisturbed fingerprint",
@@ -200,20 +221,7 @@ TEST_CASE("a SIGKILLed worker is survived: the step is redone, nothing is lost",
   // Exactly once: every (step, vnode) ran once, and each epoch used every example once.
   const auto log = read_example_log(dir.file("examples.log"));
   CHECK(log.size() == 1500 * 12);
-  const int64_t steps_per_epoch = 13;  // 600 examples, B = 48: 12 full batches and a tail of 24
-  std::map<int64_t, std::vector<int64_t>> uses;  // epoch -> indices
-  for (const auto& [key, indices] : log) {
-    auto& u = uses[key.first / steps_per_epoch];
-    u.insert(u.end(), indices.begin(), indices.end());
-  }
-  for (auto& [epoch, indices] : uses) {
-    if (epoch == 1500 / steps_per_epoch) continue;  // the last epoch is cut short by steps
-    CAPTURE(epoch);
-    std::sort(indices.begin(), indices.end());
-    std::vector<int64_t> all(600);
-    std::iota(all.begin(), all.end(), 0);
-    CHECK(indices == all);
-  }
+  check_each_example_once_an_epoch(log);
 }
 
 TEST_CASE(
@@ -241,6 +249,43 @@ TEST_CASE(
   CHECK(nothing_left(dir));
   // Every (step, vnode) ran exactly once (the log refuses a duplicate).
   CHECK(read_example_log(dir.file("examples.log")).size() == 1500 * 12);
+}
+
+TEST_CASE(
+    "a language model streaming token shards is resized and survives a SIGKILLed worker: "
+    "every window once an epoch",
+    "[multiproc][elastic]") {
+  // 600 windows of 8 tokens in two llm.c shards of fortune text (as many examples as the
+  // long job's, so an epoch is 13 steps), read from disk as the vnodes need them.
+  TempDir dir;
+  const std::string text = read_file("/usr/share/games/fortunes/computers");
+  REQUIRE(text.size() > 4802);
+  for (int s = 0; s < 2; ++s) {
+    std::vector<uint16_t> tokens;
+    for (size_t i = 0; i < 300 * 8 + 1; ++i) {
+      tokens.push_back(static_cast<uint16_t>(3 + static_cast<unsigned char>(text[s * 2400 + i])));
+    }
+    write_llmc_shard(dir.file("shard_" + std::to_string(s) + ".bin"), tokens);
+  }
+  const std::string lm =
+      " --set semantic.data='{name: token-shards, options: {train: " + dir.file("shard_*.bin") +
+      ", context: 8, vocab_size: 259}}' --set semantic.model='{name: transformer-lm, options: "
+      "{layers: 1, hidden: 16, heads: 2}}'";
+  const auto reference = reference_fingerprint(lm);
+  const auto r =
+      elastic_job(dir, 2, lm + " --set output.logging.examples=" + dir.file("examples.log"),
+                  "$CTL resize $A 3; await_workers 3; "
+                  "await_step $(( $(status | sed -n 's/^step //p') + 20 )); " +
+                      kill_rank(1, "KILL") + "; await_workers 2");
+  INFO(r.output);
+  CHECK_THAT(r.output, Catch::Matchers::Contains("exit=0"));
+  CHECK_THAT(r.output, !Catch::Matchers::Contains("TIMEOUT") && !Catch::Matchers::Contains("GONE"));
+  CHECK_THAT(r.output, Catch::Matchers::Contains("died (status 137)"));
+  CHECK(fingerprints_in(r.output) == std::set<std::string>{reference});
+  const auto log = read_example_log(dir.file("examples.log"));
+  CHECK(log.size() == 1500 * 12);  // each (step, vnode) once
+  check_each_example_once_an_epoch(log);
+  CHECK(nothing_left(dir));
 }
 
 TEST_CASE("a failed worker is replaced when resources.replace_failed is set",
