@@ -125,6 +125,7 @@ class TokenShards final : public Dataset {
  public:
   explicit TokenShards(const TokenShardsOptions& o) : context_(o.context), vocab_(o.vocab_size) {
     VFLOW_ASSERT(o.context >= 1 && o.vocab_size >= 1, "token shards need a context and a vocab");
+    if (o.paths.empty()) throw DataError("token shards: no shard files given");
     ends_.reserve(o.paths.size());
     int64_t total = 0;
     for (const auto& path : o.paths) {

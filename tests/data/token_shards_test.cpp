@@ -141,6 +141,7 @@ TEST_CASE("a bad token file is refused, naming the file and what is wrong", "[un
   vflow::testing::write_llmc_shard(dir.file("tiny.bin"), iota16(4));
   CHECK_THAT(error_of(llmc("tiny.bin")), Contains("fewer than context + 1 = 5 tokens"));
   CHECK_THAT(error_of(llmc("missing.bin")), Contains("missing.bin: cannot read"));
+  CHECK_THAT(error_of(options({}, TokenFormat::kLlmc, 4, 10)), Contains("no shard files"));
   CHECK_THAT(error_of(llmc(".")), Contains("cannot read"));  // a directory
   // A token id beyond the vocabulary: at the read, with its place.
   vflow::testing::write_llmc_shard(dir.file("big.bin"), {1, 2, 3, 4, 5, 6, 7, 999, 9});
