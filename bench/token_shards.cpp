@@ -44,6 +44,9 @@ void make_shards(const std::string& dir, int count, int64_t mib) {
   }
 }
 
+/// This process's peak resident memory since it was exec'd (VmHWM). Not ru_maxrss, as
+/// bench/vnode_overhead.cpp reads it: that one also counts the memory of the process it was
+/// forked from before the exec (here this program's parent, with LibTorch and its data).
 int64_t peak_resident_kib() {
   std::ifstream in("/proc/self/status");
   for (std::string line; std::getline(in, line);) {

@@ -1,7 +1,6 @@
 #include "vflow/data/token_shards.h"
 
 #include <fmt/format.h>
-#include <sys/mman.h>
 #include <torch/torch.h>
 #include <unistd.h>
 
@@ -15,9 +14,10 @@ namespace vflow::data {
 
 namespace {
 
-/// One shard, mapped read-only. The pages a read touched are given back to the kernel
-/// after it (they stay in the page cache), so the process's resident memory stays at
-/// what one batch needs however large the shards are.
+/// One shard, open for reading. Each read copies its tokens with pread: the kernel's page
+/// cache holds the file, the process only what one batch needs, however large the shards.
+/// (A mapping would keep the pages around each read that the kernel maps ahead of a fault,
+/// so the resident memory would grow with the shards read.)
 class Shard {
  public:
   Shard(const std::string& path, TokenFormat format) : path_(path) {
@@ -36,15 +36,7 @@ class Shard {
     tokens_ = static_cast<int64_t>((size - static_cast<uint64_t>(offset_)) /
                                    static_cast<uint64_t>(width_));
     if (tokens_ == 0) throw DataError(fmt::format("{}: an empty shard (no tokens)", path));
-    bytes_ = static_cast<size_t>(size);
-    void* map = ::mmap(nullptr, bytes_, PROT_READ, MAP_PRIVATE, in.fd.get(), 0);
-    if (map == MAP_FAILED) {
-      throw DataError(fmt::format("{}: cannot map: {}", path, std::strerror(errno)));
-    }
-    data_ = static_cast<const unsigned char*>(map);
-  }
-  ~Shard() {
-    if (data_) ::munmap(const_cast<unsigned char*>(data_), bytes_);
+    fd_ = std::move(in.fd);
   }
   Shard(const Shard&) = delete;
   Shard& operator=(const Shard&) = delete;
@@ -54,7 +46,21 @@ class Shard {
 
   /// Tokens [first, first + n) as int64 into `out`; an id not below `vocab` is a DataError.
   void read(int64_t first, int64_t n, int64_t vocab, int64_t* out) const {
-    const unsigned char* at = data_ + offset_ + first * width_;
+    const int64_t from = offset_ + first * width_;
+    std::vector<unsigned char> bytes(static_cast<size_t>(n * width_));
+    size_t done = 0;
+    while (done < bytes.size()) {
+      const ssize_t got = ::pread(fd_.get(), bytes.data() + done, bytes.size() - done,
+                                  static_cast<off_t>(from + static_cast<int64_t>(done)));
+      if (got < 0 && errno == EINTR) continue;
+      if (got <= 0) {
+        throw DataError(fmt::format("{}: cannot read {} bytes at offset {}: {}", path_,
+                                    bytes.size(), from,
+                                    got < 0 ? std::strerror(errno) : "the file got shorter"));
+      }
+      done += static_cast<size_t>(got);
+    }
+    const unsigned char* at = bytes.data();
     for (int64_t i = 0; i < n; ++i, at += width_) {
       uint32_t v = 0;
       if (width_ == 2) {
@@ -71,7 +77,6 @@ class Shard {
       }
       out[i] = v;
     }
-    release(offset_ + first * width_, n * width_);
   }
 
  private:
@@ -105,20 +110,11 @@ class Shard {
     offset_ = kLlmcHeaderBytes;
   }
 
-  /// Drops the mapping's pages that [from, from + n) covers from this process.
-  void release(int64_t from, int64_t n) const {
-    static const int64_t page = ::sysconf(_SC_PAGESIZE);
-    const int64_t start = from / page * page;
-    ::madvise(const_cast<unsigned char*>(data_) + start, static_cast<size_t>(from + n - start),
-              MADV_DONTNEED);
-  }
-
   std::string path_;
   int64_t width_ = 2;
   int64_t offset_ = 0;
   int64_t tokens_ = 0;
-  size_t bytes_ = 0;
-  const unsigned char* data_ = nullptr;
+  core::InputFd fd_;
 };
 
 class TokenShards final : public Dataset {
