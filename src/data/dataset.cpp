@@ -3,7 +3,6 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
-#include <tuple>
 #include <type_traits>
 
 #include "core/spec_schema.h"
@@ -279,14 +278,15 @@ PreparedData prepare_token_shards(OptionReader& opt) {
   train.vocab_size = keys.vocab_size;
   TokenShardsOptions eval = train;
   // Which files: listed now (cheap); their headers are read when the data loads.
-  for (auto [key, patterns, out] : {std::tuple{"train", &keys.train, &train.paths},
-                                    std::tuple{"eval", &keys.eval, &eval.paths}}) {
+  const auto files = [&opt](const char* key, const std::vector<std::string>& patterns) {
     try {
-      *out = expand_shard_paths(*patterns, key);
+      return expand_shard_paths(patterns, key);
     } catch (const DataError& e) {
       opt.fail(key, e.what());
     }
-  }
+  };
+  train.paths = files("train", keys.train);
+  eval.paths = files("eval", keys.eval);
   PreparedData p;
   p.info = DataInfo{{keys.context}, keys.vocab_size, keys.vocab_size};
   p.load = [train, eval] {

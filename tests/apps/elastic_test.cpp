@@ -258,14 +258,9 @@ TEST_CASE(
   // 600 windows of 8 tokens in two llm.c shards of fortune text (as many examples as the
   // long job's, so an epoch is 13 steps), read from disk as the vnodes need them.
   TempDir dir;
-  const std::string text = read_file("/usr/share/games/fortunes/computers");
-  REQUIRE(text.size() > 4802);
-  for (int s = 0; s < 2; ++s) {
-    std::vector<uint16_t> tokens;
-    for (size_t i = 0; i < 300 * 8 + 1; ++i) {
-      tokens.push_back(static_cast<uint16_t>(3 + static_cast<unsigned char>(text[s * 2400 + i])));
-    }
-    write_llmc_shard(dir.file("shard_" + std::to_string(s) + ".bin"), tokens);
+  for (size_t s = 0; s < 2; ++s) {
+    write_llmc_shard(dir.file("shard_" + std::to_string(s) + ".bin"),
+                     fortune_byte_tokens(300 * 8 + 1, s * 2400));
   }
   const std::string lm =
       " --set semantic.data='{name: token-shards, options: {train: " + dir.file("shard_*.bin") +

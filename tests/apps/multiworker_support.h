@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "support.h"
+#include "vflow/data/text.h"
 
 namespace vflow::testing {
 
@@ -38,6 +39,19 @@ inline std::set<std::string> fingerprints_in(const std::string& output) {
     out.insert((*it)[1]);
   }
   return out;
+}
+
+/// `count` bytes of a fortune file, from byte `from`, as byte-token ids
+/// (data::ByteTokenizer): token shards of real text.
+inline std::vector<uint16_t> fortune_byte_tokens(size_t count, size_t from = 0) {
+  const std::string text = read_file("/usr/share/games/fortunes/computers");
+  REQUIRE(text.size() >= from + count);
+  std::vector<uint16_t> tokens;
+  for (size_t i = from; i < from + count; ++i) {
+    tokens.push_back(
+        static_cast<uint16_t>(vflow::data::ByteTokenizer::id(static_cast<unsigned char>(text[i]))));
+  }
+  return tokens;
 }
 
 /// The training loss of every step record in a metrics file, in order.

@@ -58,16 +58,9 @@ TEST_CASE("a language model on token shards gives one fingerprint on 1 and 3 wor
   // Real text as tokens: a fortune file's bytes (id 3 + b), in two training shards of
   // llm.c's format and an evaluation shard, read from disk as the examples are needed.
   TempDir dir;
-  const std::string text = read_file("/usr/share/games/fortunes/computers");
-  REQUIRE(text.size() > 20000);
-  std::vector<uint16_t> tokens;
-  for (const unsigned char b : text.substr(0, 20000)) tokens.push_back(uint16_t{3} + b);
-  const auto part = [&](size_t from, size_t to) {
-    return std::vector<uint16_t>(tokens.begin() + from, tokens.begin() + to);
-  };
-  write_llmc_shard(dir.file("train_0.bin"), part(0, 9000));
-  write_llmc_shard(dir.file("train_1.bin"), part(9000, 17000));
-  write_llmc_shard(dir.file("eval.bin"), part(17000, 20000));
+  write_llmc_shard(dir.file("train_0.bin"), fortune_byte_tokens(9000));
+  write_llmc_shard(dir.file("train_1.bin"), fortune_byte_tokens(8000, 9000));
+  write_llmc_shard(dir.file("eval.bin"), fortune_byte_tokens(3000, 17000));
   const std::string lm =
       " --set semantic.data='{name: token-shards, options: {train: " + dir.file("train_*.bin") +
       ", eval: " + dir.file("eval.bin") +
