@@ -15,6 +15,8 @@ JOBS="${VFLOW_JOBS:-$(nproc)}"
 BUILD_PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config
   libtorch-dev libyaml-cpp-dev libfmt-dev libspdlog-dev libcli11-dev catch2 zlib1g-dev libgloo-dev
+  # the image data sets' decoders: libjpeg-turbo's TurboJPEG and libpng
+  libturbojpeg0-dev libpng-dev
   # LibTorch's matrix products go through the system BLAS: OpenBLAS (built for OpenMP, as
   # LibTorch is) instead of the reference BLAS makes linear layers ~15x faster.
   libopenblas0-openmp
@@ -36,6 +38,8 @@ TEST_PACKAGES=(
   # vflow-tokenize's SentencePiece (built where it is installed), and its command-line tools
   # for the round-trip test
   libsentencepiece-dev sentencepiece
+  # PIL makes the image data sets' test files (scripts/make-image-data.py)
+  python3-pil
 )
 
 log() { printf '\033[1m[dev]\033[0m %s\n' "$*" >&2; }

@@ -70,6 +70,22 @@ OpenedInput open_input_file(const std::string& path) {
   return out;
 }
 
+size_t read_at(int fd, uint64_t offset, size_t n, void* out, std::string& error) {
+  size_t done = 0;
+  while (done < n) {
+    const ssize_t got =
+        ::pread(fd, static_cast<char*>(out) + done, n - done, static_cast<off_t>(offset + done));
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) {
+      error = std::strerror(errno);
+      break;
+    }
+    if (got == 0) break;
+    done += static_cast<size_t>(got);
+  }
+  return done;
+}
+
 InputBytes read_input_file(const std::string& path, uint64_t max_bytes) {
   InputBytes out;
   OpenedInput in = open_input_file(path);

@@ -41,6 +41,10 @@ struct OpenedInput {
 /// Opens `path` for reading if it is a regular file.
 OpenedInput open_input_file(const std::string& path);
 
+/// Reads up to `n` bytes at `offset` of `fd` into `out` (pread, retried where interrupted);
+/// fewer only at the end of the file. A read error sets `error` and returns what was read.
+size_t read_at(int fd, uint64_t offset, size_t n, void* out, std::string& error);
+
 /// The whole content of a regular file, or why it could not be read (`error`).
 struct InputBytes {
   std::string bytes;

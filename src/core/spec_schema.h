@@ -193,6 +193,16 @@ class SpecSchema {
         },
         [m](const T& v) { return (v.*m).is_null() ? SpecNode::map() : v.*m; });
   }
+  /// A value of any form that the caller checks itself (a list of transforms, say); kept
+  /// with its place for messages, and printed as written.
+  Key node(std::string key, SpecNode T::*m, std::string doc) {
+    return add(
+        std::move(key), std::move(doc),
+        [m](OptionReader& r, const std::string& k, T& v) {
+          if (const SpecNode* n = r.value(k)) v.*m = *n;
+        },
+        [m](const T& v) { return (v.*m).is_null() ? SpecNode::sequence() : v.*m; });
+  }
   /// A nested section with its own schema.
   template <class S>
   Key section(std::string key, S T::*m, const SpecSchema<S>& schema) {

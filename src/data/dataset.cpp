@@ -6,6 +6,7 @@
 #include <type_traits>
 
 #include "core/spec_schema.h"
+#include "data/image_spec.h"
 #include "vflow/core/error.h"
 #include "vflow/data/fashion_mnist.h"
 #include "vflow/data/synthetic.h"
@@ -32,6 +33,14 @@ DataInfo TensorDataset::info() const {
   info.num_classes = num_classes_;
   info.vocab_size = vocab_size_;
   return info;
+}
+
+void ReadContext::for_each(int64_t n, const std::function<void(int64_t)>& fn) const {
+  if (threads) {
+    threads->for_each(n, fn);
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) fn(i);
 }
 
 Batch TensorDataset::get(const torch::Tensor& indices) const {
@@ -278,15 +287,8 @@ PreparedData prepare_token_shards(OptionReader& opt) {
   train.vocab_size = keys.vocab_size;
   TokenShardsOptions eval = train;
   // Which files: listed now (cheap); their headers are read when the data loads.
-  const auto files = [&opt](const char* key, const std::vector<std::string>& patterns) {
-    try {
-      return expand_shard_paths(patterns, key);
-    } catch (const DataError& e) {
-      opt.fail(key, e.what());
-    }
-  };
-  train.paths = files("train", keys.train);
-  eval.paths = files("eval", keys.eval);
+  train.paths = shard_files(opt, "train", keys.train);
+  eval.paths = shard_files(opt, "eval", keys.eval);
   PreparedData p;
   p.info = DataInfo{{keys.context}, keys.vocab_size, keys.vocab_size};
   p.load = [train, eval] {
@@ -320,6 +322,7 @@ DataRegistry::DataRegistry() : Registry("data set") {
       "next-token prediction over pre-tokenized shards (llm.c's or raw token files), read "
       "from disk as examples are needed; inputs and targets `[context]`",
       prepare_token_shards, token_shards_schema().rows());
+  register_image_sets(*this);
 }
 
 DataRegistry& DataRegistry::global() {

@@ -1,9 +1,10 @@
-// One persistent worker thread that runs one job at a time: the next vnode's
-// batch is loaded while the current vnode computes, without starting a thread
-// per vnode.
+// One persistent worker thread that runs jobs in the order submitted: the next vnodes'
+// batches are loaded while the current vnode computes, without starting a thread per
+// vnode. Results are collected in the same order.
 #pragma once
 
 #include <condition_variable>
+#include <deque>
 #include <exception>
 #include <functional>
 #include <mutex>
@@ -31,65 +32,64 @@ class BackgroundTask {
   BackgroundTask(const BackgroundTask&) = delete;
   BackgroundTask& operator=(const BackgroundTask&) = delete;
 
-  /// Starts `job`; a previous job's result must have been collected with wait().
+  /// Queues `job` after those not yet collected.
   void submit(std::function<T()> job) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      VFLOW_ASSERT(!job_ && !result_ && !error_, "submit() while a job is outstanding");
-      job_ = std::move(job);
+      jobs_.push_back(std::move(job));
     }
     cv_.notify_all();
   }
 
-  bool outstanding() const {
+  /// Jobs submitted and not yet collected with wait().
+  size_t outstanding() const {
     std::lock_guard<std::mutex> lock(mutex_);
-    return job_ || result_ || error_ || running_;
+    return jobs_.size() + results_.size() + (running_ ? 1 : 0);
   }
 
-  /// The submitted job's result; rethrows its exception.
+  /// The oldest uncollected job's result; rethrows its exception.
   T wait() {
     std::unique_lock<std::mutex> lock(mutex_);
-    cv_.wait(lock, [this] { return result_.has_value() || error_ != nullptr; });
-    if (error_) {
-      auto e = error_;
-      error_ = nullptr;
-      std::rethrow_exception(e);
-    }
-    T out = std::move(*result_);
-    result_.reset();
-    return out;
+    VFLOW_ASSERT(!jobs_.empty() || !results_.empty() || running_, "wait() without a job");
+    cv_.wait(lock, [this] { return !results_.empty(); });
+    Result r = std::move(results_.front());
+    results_.pop_front();
+    if (r.error) std::rethrow_exception(r.error);
+    return std::move(*r.value);
   }
 
  private:
+  struct Result {
+    std::optional<T> value;
+    std::exception_ptr error;
+  };
+
   void loop() {
     std::unique_lock<std::mutex> lock(mutex_);
     while (true) {
-      cv_.wait(lock, [this] { return quit_ || job_ != nullptr; });
+      cv_.wait(lock, [this] { return quit_ || !jobs_.empty(); });
       if (quit_) return;
-      auto job = std::move(job_);
-      job_ = nullptr;
+      auto job = std::move(jobs_.front());
+      jobs_.pop_front();
       running_ = true;
       lock.unlock();
-      std::optional<T> result;
-      std::exception_ptr error;
+      Result r;
       try {
-        result = job();
+        r.value = job();
       } catch (...) {
-        error = std::current_exception();
+        r.error = std::current_exception();
       }
       lock.lock();
       running_ = false;
-      result_ = std::move(result);
-      error_ = error;
+      results_.push_back(std::move(r));
       cv_.notify_all();
     }
   }
 
   mutable std::mutex mutex_;
   std::condition_variable cv_;
-  std::function<T()> job_;
-  std::optional<T> result_;
-  std::exception_ptr error_;
+  std::deque<std::function<T()>> jobs_;
+  std::deque<Result> results_;
   bool running_ = false;
   bool quit_ = false;
   std::thread thread_;  // last: starts after the other members exist

@@ -8,8 +8,9 @@
 
 namespace vflow::engine {
 
-EvalResult evaluate_model(models::Model& model, data::Dataset& test, c10::Device device, bool bf16,
-                          int64_t batch, const std::vector<at::Tensor>& average) {
+EvalResult evaluate_model(models::Model& model, const data::Dataset& test,
+                          const ExampleReader& reader, c10::Device device, bool bf16, int64_t batch,
+                          const std::vector<at::Tensor>& average) {
   torch::NoGradGuard no_grad;
   std::vector<torch::Tensor> trained;
   if (!average.empty()) {
@@ -26,7 +27,7 @@ EvalResult evaluate_model(models::Model& model, data::Dataset& test, c10::Device
   int64_t predictions = 0;  // examples, or tokens of a sequence model
   for (int64_t begin = 0; begin < n; begin += batch) {
     const int64_t size = std::min(batch, n - begin);
-    auto b = test.get(torch::arange(begin, begin + size, torch::kInt64));
+    auto b = reader.read(test, torch::arange(begin, begin + size, torch::kInt64), /*epoch=*/0);
     const compat::AutocastGuard autocast(device.type(), bf16);
     const auto logits = model.forward(b.input.to(device));
     const auto target = b.target.to(device);

@@ -92,6 +92,13 @@ const SpecSchema<DataSpec>& data_schema() {
     s.boolean("drop_last", &DataSpec::drop_last,
               "drop each epoch's last, shorter batch; when false it is split over the vnodes as "
               "evenly as possible and weighted by its true size");
+    s.choice("on_corrupt", &DataSpec::on_corrupt, {OnCorrupt::kFail, OnCorrupt::kSkip},
+             "an example that cannot be read or decoded while training: `fail` stops the job with "
+             "the data error (naming the file); `skip` logs it and reads the next example of the "
+             "data set that reads in its place (the same one on every worker and in every run), "
+             "counted in each step's `replaced` metric")
+        // Printed only when set: the data section's text keys device profiles and digests.
+        .shown([](const DataSpec& d) { return d.on_corrupt != OnCorrupt::kFail; });
     return s;
   }();
   return schema;
@@ -361,6 +368,13 @@ const SpecSchema<ResourcesSpec>& resources_schema() {
              "in deterministic mode on a CPU, runs half of each pass of the exact sum: `auto` "
              "= on where the intra-op threads of this host's workers leave a core free for it "
              "(threads × workers < the cores a worker may use), `true` = on, `false` = off");
+    s.integer("prefetch_depth", &R::prefetch_depth, 1, 64,
+              "with prefetch on, how many of the worker's next vnodes' batches the background "
+              "thread reads ahead (each is held in memory until its vnode runs)");
+    s.integer("data_threads", &R::data_threads, 0, 4096,
+              "threads that read, decode and transform examples (image data sets), the loading "
+              "thread included; 0 = the cores this host's workers leave to spare, shared among "
+              "them, at least 1. No effect on results");
     s.real("bucket_mb", &R::bucket_mb, 0, 1 << 20,
            "MiB of gradients per bucket of the reduction that overlaps the backward pass of a "
            "worker's last vnode (on Gloo: each bucket's allreduce starts as soon "
@@ -472,13 +486,15 @@ const SpecSchema<LoggingSpec>& logging_schema() {
   static const auto schema = [] {
     using L = LoggingSpec;
     SpecSchema<L> s("logging");
-    s.text("metrics", &L::metrics,
-           "append JSON lines to this file: `step` records (loss, lr, examples/s, and the mean "
-           "per-step `compute_ms`, `sync_ms`, `update_ms` since the previous record, the "
-           "generation's `workers`, `time` in Unix seconds and, with `semantic.clip`, the step's "
-           "`grad_norm` before clipping), `eval` records (accuracy, loss; "
-           "per token for sequence models) and one `end` record (fingerprint); a non-finite "
-           "loss is written as `null`");
+    s.text(
+        "metrics", &L::metrics,
+        "append JSON lines to this file: `step` records (loss, lr, examples/s, and the mean "
+        "per-step `compute_ms`, `sync_ms`, `update_ms` since the previous record, the "
+        "generation's `workers`, `time` in Unix seconds and, with `semantic.clip`, the step's "
+        "`grad_norm` before clipping, and `replaced`, the corrupt examples the writing worker has "
+        "replaced so far under `data.on_corrupt: skip`), `eval` records (accuracy, loss; "
+        "per token for sequence models) and one `end` record (fingerprint); a non-finite "
+        "loss is written as `null`");
     s.text("tensorboard", &L::tensorboard,
            "directory for TensorBoard event files (`tensorboard --logdir DIR`): `train/loss`, "
            "`train/lr`, `train/examples_per_second` every `every_steps`, `eval/loss` and "

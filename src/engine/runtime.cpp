@@ -60,6 +60,13 @@ bool prefetch_enabled(const ResourcesSpec& resources, int64_t local_workers) {
   return configured_threads(resources) * std::max<int64_t>(1, local_workers) < host_cores();
 }
 
+int64_t data_threads(const ResourcesSpec& resources, int64_t local_workers) {
+  if (resources.data_threads > 0) return resources.data_threads;
+  const int64_t workers = std::max<int64_t>(1, local_workers);
+  const int64_t spare = host_cores() - configured_threads(resources) * workers;
+  return std::max<int64_t>(1, spare / workers);
+}
+
 void seed_initialisation(const SemanticSpec& semantic) {
   torch::manual_seed(vnode::mix_seed(semantic.seed, kInitStream, 0));
 }

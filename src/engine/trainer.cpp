@@ -65,6 +65,7 @@ struct Trainer::Impl {
   bool began = false;            // observers have seen on_train_begin
   bool record_examples = false;  // fill StepInfo::examples_used
 
+  ExampleReader reader;  // the data threads, the seed for augmentation, data.on_corrupt
   VnodeBatches batches;  // the held vnodes' batches in the data order, prefetched
 
   Impl(JobSpec s, std::shared_ptr<models::Model> m, data::DataSplits d)
@@ -81,7 +82,8 @@ struct Trainer::Impl {
         total_steps(spec.semantic.steps > 0 ? spec.semantic.steps
                                             : spec.semantic.epochs * order.steps_per_epoch()),
         schedule(spec.semantic.schedule, spec.semantic.optimizer.lr, total_steps),
-        batches(order, plan, total_steps, data.train, device) {}
+        reader(spec.semantic.seed, spec.semantic.data.on_corrupt),
+        batches(order, plan, total_steps, data.train, device, reader) {}
 
   /// After the collective, the table's presence column counts the workers that ran each
   /// vnode: lists each vnode's examples that many times (an audit of exactly-once use).
@@ -172,6 +174,7 @@ struct Trainer::Impl {
 
     info.step = s;
     info.workers = comm->size();
+    info.replaced_examples = reader.replaced();
     info.epoch = s / order.steps_per_epoch();
     info.steps_per_epoch = order.steps_per_epoch();
     info.total_steps = total_steps;
@@ -274,7 +277,9 @@ Trainer::Trainer(JobSpec spec, std::shared_ptr<models::Model> model, data::DataS
   set_communicator(std::move(communicator));
   auto placed = impl_->spec.resources;  // a launched worker's threads are resolved already
   placed.threads = intra_op_threads(impl_->spec, /*local_workers=*/1);
-  impl_->batches.set_prefetch(prefetch_enabled(placed, /*local_workers=*/1));
+  impl_->batches.set_prefetch(prefetch_enabled(placed, /*local_workers=*/1),
+                              impl_->spec.resources.prefetch_depth);
+  impl_->reader.set_threads(data_threads(placed, /*local_workers=*/1));
   impl_->kernels =
       std::make_unique<vnode::StatefulKernelSet>(m, impl_->plan.virtual_nodes(), impl_->device);
   impl_->packet =
@@ -372,8 +377,9 @@ EvalResult Trainer::evaluate() {
   if (!im.data.test) throw SpecError("the job has no evaluation split to evaluate on");
   // output.evaluation.use_ema: the average takes the parameters' place while evaluating.
   const auto& evaluation = im.spec.output.evaluation;
-  auto result = evaluate_model(*im.model, *im.data.test, im.device, im.bf16, evaluation.batch,
-                               evaluation.use_ema ? im.ema : std::vector<torch::Tensor>{});
+  auto result =
+      evaluate_model(*im.model, *im.data.test, im.reader, im.device, im.bf16, evaluation.batch,
+                     evaluation.use_ema ? im.ema : std::vector<torch::Tensor>{});
   result.step = im.step;
   return result;
 }

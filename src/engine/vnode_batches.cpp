@@ -5,11 +5,13 @@
 namespace vflow::engine {
 
 VnodeBatches::VnodeBatches(vnode::DataOrder order, vnode::VirtualNodePlan plan, int64_t total_steps,
-                           std::shared_ptr<data::Dataset> train, c10::Device device)
+                           std::shared_ptr<data::Dataset> train, c10::Device device,
+                           const ExampleReader& reader)
     : order_(std::move(order)),
       plan_(std::move(plan)),
       total_steps_(total_steps),
       train_(std::move(train)),
+      reader_(reader),
       copy_stream_(device) {}
 
 void VnodeBatches::hold(vnode::VnodeRange held) {
@@ -50,9 +52,9 @@ std::vector<int64_t> VnodeBatches::batch_indices(int64_t step) const {
 
 CopiedBatch VnodeBatches::load(const WorkItem& item) const {
   const auto pos = positions(item.step, item.vnode);
-  const auto idx =
-      permutation(item.step / order_.steps_per_epoch()).narrow(0, pos.offset, pos.size);
-  return copy_stream_.copy(train_->get(idx));
+  const int64_t epoch = item.step / order_.steps_per_epoch();
+  const auto idx = permutation(epoch).narrow(0, pos.offset, pos.size);
+  return copy_stream_.copy(reader_.read(*train_, idx, epoch));
 }
 
 VnodeBatches::WorkItem VnodeBatches::next_item(WorkItem item) const {
@@ -70,27 +72,44 @@ VnodeBatches::WorkItem VnodeBatches::next_item(WorkItem item) const {
 }
 
 void VnodeBatches::discard() {
-  if (!loader_.outstanding()) return;
-  try {
-    loader_.wait();
-  } catch (const std::exception&) {
-    // The load is not needed any more; a real data error shows again when retried.
+  while (loader_.outstanding()) {
+    try {
+      loader_.wait();
+    } catch (const std::exception&) {
+      // The load is not needed any more; a real data error shows again when retried.
+    }
   }
+  pending_.clear();
 }
 
 data::Batch VnodeBatches::take(int64_t step, int64_t vnode) {
   const WorkItem item{step, vnode};
   CopiedBatch batch;
-  if (loader_.outstanding()) {
-    auto ready = loader_.wait();  // rethrows a load error
-    if (pending_ == item) batch = std::move(ready);
+  // The loads run in order; those before the asked-for vnode are not needed any more.
+  while (!pending_.empty()) {
+    const WorkItem front = pending_.front();
+    pending_.pop_front();
+    if (front == item) {
+      batch = loader_.wait();  // rethrows a load error
+      break;
+    }
+    try {
+      loader_.wait();
+    } catch (const std::exception&) {
+    }
   }
-  if (!batch.batch.input.defined()) batch = load(item);
+  if (!batch.batch.input.defined()) {
+    discard();  // none of what is queued follows this vnode
+    batch = load(item);
+  }
   if (prefetch_) {
-    const WorkItem next = next_item(item);
-    if (next.step >= 0) {
-      pending_ = next;
+    WorkItem last = pending_.empty() ? item : pending_.back();
+    while (static_cast<int64_t>(pending_.size()) < depth_) {
+      const WorkItem next = next_item(last);
+      if (next.step < 0) break;
+      pending_.push_back(next);
       loader_.submit([this, next] { return load(next); });
+      last = next;
     }
   }
   return copy_stream_.ready(std::move(batch));

@@ -1,12 +1,15 @@
 // The batches of the vnodes one worker holds, in the job's data order (docs/design.md §2,
 // "Data order"): vnode v of step s reads the examples at its slice of the step's positions
-// in the epoch's permutation. With prefetch on, the next held vnode's batch is loaded and
-// copied to the device in the background while the current vnode computes (§3).
+// in the epoch's permutation. With prefetch on, the next held vnodes' batches (up to
+// resources.prefetch_depth of them) are loaded and copied to the device in the background
+// while the current vnode computes (§3).
 #pragma once
 
 #include <c10/core/Device.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -14,6 +17,7 @@
 
 #include "engine/background_task.h"
 #include "engine/copy_stream.h"
+#include "engine/example_reader.h"
 #include "vflow/data/dataset.h"
 #include "vflow/vnode/plan.h"
 
@@ -21,11 +25,17 @@ namespace vflow::engine {
 
 class VnodeBatches {
  public:
+  /// Reads `train` through `reader`, which must outlive this.
   VnodeBatches(vnode::DataOrder order, vnode::VirtualNodePlan plan, int64_t total_steps,
-               std::shared_ptr<data::Dataset> train, c10::Device device);
+               std::shared_ptr<data::Dataset> train, c10::Device device,
+               const ExampleReader& reader);
 
-  /// Loads the next held vnode's batch in the background (resources.prefetch).
-  void set_prefetch(bool on) { prefetch_ = on; }
+  /// Loads the next `depth` held vnodes' batches in the background (resources.prefetch,
+  /// resources.prefetch_depth).
+  void set_prefetch(bool on, int64_t depth = 1) {
+    prefetch_ = on;
+    depth_ = std::max<int64_t>(1, depth);
+  }
   bool prefetch() const { return prefetch_; }
 
   /// The vnodes this worker holds from now on; a background load is discarded.
@@ -35,7 +45,7 @@ class VnodeBatches {
   /// stream; a load error (a corrupt file, say) is thrown here.
   data::Batch take(int64_t step, int64_t vnode);
 
-  /// Discards a background load (the step failed, or a new generation holds other vnodes).
+  /// Discards the background loads (the step failed, or a new generation holds other vnodes).
   void discard();
 
   /// Positions of vnode `vnode`'s examples in the epoch permutation, for step `step`.
@@ -64,14 +74,16 @@ class VnodeBatches {
   vnode::VirtualNodePlan plan_;
   int64_t total_steps_;
   std::shared_ptr<data::Dataset> train_;
+  const ExampleReader& reader_;
   vnode::VnodeRange held_;
   bool prefetch_ = false;
+  int64_t depth_ = 1;
 
   mutable std::mutex perm_mutex_;  // the permutations are shared with the loading thread
   mutable std::map<int64_t, at::Tensor> perms_;
 
   CopyStream copy_stream_;
-  WorkItem pending_;
+  std::deque<WorkItem> pending_;  ///< the loader's jobs, in the order submitted
   BackgroundTask<CopiedBatch> loader_;
 };
 

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "apps/multiworker_support.h"
+#include "image_support.h"
 #include "support.h"
 #include "vflow/job/control_plane.h"
 #include "vflow/job/control_store.h"
@@ -251,6 +252,27 @@ TEST_CASE(
   CHECK(read_example_log(dir.file("examples.log")).size() == 1500 * 12);
 }
 
+/// The long job reading a streaming data set (`data`: its settings) grows from 2 workers
+/// to 3 and loses one to SIGKILL: it must end with the undisturbed run's fingerprint, every
+/// (step, vnode) once and every example once an epoch.
+void resize_and_kill_streaming(const TempDir& dir, const std::string& data) {
+  const auto reference = reference_fingerprint(data);
+  const auto r =
+      elastic_job(dir, 2, data + " --set output.logging.examples=" + dir.file("examples.log"),
+                  "$CTL resize $A 3; await_workers 3; "
+                  "await_step $(( $(status | sed -n 's/^step //p') + 20 )); " +
+                      kill_rank(1, "KILL") + "; await_workers 2");
+  INFO(r.output);
+  CHECK_THAT(r.output, Catch::Matchers::Contains("exit=0"));
+  CHECK_THAT(r.output, !Catch::Matchers::Contains("TIMEOUT") && !Catch::Matchers::Contains("GONE"));
+  CHECK_THAT(r.output, Catch::Matchers::Contains("died (status 137)"));
+  CHECK(fingerprints_in(r.output) == std::set<std::string>{reference});
+  const auto log = read_example_log(dir.file("examples.log"));
+  CHECK(log.size() == 1500 * 12);  // each (step, vnode) once
+  check_each_example_once_an_epoch(log);
+  CHECK(nothing_left(dir));
+}
+
 TEST_CASE(
     "a language model streaming token shards is resized and survives a SIGKILLed worker: "
     "every window once an epoch",
@@ -266,21 +288,22 @@ TEST_CASE(
       " --set semantic.data='{name: token-shards, options: {train: " + dir.file("shard_*.bin") +
       ", context: 8, vocab_size: 259}}' --set semantic.model='{name: transformer-lm, options: "
       "{layers: 1, hidden: 16, heads: 2}}'";
-  const auto reference = reference_fingerprint(lm);
-  const auto r =
-      elastic_job(dir, 2, lm + " --set output.logging.examples=" + dir.file("examples.log"),
-                  "$CTL resize $A 3; await_workers 3; "
-                  "await_step $(( $(status | sed -n 's/^step //p') + 20 )); " +
-                      kill_rank(1, "KILL") + "; await_workers 2");
-  INFO(r.output);
-  CHECK_THAT(r.output, Catch::Matchers::Contains("exit=0"));
-  CHECK_THAT(r.output, !Catch::Matchers::Contains("TIMEOUT") && !Catch::Matchers::Contains("GONE"));
-  CHECK_THAT(r.output, Catch::Matchers::Contains("died (status 137)"));
-  CHECK(fingerprints_in(r.output) == std::set<std::string>{reference});
-  const auto log = read_example_log(dir.file("examples.log"));
-  CHECK(log.size() == 1500 * 12);  // each (step, vnode) once
-  check_each_example_once_an_epoch(log);
-  CHECK(nothing_left(dir));
+  resize_and_kill_streaming(dir, lm);
+}
+
+TEST_CASE(
+    "an image folder decoded on data threads is resized and survives a SIGKILLed worker: every "
+    "image once an epoch",
+    "[multiproc][elastic]") {
+  // 600 Fashion-MNIST JPEGs (as many examples as the long job's), randomly cropped and
+  // flipped, read and decoded as the vnodes need them, two data threads a worker.
+  TempDir dir;
+  const auto root = write_image_folder(dir.file("train"), fashion_images(600));
+  const std::string images =
+      " --set semantic.data='{name: image-folder, options: {train: " + root +
+      ", index_cache: off, channels: 1, transforms: [{random_resized_crop: {size: 12, scale: "
+      "[0.5, 1]}}, horizontal_flip]}}' --set resources.data_threads=2";
+  resize_and_kill_streaming(dir, images);
 }
 
 TEST_CASE("a failed worker is replaced when resources.replace_failed is set",

@@ -1,4 +1,6 @@
 // The same job on K = 1..4 worker processes (docs/design.md §2 across workers).
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <chrono>
@@ -8,6 +10,7 @@
 #include <set>
 
 #include "apps/multiworker_support.h"
+#include "image_support.h"
 #include "support.h"
 #include "vflow/job/launcher.h"
 
@@ -74,6 +77,54 @@ TEST_CASE("a language model on token shards gives one fingerprint on 1 and 3 wor
   const auto three = train(3, lm);
   CHECK(three.fingerprints == one.fingerprints);
   CHECK(three.losses == one.losses);
+}
+
+TEST_CASE(
+    "images decoded and randomly augmented give one fingerprint on any number of workers, data "
+    "threads and prefetch depths, from a folder or from tar shards",
+    "[multiproc]") {
+  // 240 Fashion-MNIST JPEGs: 16 steps of 48 are three epochs and more, so the random crops
+  // and flips change with the epoch.
+  TempDir dir;
+  const auto images = fashion_images(240);
+  const auto root = write_image_folder(dir.file("train"), images);
+  const std::string options =
+      "channels: 1, transforms: [{random_resized_crop: {size: 20, scale: [0.5, 1]}}, "
+      "horizontal_flip, {normalize: {mean: [0.29], std: [0.35]}}]";
+  const std::string folder = " --set semantic.data='{name: image-folder, options: {train: " + root +
+                             ", index_cache: off, " + options +
+                             "}}' --set semantic.deterministic=true";
+  const auto one = train(1, folder + " --set resources.data_threads=1");
+  REQUIRE(one.fingerprints.size() == 1);
+  REQUIRE(one.losses.size() == 16);
+  const auto three = train(3, folder +
+                                  " --set resources.data_threads=3 --set resources.prefetch=true"
+                                  " --set resources.prefetch_depth=3");
+  CHECK(three.fingerprints == one.fingerprints);
+  CHECK(three.losses == one.losses);
+  // The same files in two tar shards, in the folder's order (class by class, by name).
+  std::vector<std::pair<std::string, std::string>> members[2];
+  int64_t k = 0;
+  for (int64_t label = 0; label < 10; ++label) {
+    for (size_t i = 0; i < images.labels.size(); ++i) {
+      if (images.labels[i] != label) continue;
+      const std::string key = fmt::format("{:05d}", k);
+      const std::string file = fmt::format("{}/{}/{:05d}.jpg", root, label, i);
+      members[k < 120 ? 0 : 1].emplace_back(key + ".jpg", read_file(file));
+      members[k < 120 ? 0 : 1].emplace_back(key + ".cls", std::to_string(label));
+      ++k;
+    }
+  }
+  write_file(dir.file("shard-0.tar"), tar_of(members[0]));
+  write_file(dir.file("shard-1.tar"), tar_of(members[1]));
+  const std::string shards =
+      " --set semantic.data='{name: image-shards, options: {train: " + dir.file("shard-*.tar") +
+      ", classes: 10, " + options + "}}' --set semantic.deterministic=true";
+  const auto two = train(2, shards +
+                                " --set resources.data_threads=2 --set resources.prefetch=true"
+                                " --set resources.prefetch_depth=2");
+  CHECK(two.fingerprints == one.fingerprints);
+  CHECK(two.losses == one.losses);
 }
 
 TEST_CASE(

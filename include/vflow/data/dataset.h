@@ -9,8 +9,10 @@
 #include <string>
 #include <vector>
 
+#include "vflow/core/error.h"
 #include "vflow/core/registry.h"
 #include "vflow/core/spec_node.h"
+#include "vflow/data/data_threads.h"
 
 namespace vflow::data {
 
@@ -28,8 +30,21 @@ struct DataInfo {
   int64_t vocab_size = 0;  ///< inputs are token ids in [0, vocab_size); 0 = float inputs
 };
 
-/// A finite, indexable data set. get() must be safe to call from a background
-/// thread while the training thread runs (vflow prefetches the next vnode's batch).
+/// What a read may depend on besides the indices: the epoch and the job's seed (for
+/// random augmentation: every random choice a function of (seed, epoch, example)), and the
+/// pool of threads to decode in (resources.data_threads).
+struct ReadContext {
+  uint64_t seed = 0;
+  int64_t epoch = 0;
+  DataThreads* threads = nullptr;  ///< null: read on the calling thread
+
+  /// fn(0) ... fn(n - 1), on the pool when there is one (DataThreads::for_each).
+  void for_each(int64_t n, const std::function<void(int64_t)>& fn) const;
+};
+
+/// A finite, indexable data set. get() and read() must be safe to call from a background
+/// thread while the training thread runs (vflow prefetches the next vnode's batch), and
+/// from two threads at once (evaluation while the loader prefetches).
 class Dataset {
  public:
   virtual ~Dataset() = default;
@@ -37,6 +52,25 @@ class Dataset {
   virtual DataInfo info() const = 0;
   /// The examples at `indices` (a 1-D int64 tensor), in that order.
   virtual Batch get(const torch::Tensor& indices) const = 0;
+  /// The same in `context`: training reads through this, with the epoch and the pool. A
+  /// data set with random augmentation or costly decoding overrides it; the default is
+  /// get(indices). An example that cannot be read throws CorruptExample, so that
+  /// `data.on_corrupt: skip` can replace it.
+  virtual Batch read(const torch::Tensor& indices, const ReadContext& context) const {
+    return get(indices);
+  }
+};
+
+/// One example of a data set cannot be read (a corrupt image, say); the message names the
+/// file. `data.on_corrupt` decides whether the job stops or replaces the example.
+class CorruptExample : public DataError {
+ public:
+  CorruptExample(int64_t example, const std::string& message)
+      : DataError(message), example_(example) {}
+  int64_t example() const { return example_; }
+
+ private:
+  int64_t example_;
 };
 
 /// Examples held as two tensors in memory.

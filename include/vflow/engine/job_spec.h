@@ -33,6 +33,13 @@ inline std::string to_string(Prefetch p) {
   return p == Prefetch::kOn ? "true" : p == Prefetch::kOff ? "false" : "auto";
 }
 
+/// semantic.data.on_corrupt: what a corrupt example met while training does.
+enum class OnCorrupt {
+  kFail,  ///< "fail": the job stops with the data error
+  kSkip,  ///< "skip": the next example that reads takes its place, and is counted
+};
+inline std::string to_string(OnCorrupt o) { return o == OnCorrupt::kSkip ? "skip" : "fail"; }
+
 struct ModelSpec {
   std::string name = "convnet";  ///< a name in the model registry
   SpecNode options;              ///< model-specific options, validated by the model's factory
@@ -43,6 +50,7 @@ struct DataSpec {
   SpecNode options;                    ///< data-set-specific options
   bool drop_last =
       false;  ///< drop the epoch's last, shorter batch instead of splitting it over the vnodes
+  OnCorrupt on_corrupt = OnCorrupt::kFail;
 };
 
 struct OptimizerSpec {
@@ -120,6 +128,11 @@ struct ResourcesSpec {
   /// Load the next vnode's batch on a background thread: on, off, or auto (on when this
   /// host has a core to spare: intra-op threads x local workers < cores).
   Prefetch prefetch = Prefetch::kAuto;
+  /// How many vnodes' batches the background loader reads ahead (with prefetch on).
+  int64_t prefetch_depth = 1;
+  /// Threads that decode and transform examples, the loading thread's own included;
+  /// 0: see engine::data_threads.
+  int64_t data_threads = 0;
   /// Gradient bytes (MiB) per bucket of the reduction overlapped with the backward pass
   /// (default mode, Gloo); 0 = one collective after the backward pass, the default: on
   /// one machine the reduction uses the cores that train (docs/benchmarks.md).

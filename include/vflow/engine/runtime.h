@@ -38,6 +38,10 @@ void note_deterministic_threads(const JobSpec& spec);
 /// local workers leave a core free). The job layer decides auto for a launched worker.
 bool prefetch_enabled(const ResourcesSpec& resources, int64_t local_workers);
 
+/// resources.data_threads, resolved: as set, or the cores this host's `local_workers`
+/// workers leave beside their intra-op threads, shared among them, at least 1.
+int64_t data_threads(const ResourcesSpec& resources, int64_t local_workers);
+
 /// Applies the resources part to this process: intra-op threads, a memory allocator that
 /// keeps freed tensors' memory for the next step (glibc), and, for a deterministic job,
 /// LibTorch's deterministic algorithms (cuDNN's too).

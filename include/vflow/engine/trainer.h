@@ -36,6 +36,8 @@ struct StepInfo {
   double sync_seconds = 0;     ///< the step's collective (waiting for peers included)
   double update_seconds = 0;   ///< stateful kernels and the optimizer step
   int workers = 1;             ///< workers of the generation that ran the step
+  /// Corrupt examples this worker has replaced so far (semantic.data.on_corrupt: skip).
+  int64_t replaced_examples = 0;
   /// The L2 norm of the step's reduced gradient before clipping (semantic.clip only).
   std::optional<double> grad_norm;
   /// The example indices of the step's vnodes, as (vnode, indices), each vnode listed as
