@@ -133,11 +133,16 @@ TEST_CASE("a vnode too big for resources.memory_limit_mb fails with exit code 6,
 TEST_CASE("the example jobs are valid", "[integration]") {
   TempDir dir;
   // The TorchScript example trains convnet.pt from the working directory, the token-shard
-  // example the shards of scripts/make-token-shards.sh (a check lists them, reads none).
+  // example the shards of scripts/make-token-shards.sh (a check lists them, reads none), the
+  // image example the class folders of scripts/make-image-data.py (listed, not read).
   vflow::testing::export_torchscript("convnet", dir.file("convnet.pt"));
   std::filesystem::create_directories(dir.file("data/fortunes-spm"));
   for (const char* shard : {"train_000000.bin", "eval_000000.bin"}) {
     vflow::testing::write_llmc_shard(dir.file(std::string("data/fortunes-spm/") + shard), {1, 2});
+  }
+  for (const char* split : {"train", "test"}) {
+    std::filesystem::create_directories(
+        dir.file(std::string("data/fashion-images/jpeg/") + split + "/0-tshirt"));
   }
   int checked = 0;
   for (const auto& entry :

@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cstring>
 #include <sstream>
 #include <string>
 #include <string_view>
@@ -11,6 +12,8 @@
 #include "job/control_records.h"
 #include "vflow/core/spec_node.h"
 #include "vflow/data/fashion_mnist.h"
+#include "vflow/data/image_transforms.h"
+#include "vflow/data/tar_index.h"
 #include "vflow/data/text.h"
 #include "vflow/data/token_shards.h"
 #include "vflow/engine/job_spec.h"
@@ -93,6 +96,63 @@ std::string text(const uint8_t* data, size_t size) {
         }
       },
       file.path());
+}
+
+/// An image file through the image data sets' decoding: its header, then the training
+/// transforms (a random crop, a flip, normalize) to gray and to RGB at a DCT scale.
+std::string image(const uint8_t* data, size_t size) {
+  static const auto steps = [] {
+    std::vector<data::Transform> t(3);
+    t[0].kind = data::Transform::Kind::kRandomResizedCrop;
+    t[0].height = t[0].width = 12;
+    t[1].kind = data::Transform::Kind::kHorizontalFlip;
+    t[2].kind = data::Transform::Kind::kNormalize;
+    t[2].mean = {0.5};
+    t[2].std = {0.25};
+    return t;
+  }();
+  static const data::ImagePipeline gray(steps, 1), rgb(steps, 3);
+  return expect_clean_refusal(
+      [&] {
+        const auto header = data::read_image_header(data, size, "image");
+        // Larger images decode too, but slowly: the fuzzer's time goes to smaller ones.
+        if (int64_t{header.width} * header.height > (1 << 22)) return;
+        std::vector<float> out(static_cast<size_t>(rgb.out_size()));
+        for (const auto* p : {&gray, &rgb}) {
+          data::ExampleRandom random(1, 0, static_cast<int64_t>(size));
+          p->run(data, size, "image", random, out.data());
+        }
+      },
+      "image");
+}
+
+/// A tar shard as image-shards indexes it: its members, the WebDataset examples they
+/// form, and each example's image decoded (the first 16).
+std::string tar_shard(const uint8_t* data, size_t size) {
+  const data::ReadAt read = [data, size](uint64_t at, size_t n, uint8_t* out) {
+    const size_t got = at >= size ? 0 : static_cast<size_t>(std::min<uint64_t>(n, size - at));
+    std::memcpy(out, data + at, got);
+    return got;
+  };
+  std::vector<data::Transform> steps(1);
+  steps[0].kind = data::Transform::Kind::kCenterCrop;
+  steps[0].height = steps[0].width = 8;
+  const data::ImagePipeline pipeline(steps, 3);
+  return expect_clean_refusal(
+      [&] {
+        const auto members = data::index_tar(read, size, "shard.tar");
+        const auto examples = data::webdataset_examples(members, read, 1000, "shard.tar");
+        std::vector<float> out(static_cast<size_t>(pipeline.out_size()));
+        for (size_t i = 0; i < examples.size() && i < 16; ++i) {
+          const auto& m = examples[i].image;
+          data::ExampleRandom random(0, 0, static_cast<int64_t>(i));
+          const auto header =
+              data::read_image_header(data + m.offset, m.size, "shard.tar: " + m.name);
+          if (int64_t{header.width} * header.height > (1 << 22)) continue;
+          pipeline.run(data + m.offset, m.size, "shard.tar: " + m.name, random, out.data());
+        }
+      },
+      "shard.tar");
 }
 
 /// A token shard, opened in each format and read window by window (the first 256 windows):
@@ -240,6 +300,8 @@ const std::vector<Target>& targets() {
       {"idx", idx},
       {"text", text},
       {"token_shard", token_shard},
+      {"image", image},
+      {"tar_shard", tar_shard},
       {"profile", profile},
       {"gavel_trace", gavel_trace},
       {"philly_trace", philly_trace},
