@@ -132,7 +132,7 @@ def training(args, fashion_root):
                 if who == "jpeg":
                     cmd += ["--set", f"semantic.data={folder}"]
                 subprocess.run(cmd, check=True, capture_output=True)
-                steps = [json.loads(l) for l in open(metrics) if '"step"' in l]
+                steps = [json.loads(l) for l in open(metrics) if '"event":"step"' in l]
                 rates[who].append(steps[-1]["examples_per_second"])  # the second half's rate
             print(f"  training repeat {r + 1} {who}: {rates[who][-1]:.0f} examples/s",
                   file=sys.stderr)

@@ -15,8 +15,8 @@ JOBS="${VFLOW_JOBS:-$(nproc)}"
 BUILD_PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config
   libtorch-dev libyaml-cpp-dev libfmt-dev libspdlog-dev libcli11-dev catch2 zlib1g-dev libgloo-dev
-  # the image data sets' decoders: libjpeg-turbo's TurboJPEG and libpng
-  libturbojpeg0-dev libpng-dev
+  # the image data sets' decoders: libjpeg-turbo (its TurboJPEG and libjpeg APIs) and libpng
+  libturbojpeg0-dev libjpeg62-turbo-dev libpng-dev
   # LibTorch's matrix products go through the system BLAS: OpenBLAS (built for OpenMP, as
   # LibTorch is) instead of the reference BLAS makes linear layers ~15x faster.
   libopenblas0-openmp

@@ -33,7 +33,7 @@ JOBS="${VFLOW_JOBS:-$(nproc)}"
 # The same packages scripts/dev.sh installs on Debian 12, less Catch2 (see above).
 PACKAGES=(build-essential cmake ninja-build pkg-config
           libtorch-dev libyaml-cpp-dev libfmt-dev libspdlog-dev libcli11-dev zlib1g-dev
-          libgloo-dev libopenblas0-openmp libturbojpeg0-dev libpng-dev python3-pil
+          libgloo-dev libopenblas0-openmp libturbojpeg0-dev libjpeg62-turbo-dev libpng-dev python3-pil
           openmpi-bin python3-matplotlib python3-torch iproute2 dataset-fashion-mnist
           fortunes fortunes-de fortunes-es fortunes-it fortunes-br
           libcurl4-openssl-dev nlohmann-json3-dev openssl)

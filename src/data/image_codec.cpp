@@ -4,7 +4,14 @@
 #include <png.h>
 #include <turbojpeg.h>
 
+#include <csetjmp>
+#include <cstdio>  // jpeglib.h needs FILE
 #include <cstring>
+// clang-format off
+#include <jpeglib.h>
+#include <jerror.h>
+// clang-format on
+#include <algorithm>
 #include <memory>
 
 #include "vflow/core/error.h"
@@ -82,11 +89,10 @@ ImageHeader png_header(const uint8_t* bytes, size_t size, const std::string& nam
   return ImageHeader{ImageFormat::kPng, static_cast<int>(width), static_cast<int>(height)};
 }
 
-Image decode_jpeg(const uint8_t* bytes, size_t size, const std::string& name, int channels,
-                  Scale scale) {
+void decode_jpeg(const uint8_t* bytes, size_t size, const std::string& name, int channels,
+                 Scale scale, Image& image) {
   const ImageHeader header = jpeg_header(bytes, size, name);
   tjhandle h = decompressor();
-  Image image;
   image.width = (header.width * scale.num + scale.denom - 1) / scale.denom;  // TJSCALED
   image.height = (header.height * scale.num + scale.denom - 1) / scale.denom;
   image.channels = channels;
@@ -98,10 +104,10 @@ Image decode_jpeg(const uint8_t* bytes, size_t size, const std::string& name, in
       !tolerable(h)) {
     throw DataError(fmt::format("{}: a corrupt or truncated JPEG: {}", name, tjGetErrorStr2(h)));
   }
-  return image;
 }
 
-Image decode_png(const uint8_t* bytes, size_t size, const std::string& name, int channels) {
+void decode_png(const uint8_t* bytes, size_t size, const std::string& name, int channels,
+                Image& image) {
   png_image png;
   std::memset(&png, 0, sizeof png);
   png.version = PNG_IMAGE_VERSION;
@@ -112,15 +118,94 @@ Image decode_png(const uint8_t* bytes, size_t size, const std::string& name, int
   }
   check_size(name, png.width, png.height);
   png.format = channels == 1 ? PNG_FORMAT_GRAY : PNG_FORMAT_RGB;
-  Image image;
   image.width = static_cast<int>(png.width);
   image.height = static_cast<int>(png.height);
   image.channels = channels;
+  image.x0 = image.y0 = 0;
+  image.full_width = image.width;
+  image.full_height = image.height;
   image.pixels.resize(PNG_IMAGE_SIZE(png));
   if (!png_image_finish_read(&png, nullptr, image.pixels.data(), 0, nullptr)) {
     throw DataError(fmt::format("{}: a corrupt or truncated PNG: {}", name, png.message));
   }
-  return image;
+}
+
+/// libjpeg's error handling for one decode: errors jump back to the decode (no C++ object
+/// with a destructor lives between the two), a warning that the data ended is kept.
+struct JpegErrors {
+  jpeg_error_mgr mgr;
+  std::jmp_buf jump;
+  bool ended_early = false;
+  char message[JMSG_LENGTH_MAX] = {};
+};
+
+void jpeg_failed(j_common_ptr cinfo) {
+  auto* errors = reinterpret_cast<JpegErrors*>(cinfo->err);
+  (*cinfo->err->format_message)(cinfo, errors->message);
+  std::longjmp(errors->jump, 1);
+}
+
+void jpeg_message(j_common_ptr cinfo, int level) {
+  auto* errors = reinterpret_cast<JpegErrors*>(cinfo->err);
+  if (level < 0 && cinfo->err->msg_code == JWRN_JPEG_EOF && !errors->ended_early) {
+    errors->ended_early = true;
+    (*cinfo->err->format_message)(cinfo, errors->message);
+  }
+}
+
+/// The region decode; false with errors.message set when libjpeg refused the file.
+bool jpeg_region(const uint8_t* bytes, size_t size, int channels, Scale scale,
+                 const std::function<Region(int, int)>& region_of, Image& image,
+                 jpeg_decompress_struct& cinfo, JpegErrors& errors) {
+  cinfo.err = jpeg_std_error(&errors.mgr);
+  errors.mgr.error_exit = jpeg_failed;
+  errors.mgr.emit_message = jpeg_message;
+  if (setjmp(errors.jump)) {
+    jpeg_destroy_decompress(&cinfo);
+    return false;
+  }
+  jpeg_create_decompress(&cinfo);
+  jpeg_mem_src(&cinfo, bytes, static_cast<unsigned long>(size));
+  jpeg_read_header(&cinfo, TRUE);
+  cinfo.out_color_space = channels == 1 ? JCS_GRAYSCALE : JCS_RGB;
+  cinfo.scale_num = static_cast<unsigned>(scale.num);
+  cinfo.scale_denom = static_cast<unsigned>(scale.denom);
+  cinfo.dct_method = JDCT_ISLOW;
+  jpeg_start_decompress(&cinfo);
+  const int full_width = static_cast<int>(cinfo.output_width);
+  const int full_height = static_cast<int>(cinfo.output_height);
+  Region r = region_of(full_width, full_height);
+  r.x0 = std::clamp(r.x0, 0, full_width - 1);
+  r.x1 = std::clamp(r.x1, r.x0 + 1, full_width);
+  r.y0 = std::clamp(r.y0, 0, full_height - 1);
+  r.y1 = std::clamp(r.y1, r.y0 + 1, full_height);
+  JDIMENSION x0 = static_cast<JDIMENSION>(r.x0), width = static_cast<JDIMENSION>(r.x1 - r.x0);
+  if (static_cast<int>(width) < full_width) jpeg_crop_scanline(&cinfo, &x0, &width);
+  if (r.y0 > 0) jpeg_skip_scanlines(&cinfo, static_cast<JDIMENSION>(r.y0));
+  image.width = static_cast<int>(width);
+  image.height = r.y1 - r.y0;
+  image.channels = channels;
+  image.x0 = static_cast<int>(x0);
+  image.y0 = r.y0;
+  image.full_width = full_width;
+  image.full_height = full_height;
+  image.pixels.resize(static_cast<size_t>(image.width) * static_cast<size_t>(image.height) *
+                      static_cast<size_t>(channels));
+  const size_t line = static_cast<size_t>(image.width) * static_cast<size_t>(channels);
+  JSAMPROW rows[16];
+  while (static_cast<int>(cinfo.output_scanline) < r.y1) {
+    const int at = static_cast<int>(cinfo.output_scanline) - r.y0;
+    const int n = std::min(16, r.y1 - static_cast<int>(cinfo.output_scanline));
+    for (int i = 0; i < n; ++i) rows[i] = image.pixels.data() + static_cast<size_t>(at + i) * line;
+    jpeg_read_scanlines(&cinfo, rows, static_cast<JDIMENSION>(n));
+  }
+  if (r.y1 == full_height) {
+    jpeg_finish_decompress(&cinfo);
+  } else {
+    jpeg_abort_decompress(&cinfo);
+  }
+  jpeg_destroy_decompress(&cinfo);
+  return !errors.ended_early;
 }
 
 }  // namespace
@@ -142,7 +227,9 @@ Scale jpeg_scale_for(const ImageHeader& header, double box_width, double box_hei
   const tjscalingfactor* factors = tjGetScalingFactors(&count);
   for (int i = 0; factors && i < count; ++i) {
     const tjscalingfactor f = factors[i];
-    if (f.num > f.denom) continue;
+    // Only 1/2, 1/4 and 1/8: libjpeg-turbo's SIMD code has those reduced inverse DCTs; the
+    // others (3/8, 5/8, ...) run its plain C code and decode slower than the full size.
+    if (f.num != 1 || (f.denom != 2 && f.denom != 4 && f.denom != 8)) continue;
     const double r = static_cast<double>(f.num) / f.denom;
     if (box_width * r >= need_width && box_height * r >= need_height && r * best.denom < best.num) {
       best = Scale{f.num, f.denom};
@@ -151,13 +238,39 @@ Scale jpeg_scale_for(const ImageHeader& header, double box_width, double box_hei
   return best;
 }
 
+void decode_image_into(const uint8_t* bytes, size_t size, const std::string& name, int channels,
+                       Scale scale, Image& image) {
+  VFLOW_ASSERT(channels == 1 || channels == 3, "images decode to 1 or 3 channels");
+  if (is_jpeg(bytes, size)) {
+    decode_jpeg(bytes, size, name, channels, scale, image);
+  } else if (is_png(bytes, size)) {
+    decode_png(bytes, size, name, channels, image);
+  } else {
+    read_image_header(bytes, size, name);  // throws, naming what the bytes are not
+  }
+}
+
+void decode_image_region(const uint8_t* bytes, size_t size, const std::string& name, int channels,
+                         Scale scale, const std::function<Region(int, int)>& region_of,
+                         Image& image) {
+  VFLOW_ASSERT(channels == 1 || channels == 3, "images decode to 1 or 3 channels");
+  if (!is_jpeg(bytes, size)) {
+    decode_image_into(bytes, size, name, channels, scale, image);
+    return;
+  }
+  jpeg_header(bytes, size, name);  // the size checks, before libjpeg allocates for it
+  jpeg_decompress_struct cinfo;
+  JpegErrors errors;
+  if (!jpeg_region(bytes, size, channels, scale, region_of, image, cinfo, errors)) {
+    throw DataError(fmt::format("{}: a corrupt or truncated JPEG: {}", name, errors.message));
+  }
+}
+
 Image decode_image(const uint8_t* bytes, size_t size, const std::string& name, int channels,
                    Scale scale) {
-  VFLOW_ASSERT(channels == 1 || channels == 3, "images decode to 1 or 3 channels");
-  if (is_jpeg(bytes, size)) return decode_jpeg(bytes, size, name, channels, scale);
-  if (is_png(bytes, size)) return decode_png(bytes, size, name, channels);
-  read_image_header(bytes, size, name);  // throws, naming what the bytes are not
-  return {};
+  Image image;
+  decode_image_into(bytes, size, name, channels, scale, image);
+  return image;
 }
 
 }  // namespace vflow::data

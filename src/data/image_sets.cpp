@@ -63,9 +63,10 @@ class ImageSet : public Dataset {
       VFLOW_ASSERT(k[i] >= 0 && k[i] < size(), "example index out of range");
       labels[i] = label(k[i]);
       try {
-        const auto bytes = load(k[i]);
+        std::string name;
+        const auto bytes = load(k[i], name);
         ExampleRandom random(context.seed, context.epoch, k[i]);
-        pipeline_->run(bytes.data(), bytes.size(), where(k[i]), random, out + i * stride);
+        pipeline_->run(bytes.data(), bytes.size(), name, random, out + i * stride);
       } catch (const DataError& e) {
         throw CorruptExample(k[i], e.what());
       }
@@ -74,8 +75,9 @@ class ImageSet : public Dataset {
   }
 
  protected:
-  virtual std::vector<uint8_t> load(int64_t k) const = 0;
-  virtual std::string where(int64_t k) const = 0;
+  /// Example k's bytes; `name` is set to what messages call it (its file, or its shard
+  /// and offset).
+  virtual std::vector<uint8_t> load(int64_t k, std::string& name) const = 0;
   virtual int64_t label(int64_t k) const = 0;
 
  private:
@@ -234,16 +236,15 @@ class ImageFolder final : public ImageSet {
   int64_t size() const override { return index_.files(); }
 
  protected:
-  std::vector<uint8_t> load(int64_t k) const override {
-    const std::string path = where(k);
+  std::vector<uint8_t> load(int64_t k, std::string& path) const override {
+    path = root_;
+    path += '/';
+    path += index_.classes[static_cast<size_t>(label(k))];
+    path += '/';
+    path += index_.names.c_str() + index_.name_at[static_cast<size_t>(k)];
     auto in = core::open_input_file(path);
     if (!in.ok()) throw DataError(fmt::format("{}: cannot read: {}", path, in.error));
     return read_bytes(in.fd.get(), 0, static_cast<size_t>(in.size), path);
-  }
-  std::string where(int64_t k) const override {
-    return (fs::path(root_) / index_.classes[static_cast<size_t>(label(k))] /
-            (index_.names.c_str() + index_.name_at[static_cast<size_t>(k)]))
-        .string();
   }
   int64_t label(int64_t k) const override {
     return std::upper_bound(index_.ends.begin(), index_.ends.end(), k) - index_.ends.begin();
@@ -296,13 +297,10 @@ class ImageShards final : public ImageSet {
   int64_t size() const override { return static_cast<int64_t>(examples_.size()); }
 
  protected:
-  std::vector<uint8_t> load(int64_t k) const override {
+  std::vector<uint8_t> load(int64_t k, std::string& name) const override {
     const Example& e = examples_[static_cast<size_t>(k)];
-    return read_bytes(fds_[e.shard].get(), e.offset, e.size, where(k));
-  }
-  std::string where(int64_t k) const override {
-    const Example& e = examples_[static_cast<size_t>(k)];
-    return fmt::format("{} (member at offset {})", paths_[e.shard], e.header);
+    name = fmt::format("{} (member at offset {})", paths_[e.shard], e.header);
+    return read_bytes(fds_[e.shard].get(), e.offset, e.size, name);
   }
   int64_t label(int64_t k) const override { return examples_[static_cast<size_t>(k)].label; }
 

@@ -3,8 +3,11 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <stdexcept>
+
+#include "vflow/core/error.h"
 
 namespace vflow::data {
 
@@ -69,6 +72,16 @@ Taps make_taps(int in_size, double origin, double extent, int64_t out_size) {
   return taps;
 }
 
+/// The source pixels [first, last) that `taps` read.
+std::pair<int, int> span(const Taps& taps) {
+  int lo = INT32_MAX, hi = 0;
+  for (size_t i = 0; i < taps.first.size(); ++i) {
+    lo = std::min(lo, taps.first[i]);
+    hi = std::max(hi, taps.first[i] + taps.count[i]);
+  }
+  return {lo, hi};
+}
+
 uint8_t to_pixel(int32_t acc) {
   return static_cast<uint8_t>(std::clamp(acc >> kWeightBits, 0, 255));
 }
@@ -82,6 +95,70 @@ void narrow(double& origin, double& length, double extent, bool flip, double off
 }
 
 std::invalid_argument bad(const std::string& message) { return std::invalid_argument(message); }
+
+/// `image` resampled by `cols` and `rows` (mirrored where `flip`) to out_height ×
+/// out_width, written channel-major as pixel × gain + offset. Down the columns first, whole
+/// source rows at a time (the compiler vectorises it), so that the across pass, which sums
+/// each output pixel's taps one by one, runs on the output's rows only. Integer sums, with
+/// one rounding to 8 bits between the passes: the same bits on every machine.
+template <int C>
+void resample(const Image& image, const Taps& cols, const Taps& rows, bool flip, int64_t out_height,
+              int64_t out_width, const std::vector<float>& gain, const std::vector<float>& offset,
+              float* out) {
+  int col_lo = image.width, col_hi = 0;
+  for (int64_t i = 0; i < out_width; ++i) {
+    col_lo = std::min(col_lo, cols.first[static_cast<size_t>(i)]);
+    col_hi =
+        std::max(col_hi, cols.first[static_cast<size_t>(i)] + cols.count[static_cast<size_t>(i)]);
+  }
+  const size_t span = static_cast<size_t>(col_hi - col_lo) * C;  // the columns read
+  thread_local std::vector<uint8_t> down;
+  thread_local std::vector<int32_t> sums;
+  down.resize(static_cast<size_t>(out_height) * span);
+  sums.resize(span);
+  const size_t stride = static_cast<size_t>(image.width) * C;
+  const uint8_t* base = image.pixels.data() + static_cast<size_t>(col_lo) * C;
+  for (int64_t r = 0; r < out_height; ++r) {
+    const int first = rows.first[static_cast<size_t>(r)];
+    const int n = rows.count[static_cast<size_t>(r)];
+    const int32_t* w = &rows.weights[static_cast<size_t>(r * rows.stride)];
+    int32_t* acc = sums.data();
+    std::fill(sums.begin(), sums.end(), 1 << (kWeightBits - 1));
+    for (int k = 0; k < n; ++k) {
+      const uint8_t* row = base + static_cast<size_t>(first + k) * stride;
+      const int32_t wk = w[k];
+      for (size_t j = 0; j < span; ++j) acc[j] += wk * row[j];
+    }
+    uint8_t* dst = down.data() + static_cast<size_t>(r) * span;
+    for (size_t j = 0; j < span; ++j) dst[j] = to_pixel(acc[j]);
+  }
+  // Across: each output pixel's taps, then a row's pixels as floats, a channel at a time.
+  const int64_t plane = out_height * out_width;
+  thread_local std::vector<uint8_t> across;
+  across.resize(static_cast<size_t>(C * out_width));
+  for (int64_t r = 0; r < out_height; ++r) {
+    const uint8_t* src = down.data() + static_cast<size_t>(r) * span;
+    for (int64_t i = 0; i < out_width; ++i) {
+      const uint8_t* p = src + static_cast<size_t>(cols.first[static_cast<size_t>(i)] - col_lo) * C;
+      const int n = cols.count[static_cast<size_t>(i)];
+      const int32_t* w = &cols.weights[static_cast<size_t>(i * cols.stride)];
+      int32_t acc[C];
+      for (int c = 0; c < C; ++c) acc[c] = 1 << (kWeightBits - 1);
+      for (int k = 0; k < n; ++k, p += C) {
+        for (int c = 0; c < C; ++c) acc[c] += w[k] * p[c];
+      }
+      const int64_t at = flip ? out_width - 1 - i : i;
+      for (int c = 0; c < C; ++c)
+        across[static_cast<size_t>(c * out_width + at)] = to_pixel(acc[c]);
+    }
+    for (int c = 0; c < C; ++c) {
+      const float g = gain[static_cast<size_t>(c)], b = offset[static_cast<size_t>(c)];
+      const uint8_t* q = across.data() + c * out_width;
+      float* dst = out + c * plane + r * out_width;
+      for (int64_t i = 0; i < out_width; ++i) dst[i] = static_cast<float>(q[i]) * g + b;
+    }
+  }
+}
 
 }  // namespace
 
@@ -268,58 +345,42 @@ void ImagePipeline::run(const uint8_t* bytes, size_t size, const std::string& na
   const ImageView view = plan(header.width, header.height, random);
   const Scale scale = jpeg_scale_for(header, view.width, view.height, static_cast<int>(out_width_),
                                      static_cast<int>(out_height_));
-  const Image image = decode_image(bytes, size, name, channels_, scale);
+  // Only the pixels the filters read are decoded.
+  const auto region_of = [&](int width, int height) {
+    const Taps cols = make_taps(width, view.x * width / header.width,
+                                view.width * width / header.width, out_width_);
+    const Taps rows = make_taps(height, view.y * height / header.height,
+                                view.height * height / header.height, out_height_);
+    // A pixel's margin: the decode's outermost columns, where a crop cuts through a
+    // chroma block, are upsampled without their neighbours.
+    return Region{span(cols).first - 1, span(rows).first - 1, span(cols).second + 1,
+                  span(rows).second + 1};
+  };
+  thread_local Image image;  // its pixels' memory kept from one image to the next
+  decode_image_region(bytes, size, name, channels_, scale, region_of, image);
   render(image, header.width, header.height, view, out);
+  // An unusually large image's memory is not kept for the thread's life.
+  if (image.pixels.capacity() > (size_t{64} << 20)) std::vector<uint8_t>().swap(image.pixels);
 }
 
 void ImagePipeline::render(const Image& image, int source_width, int source_height,
                            const ImageView& view, float* out) const {
-  const int C = channels_;
-  const double sx = static_cast<double>(image.width) / source_width;
-  const double sy = static_cast<double>(image.height) / source_height;
-  const Taps cols = make_taps(image.width, view.x * sx, view.width * sx, out_width_);
-  const Taps rows = make_taps(image.height, view.y * sy, view.height * sy, out_height_);
-  // The source rows the vertical filter reads, filtered horizontally first.
-  int row_lo = image.height, row_hi = 0;
-  for (int64_t r = 0; r < out_height_; ++r) {
-    row_lo = std::min(row_lo, rows.first[static_cast<size_t>(r)]);
-    row_hi =
-        std::max(row_hi, rows.first[static_cast<size_t>(r)] + rows.count[static_cast<size_t>(r)]);
-  }
-  const size_t line = static_cast<size_t>(out_width_ * C);
-  std::vector<uint8_t> across(static_cast<size_t>(row_hi - row_lo) * line);
-  for (int y = row_lo; y < row_hi; ++y) {
-    const uint8_t* src = image.pixels.data() + static_cast<size_t>(y) * image.width * C;
-    uint8_t* dst = across.data() + static_cast<size_t>(y - row_lo) * line;
-    for (int64_t i = 0; i < out_width_; ++i) {
-      const int64_t o = view.flip ? out_width_ - 1 - i : i;
-      const int first = cols.first[static_cast<size_t>(i)];
-      const int n = cols.count[static_cast<size_t>(i)];
-      const int32_t* w = &cols.weights[static_cast<size_t>(i * cols.stride)];
-      for (int c = 0; c < C; ++c) {
-        int32_t acc = 1 << (kWeightBits - 1);
-        for (int k = 0; k < n; ++k) acc += w[k] * src[(first + k) * C + c];
-        dst[o * C + c] = to_pixel(acc);
-      }
-    }
-  }
-  const int64_t plane = out_height_ * out_width_;
-  for (int64_t r = 0; r < out_height_; ++r) {
-    const int first = rows.first[static_cast<size_t>(r)] - row_lo;
-    const int n = rows.count[static_cast<size_t>(r)];
-    const int32_t* w = &rows.weights[static_cast<size_t>(r * rows.stride)];
-    for (int64_t i = 0; i < out_width_; ++i) {
-      for (int c = 0; c < C; ++c) {
-        int32_t acc = 1 << (kWeightBits - 1);
-        for (int k = 0; k < n; ++k) {
-          acc +=
-              w[k] * across[static_cast<size_t>(first + k) * line + static_cast<size_t>(i * C + c)];
-        }
-        const float pixel = to_pixel(acc);
-        out[c * plane + r * out_width_ + i] =
-            pixel * gain_[static_cast<size_t>(c)] + offset_[static_cast<size_t>(c)];
-      }
-    }
+  const double sx = static_cast<double>(image.full_width) / source_width;
+  const double sy = static_cast<double>(image.full_height) / source_height;
+  Taps cols = make_taps(image.full_width, view.x * sx, view.width * sx, out_width_);
+  Taps rows = make_taps(image.full_height, view.y * sy, view.height * sy, out_height_);
+  // The pixels held may be a region of the decode: the taps count from its corner.
+  const auto [col_lo, col_hi] = span(cols);
+  const auto [row_lo, row_hi] = span(rows);
+  VFLOW_ASSERT(col_lo >= image.x0 && col_hi <= image.x0 + image.width && row_lo >= image.y0 &&
+                   row_hi <= image.y0 + image.height,
+               "the decoded region does not hold the pixels the resampling reads");
+  for (int& f : cols.first) f -= image.x0;
+  for (int& f : rows.first) f -= image.y0;
+  if (channels_ == 1) {
+    resample<1>(image, cols, rows, view.flip, out_height_, out_width_, gain_, offset_, out);
+  } else {
+    resample<3>(image, cols, rows, view.flip, out_height_, out_width_, gain_, offset_, out);
   }
 }
 

@@ -115,16 +115,50 @@ TEST_CASE(
     worst = std::max(worst, std::abs(decoded.pixels[i] - gray[i]));
   CHECK(worst <= 8);  // quality 100: lossy by a few levels at most
 
-  // 800 x 600 to 224: 3/8 is the smallest scale that keeps 224 rows (600 * 3/8 = 225).
+  // 800 x 600 to 224: 1/2 keeps 300 rows, 1/4 would keep 150; to 100 x 75, 1/8.
   const ImageHeader big{ImageFormat::kJpeg, 800, 600};
   const Scale s = jpeg_scale_for(big, 800, 600, 224, 224);
-  CHECK(static_cast<double>(s.num) / s.denom == Approx(3.0 / 8.0));
+  CHECK((s.num == 1 && s.denom == 2));
+  CHECK(jpeg_scale_for(big, 800, 600, 100, 75).denom == 8);
+  CHECK(jpeg_scale_for(big, 400, 300, 224, 224).denom == 1);  // a crop of half the image
   CHECK(jpeg_scale_for(big, 800, 600, 800, 600).num ==
         jpeg_scale_for(big, 800, 600, 800, 600).denom);
   CHECK(jpeg_scale_for(ImageHeader{ImageFormat::kPng, 800, 600}, 800, 600, 100, 75).denom == 1);
   const auto card_jpeg = vflow::testing::encode_jpeg(card(160, 120), 160, 120, 3);
   const Image half = decode_image(bytes_of(card_jpeg), card_jpeg.size(), "c.jpg", 3, Scale{1, 2});
   CHECK((half.width == 80 && half.height == 60 && half.pixels.size() == 80u * 60 * 3));
+}
+
+TEST_CASE("a region of a JPEG decodes to the full decode's pixels there", "[unit]") {
+  // 4:2:0 colour, whose chroma is upsampled from neighbouring rows and columns; at full
+  // size and at half.
+  const auto jpeg = vflow::testing::encode_jpeg(card(160, 120), 160, 120, 3);
+  for (const int denom : {1, 2}) {
+    CAPTURE(denom);
+    const Image full = decode_image(bytes_of(jpeg), jpeg.size(), "c.jpg", 3, Scale{1, denom});
+    Image part;
+    decode_image_region(
+        bytes_of(jpeg), jpeg.size(), "c.jpg", 3, Scale{1, denom},
+        [denom](int w, int h) {
+          CHECK((w == 160 / denom && h == 120 / denom));
+          return Region{37 / denom, 21 / denom, 101 / denom, 90 / denom};
+        },
+        part);
+    REQUIRE((part.full_width == full.width && part.full_height == full.height));
+    REQUIRE((part.x0 <= 37 / denom && part.x0 + part.width >= 101 / denom));
+    REQUIRE((part.y0 == 21 / denom && part.height == 90 / denom - 21 / denom));
+    // The region asked for (the decode may hold more: whole iMCUs across, whose outer
+    // columns are upsampled without their neighbours).
+    int differ = 0;
+    for (int y = 21 / denom; y < 90 / denom; ++y) {
+      for (int x = 37 / denom * 3; x < 101 / denom * 3; ++x) {
+        differ +=
+            part.pixels[static_cast<size_t>((y - part.y0) * part.width * 3 + x - part.x0 * 3)] !=
+            full.pixels[static_cast<size_t>(y * full.width * 3 + x)];
+      }
+    }
+    CHECK(differ == 0);
+  }
 }
 
 TEST_CASE("corrupt, truncated and foreign image files are data errors naming the file", "[unit]") {
