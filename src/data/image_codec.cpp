@@ -33,7 +33,9 @@ bool is_png(const uint8_t* b, size_t n) {
 }
 
 void check_size(const std::string& name, int64_t width, int64_t height) {
-  if (width <= 0 || height <= 0 || width * height > kMaxPixels) {
+  // Each side first: a PNG's are 32-bit, and their product may not fit 64 bits.
+  if (width <= 0 || height <= 0 || width > kMaxPixels || height > kMaxPixels ||
+      width * height > kMaxPixels) {
     throw DataError(fmt::format("{}: the image claims {} x {} pixels (at most {} M are read)", name,
                                 width, height, kMaxPixels >> 20));
   }

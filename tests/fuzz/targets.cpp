@@ -116,7 +116,7 @@ std::string image(const uint8_t* data, size_t size) {
       [&] {
         const auto header = data::read_image_header(data, size, "image");
         // Larger images decode too, but slowly: the fuzzer's time goes to smaller ones.
-        if (int64_t{header.width} * header.height > (1 << 22)) return;
+        if (int64_t{header.width} * header.height > (1 << 18)) return;
         std::vector<float> out(static_cast<size_t>(rgb.out_size()));
         for (const auto* p : {&gray, &rgb}) {
           data::ExampleRandom random(1, 0, static_cast<int64_t>(size));
@@ -148,7 +148,7 @@ std::string tar_shard(const uint8_t* data, size_t size) {
           data::ExampleRandom random(0, 0, static_cast<int64_t>(i));
           const auto header =
               data::read_image_header(data + m.offset, m.size, "shard.tar: " + m.name);
-          if (int64_t{header.width} * header.height > (1 << 22)) continue;
+          if (int64_t{header.width} * header.height > (1 << 18)) continue;
           pipeline.run(data + m.offset, m.size, "shard.tar: " + m.name, random, out.data());
         }
       },
