@@ -132,30 +132,41 @@ void resample(const Image& image, const Taps& cols, const Taps& rows, bool flip,
     uint8_t* dst = down.data() + static_cast<size_t>(r) * span;
     for (size_t j = 0; j < span; ++j) dst[j] = to_pixel(acc[j]);
   }
-  // Across: each output pixel's taps, then a row's pixels as floats, a channel at a time.
+  // Across, as another pass down columns: each channel transposed (a source column's
+  // values over the output rows side by side), so that an output column sums whole
+  // columns of taps at a time. The same integer sums as tap by tap.
   const int64_t plane = out_height * out_width;
-  thread_local std::vector<uint8_t> across;
-  across.resize(static_cast<size_t>(C * out_width));
-  for (int64_t r = 0; r < out_height; ++r) {
-    const uint8_t* src = down.data() + static_cast<size_t>(r) * span;
+  const size_t columns = span / C;
+  const size_t height = static_cast<size_t>(out_height);
+  thread_local std::vector<uint8_t> transposed;
+  transposed.resize(span * height);
+  for (size_t x = 0; x < columns; ++x) {
+    for (int c = 0; c < C; ++c) {
+      uint8_t* t = transposed.data() + (static_cast<size_t>(c) * columns + x) * height;
+      const uint8_t* d = down.data() + x * C + static_cast<size_t>(c);
+      for (size_t r = 0; r < height; ++r) t[r] = d[r * span];
+    }
+  }
+  sums.resize(height);
+  int32_t* acc = sums.data();
+  for (int c = 0; c < C; ++c) {
+    const float g = gain[static_cast<size_t>(c)], b = offset[static_cast<size_t>(c)];
+    const uint8_t* channel = transposed.data() + static_cast<size_t>(c) * columns * height;
     for (int64_t i = 0; i < out_width; ++i) {
-      const uint8_t* p = src + static_cast<size_t>(cols.first[static_cast<size_t>(i)] - col_lo) * C;
       const int n = cols.count[static_cast<size_t>(i)];
       const int32_t* w = &cols.weights[static_cast<size_t>(i * cols.stride)];
-      int32_t acc[C];
-      for (int c = 0; c < C; ++c) acc[c] = 1 << (kWeightBits - 1);
-      for (int k = 0; k < n; ++k, p += C) {
-        for (int c = 0; c < C; ++c) acc[c] += w[k] * p[c];
+      const uint8_t* first =
+          channel + static_cast<size_t>(cols.first[static_cast<size_t>(i)] - col_lo) * height;
+      std::fill(sums.begin(), sums.end(), 1 << (kWeightBits - 1));
+      for (int k = 0; k < n; ++k) {
+        const uint8_t* column = first + static_cast<size_t>(k) * height;
+        const int32_t wk = w[k];
+        for (size_t r = 0; r < height; ++r) acc[r] += wk * column[r];
       }
-      const int64_t at = flip ? out_width - 1 - i : i;
-      for (int c = 0; c < C; ++c)
-        across[static_cast<size_t>(c * out_width + at)] = to_pixel(acc[c]);
-    }
-    for (int c = 0; c < C; ++c) {
-      const float g = gain[static_cast<size_t>(c)], b = offset[static_cast<size_t>(c)];
-      const uint8_t* q = across.data() + c * out_width;
-      float* dst = out + c * plane + r * out_width;
-      for (int64_t i = 0; i < out_width; ++i) dst[i] = static_cast<float>(q[i]) * g + b;
+      float* dst = out + c * plane + (flip ? out_width - 1 - i : i);
+      for (size_t r = 0; r < height; ++r) {
+        dst[static_cast<int64_t>(r) * out_width] = static_cast<float>(to_pixel(acc[r])) * g + b;
+      }
     }
   }
 }
