@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "engine/example_reader.h"
+#include "peak_memory.h"
 #include "vflow/data/image_codec.h"
 #include "vflow/data/image_sets.h"
 #include "vflow/data/image_transforms.h"
@@ -27,15 +28,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using vflow::data::Transform;
-
-/// This process's peak resident memory (VmHWM), KiB.
-int64_t peak_resident_kib() {
-  std::ifstream in("/proc/self/status");
-  for (std::string line; std::getline(in, line);) {
-    if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6));
-  }
-  return -1;
-}
 
 std::vector<Transform> transforms(const std::string& which, int64_t size, int channels) {
   std::vector<Transform> steps;
@@ -131,6 +123,6 @@ int main(int argc, char** argv) {
   fmt::print(
       "{:.1f} {}\n",
       static_cast<double>(done) / std::chrono::duration<double>(Clock::now() - begin).count(),
-      peak_resident_kib());
+      vflow::bench::peak_resident_kib());
   return 0;
 }

@@ -22,6 +22,8 @@
 #include <string>
 #include <vector>
 
+#include "peak_memory.h"
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -44,17 +46,6 @@ void make_shards(const std::string& dir, int count, int64_t mib) {
   }
 }
 
-/// This process's peak resident memory since it was exec'd (VmHWM). Not ru_maxrss, as
-/// bench/vnode_overhead.cpp reads it: that one also counts the memory of the process it was
-/// forked from before the exec (here this program's parent, with LibTorch and its data).
-int64_t peak_resident_kib() {
-  std::ifstream in("/proc/self/status");
-  for (std::string line; std::getline(in, line);) {
-    if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6));
-  }
-  return -1;
-}
-
 /// Reads `batches` batches of `batch` windows in a shuffled order; prints
 /// "<windows/s> <peak KiB> <windows in the corpus>".
 int measure(const std::string& dir, int count, int64_t context, int64_t batch, int64_t batches) {
@@ -75,8 +66,8 @@ int measure(const std::string& dir, int count, int64_t context, int64_t batch, i
   }
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
   std::printf("%.1f %lld %lld %lld\n", static_cast<double>(n * batch) / seconds,
-              static_cast<long long>(peak_resident_kib()), static_cast<long long>(data->size()),
-              static_cast<long long>(sink % 2));
+              static_cast<long long>(vflow::bench::peak_resident_kib()),
+              static_cast<long long>(data->size()), static_cast<long long>(sink % 2));
   return 0;
 }
 

@@ -9,6 +9,8 @@
 #include <cstring>
 #include <new>
 
+#include "vflow/core/error.h"
+
 namespace vflow::core {
 
 InputFd::~InputFd() {
@@ -84,6 +86,14 @@ size_t read_at(int fd, uint64_t offset, size_t n, void* out, std::string& error)
     done += static_cast<size_t>(got);
   }
   return done;
+}
+
+void read_exactly_at(int fd, uint64_t offset, size_t n, void* out, const std::string& name) {
+  std::string error;
+  if (read_at(fd, offset, n, out, error) != n) {
+    throw DataError(fmt::format("{}: cannot read {} bytes at offset {}: {}", name, n, offset,
+                                error.empty() ? "the file is shorter" : error));
+  }
 }
 
 InputBytes read_input_file(const std::string& path, uint64_t max_bytes) {

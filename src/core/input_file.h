@@ -45,6 +45,10 @@ OpenedInput open_input_file(const std::string& path);
 /// fewer only at the end of the file. A read error sets `error` and returns what was read.
 size_t read_at(int fd, uint64_t offset, size_t n, void* out, std::string& error);
 
+/// Exactly `n` bytes at `offset` of `fd` into `out`; fewer (a read error, or a file that
+/// ends before) is a DataError naming `name`, the size and the offset.
+void read_exactly_at(int fd, uint64_t offset, size_t n, void* out, const std::string& name);
+
 /// The whole content of a regular file, or why it could not be read (`error`).
 struct InputBytes {
   std::string bytes;

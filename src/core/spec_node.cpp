@@ -548,20 +548,26 @@ void check_range(const SpecNode& n, T v, T min, T max) {
 
 }  // namespace
 
+int64_t read_int(const SpecNode& node, int64_t min, int64_t max) {
+  const int64_t v = parse_int(node);
+  check_range(node, v, min, max);
+  return v;
+}
+
+double read_double(const SpecNode& node, double min, double max) {
+  const double v = parse_double(node);
+  check_range(node, v, min, max);
+  return v;
+}
+
 int64_t OptionReader::get_int(const std::string& key, int64_t fallback, int64_t min, int64_t max) {
   const SpecNode* n = lookup(key);
-  if (!n) return fallback;
-  const int64_t v = parse_int(*n);
-  check_range(*n, v, min, max);
-  return v;
+  return n ? read_int(*n, min, max) : fallback;
 }
 
 double OptionReader::get_double(const std::string& key, double fallback, double min, double max) {
   const SpecNode* n = lookup(key);
-  if (!n) return fallback;
-  const double v = parse_double(*n);
-  check_range(*n, v, min, max);
-  return v;
+  return n ? read_double(*n, min, max) : fallback;
 }
 
 bool OptionReader::get_bool(const std::string& key, bool fallback) {

@@ -138,6 +138,7 @@ struct JpegErrors {
   jpeg_error_mgr mgr;
   std::jmp_buf jump;
   bool ended_early = false;
+  int64_t width = 0, height = 0;  ///< the header's size, when it is too large to read
   char message[JMSG_LENGTH_MAX] = {};
 };
 
@@ -169,6 +170,13 @@ bool jpeg_region(const uint8_t* bytes, size_t size, int channels, Scale scale,
   jpeg_create_decompress(&cinfo);
   jpeg_mem_src(&cinfo, bytes, static_cast<unsigned long>(size));
   jpeg_read_header(&cinfo, TRUE);
+  // The size checks, before libjpeg allocates for the image.
+  if (int64_t{cinfo.image_width} * cinfo.image_height > kMaxPixels) {
+    errors.width = cinfo.image_width;
+    errors.height = cinfo.image_height;
+    jpeg_destroy_decompress(&cinfo);
+    return false;
+  }
   cinfo.out_color_space = channels == 1 ? JCS_GRAYSCALE : JCS_RGB;
   cinfo.scale_num = static_cast<unsigned>(scale.num);
   cinfo.scale_denom = static_cast<unsigned>(scale.denom);
@@ -211,6 +219,13 @@ bool jpeg_region(const uint8_t* bytes, size_t size, int channels, Scale scale,
 }
 
 }  // namespace
+
+bool is_image_extension(const std::string& extension) {
+  std::string ext = extension;
+  std::transform(ext.begin(), ext.end(), ext.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return ext == "jpg" || ext == "jpeg" || ext == "png";
+}
 
 ImageHeader read_image_header(const uint8_t* bytes, size_t size, const std::string& name) {
   if (is_jpeg(bytes, size)) return jpeg_header(bytes, size, name);
@@ -258,12 +273,13 @@ void decode_image_region(const uint8_t* bytes, size_t size, const std::string& n
   VFLOW_ASSERT(channels == 1 || channels == 3, "images decode to 1 or 3 channels");
   if (!is_jpeg(bytes, size)) {
     decode_image_into(bytes, size, name, channels, scale, image);
+    region_of(image.full_width, image.full_height);  // asked all the same: the caller plans on it
     return;
   }
-  jpeg_header(bytes, size, name);  // the size checks, before libjpeg allocates for it
   jpeg_decompress_struct cinfo;
   JpegErrors errors;
   if (!jpeg_region(bytes, size, channels, scale, region_of, image, cinfo, errors)) {
+    if (errors.width > 0) check_size(name, errors.width, errors.height);  // throws
     throw DataError(fmt::format("{}: a corrupt or truncated JPEG: {}", name, errors.message));
   }
 }

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -14,6 +15,7 @@
 #include "core/input_file.h"
 #include "core/output_file.h"
 #include "vflow/core/error.h"
+#include "vflow/data/image_codec.h"
 #include "vflow/data/tar_index.h"
 
 namespace vflow::data {
@@ -25,12 +27,7 @@ namespace {
 /// A file's bytes at [offset, offset + n), or a DataError naming it.
 std::vector<uint8_t> read_bytes(int fd, uint64_t offset, size_t n, const std::string& name) {
   std::vector<uint8_t> bytes(n);
-  std::string error;
-  const size_t got = core::read_at(fd, offset, n, bytes.data(), error);
-  if (got != n) {
-    throw DataError(fmt::format("{}: cannot read {} bytes at offset {}: {}", name, n, offset,
-                                error.empty() ? "the file is shorter" : error));
-  }
+  core::read_exactly_at(fd, offset, n, bytes.data(), name);
   return bytes;
 }
 
@@ -89,11 +86,7 @@ class ImageSet : public Dataset {
 
 bool is_image_name(const std::string& name) {
   const size_t dot = name.rfind('.');
-  if (dot == std::string::npos) return false;
-  std::string ext = name.substr(dot + 1);
-  std::transform(ext.begin(), ext.end(), ext.begin(),
-                 [](unsigned char c) { return std::tolower(c); });
-  return ext == "jpg" || ext == "jpeg" || ext == "png";
+  return dot != std::string::npos && is_image_extension(name.substr(dot + 1));
 }
 
 int64_t modified_ns(const fs::path& dir) {
@@ -280,7 +273,13 @@ class ImageShards final : public ImageSet {
       };
       const auto members = index_tar(read, in.size, paths[s]);
       for (const auto& e : webdataset_examples(members, read, classes, paths[s])) {
-        examples_.push_back(Example{e.image.offset, e.image.header, static_cast<uint32_t>(s),
+        if (e.image.size > UINT32_MAX) {
+          throw DataError(
+              fmt::format("{}: the image at offset {} has {} bytes, more than an "
+                          "image may have (4 GiB)",
+                          paths[s], e.image.header, e.image.size));
+        }
+        examples_.push_back(Example{e.image.offset, static_cast<uint32_t>(s),
                                     static_cast<uint32_t>(e.image.size),
                                     static_cast<int32_t>(e.label)});
       }
@@ -299,7 +298,8 @@ class ImageShards final : public ImageSet {
  protected:
   std::vector<uint8_t> load(int64_t k, std::string& name) const override {
     const Example& e = examples_[static_cast<size_t>(k)];
-    name = fmt::format("{} (member at offset {})", paths_[e.shard], e.header);
+    // A member's header is the block before its data.
+    name = fmt::format("{} (member at offset {})", paths_[e.shard], e.offset - kTarBlock);
     return read_bytes(fds_[e.shard].get(), e.offset, e.size, name);
   }
   int64_t label(int64_t k) const override { return examples_[static_cast<size_t>(k)].label; }
@@ -308,7 +308,6 @@ class ImageShards final : public ImageSet {
   /// 24 bytes an example: where its image is, and its class.
   struct Example {
     uint64_t offset;
-    uint64_t header;
     uint32_t shard;
     uint32_t size;
     int32_t label;
@@ -316,6 +315,7 @@ class ImageShards final : public ImageSet {
   std::vector<std::string> paths_;
   std::vector<core::InputFd> fds_;
   std::vector<Example> examples_;
+  static_assert(sizeof(Example) == 24);
 };
 
 }  // namespace

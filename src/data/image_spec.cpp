@@ -18,17 +18,8 @@ namespace {
   throw SpecError(fmt::format("{}: {}", at.describe(), message));
 }
 
-int64_t pixels(const SpecNode& n) {
-  if (n.is_scalar()) {
-    try {
-      size_t used = 0;
-      const long long v = std::stoll(n.value(), &used);
-      if (used == n.value().size() && v >= 1 && v <= 65536) return v;
-    } catch (const std::exception&) {
-    }
-  }
-  fail(n, "expected a size in pixels, 1 to 65536");
-}
+/// A side in pixels.
+int64_t pixels(const SpecNode& n) { return read_int(n, 1, 65536); }
 
 /// `224` (both sides; for resize, the shorter side) or `[height, width]`.
 void read_size(const SpecNode& n, Transform& t, bool shorter_side) {
@@ -89,13 +80,7 @@ Transform read_transform(const SpecNode& item) {
       t.p = r.get_double("p", 0.5, 0.0, 1.0);
       r.finish();
     } else if (arg) {
-      try {
-        size_t used = 0;
-        t.p = std::stod(arg->value(), &used);
-        if (used != arg->value().size() || !(t.p >= 0 && t.p <= 1)) throw std::out_of_range("");
-      } catch (const std::exception&) {
-        fail(*arg, "expected a probability in [0, 1]");
-      }
+      t.p = read_double(*arg, 0.0, 1.0);
     }
   } else if (name == "normalize") {
     t.kind = Transform::Kind::kNormalize;

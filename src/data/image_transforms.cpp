@@ -171,6 +171,40 @@ void resample(const Image& image, const Taps& cols, const Taps& rows, bool flip,
   }
 }
 
+/// The taps of a view of a `source_width` × `source_height` image, on its decode of
+/// `full_width` × `full_height` pixels.
+struct ViewTaps {
+  Taps cols, rows;
+};
+
+ViewTaps view_taps(const ImageView& view, int source_width, int source_height, int full_width,
+                   int full_height, int64_t out_height, int64_t out_width) {
+  const double sx = static_cast<double>(full_width) / source_width;
+  const double sy = static_cast<double>(full_height) / source_height;
+  return ViewTaps{make_taps(full_width, view.x * sx, view.width * sx, out_width),
+                  make_taps(full_height, view.y * sy, view.height * sy, out_height)};
+}
+
+/// `taps` applied to `image`, which may hold a region of the decode: the taps count from
+/// its corner.
+void draw(const Image& image, ViewTaps taps, bool flip, int64_t out_height, int64_t out_width,
+          const std::vector<float>& gain, const std::vector<float>& offset, float* out) {
+  VFLOW_ASSERT(static_cast<size_t>(image.channels) == gain.size(),
+               "the image's channels are not the pipeline's");
+  const auto [col_lo, col_hi] = span(taps.cols);
+  const auto [row_lo, row_hi] = span(taps.rows);
+  VFLOW_ASSERT(col_lo >= image.x0 && col_hi <= image.x0 + image.width && row_lo >= image.y0 &&
+                   row_hi <= image.y0 + image.height,
+               "the decoded region does not hold the pixels the resampling reads");
+  for (int& f : taps.cols.first) f -= image.x0;
+  for (int& f : taps.rows.first) f -= image.y0;
+  if (image.channels == 1) {
+    resample<1>(image, taps.cols, taps.rows, flip, out_height, out_width, gain, offset, out);
+  } else {
+    resample<3>(image, taps.cols, taps.rows, flip, out_height, out_width, gain, offset, out);
+  }
+}
+
 }  // namespace
 
 ExampleRandom::ExampleRandom(uint64_t seed, int64_t epoch, int64_t example)
@@ -356,43 +390,30 @@ void ImagePipeline::run(const uint8_t* bytes, size_t size, const std::string& na
   const ImageView view = plan(header.width, header.height, random);
   const Scale scale = jpeg_scale_for(header, view.width, view.height, static_cast<int>(out_width_),
                                      static_cast<int>(out_height_));
-  // Only the pixels the filters read are decoded.
+  // Only the pixels the filters read are decoded; the taps are made once, on the size the
+  // decode has.
+  ViewTaps taps;
   const auto region_of = [&](int width, int height) {
-    const Taps cols = make_taps(width, view.x * width / header.width,
-                                view.width * width / header.width, out_width_);
-    const Taps rows = make_taps(height, view.y * height / header.height,
-                                view.height * height / header.height, out_height_);
+    taps = view_taps(view, header.width, header.height, width, height, out_height_, out_width_);
+    const auto [col_lo, col_hi] = span(taps.cols);
+    const auto [row_lo, row_hi] = span(taps.rows);
     // A pixel's margin: the decode's outermost columns, where a crop cuts through a
     // chroma block, are upsampled without their neighbours.
-    return Region{span(cols).first - 1, span(rows).first - 1, span(cols).second + 1,
-                  span(rows).second + 1};
+    return Region{col_lo - 1, row_lo - 1, col_hi + 1, row_hi + 1};
   };
   thread_local Image image;  // its pixels' memory kept from one image to the next
   decode_image_region(bytes, size, name, channels_, scale, region_of, image);
-  render(image, header.width, header.height, view, out);
+  draw(image, std::move(taps), view.flip, out_height_, out_width_, gain_, offset_, out);
   // An unusually large image's memory is not kept for the thread's life.
   if (image.pixels.capacity() > (size_t{64} << 20)) std::vector<uint8_t>().swap(image.pixels);
 }
 
 void ImagePipeline::render(const Image& image, int source_width, int source_height,
                            const ImageView& view, float* out) const {
-  const double sx = static_cast<double>(image.full_width) / source_width;
-  const double sy = static_cast<double>(image.full_height) / source_height;
-  Taps cols = make_taps(image.full_width, view.x * sx, view.width * sx, out_width_);
-  Taps rows = make_taps(image.full_height, view.y * sy, view.height * sy, out_height_);
-  // The pixels held may be a region of the decode: the taps count from its corner.
-  const auto [col_lo, col_hi] = span(cols);
-  const auto [row_lo, row_hi] = span(rows);
-  VFLOW_ASSERT(col_lo >= image.x0 && col_hi <= image.x0 + image.width && row_lo >= image.y0 &&
-                   row_hi <= image.y0 + image.height,
-               "the decoded region does not hold the pixels the resampling reads");
-  for (int& f : cols.first) f -= image.x0;
-  for (int& f : rows.first) f -= image.y0;
-  if (channels_ == 1) {
-    resample<1>(image, cols, rows, view.flip, out_height_, out_width_, gain_, offset_, out);
-  } else {
-    resample<3>(image, cols, rows, view.flip, out_height_, out_width_, gain_, offset_, out);
-  }
+  draw(image,
+       view_taps(view, source_width, source_height, image.full_width, image.full_height,
+                 out_height_, out_width_),
+       view.flip, out_height_, out_width_, gain_, offset_, out);
 }
 
 }  // namespace vflow::data

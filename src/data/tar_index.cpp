@@ -1,18 +1,19 @@
 #include "vflow/data/tar_index.h"
 
 #include <fmt/format.h>
+#include <strings.h>
 
 #include <algorithm>
 #include <cstring>
 #include <map>
 
 #include "vflow/core/error.h"
+#include "vflow/data/image_codec.h"
 
 namespace vflow::data {
 
 namespace {
 
-constexpr uint64_t kBlock = 512;
 /// Long names and pax records longer than this are refused: no path is that long.
 constexpr uint64_t kMaxNameRecord = 1 << 20;
 
@@ -52,7 +53,7 @@ bool checksum_ok(const uint8_t* h) {
   if (!parse_number(h + 148, 8, stored)) return false;
   uint64_t unsigned_sum = 0;
   int64_t signed_sum = 0;
-  for (size_t i = 0; i < kBlock; ++i) {
+  for (size_t i = 0; i < kTarBlock; ++i) {
     const uint8_t b = (i >= 148 && i < 156) ? ' ' : h[i];
     unsigned_sum += b;
     signed_sum += static_cast<int8_t>(b);
@@ -61,10 +62,10 @@ bool checksum_ok(const uint8_t* h) {
 }
 
 bool all_zero(const uint8_t* h) {
-  return std::all_of(h, h + kBlock, [](uint8_t b) { return b == 0; });
+  return std::all_of(h, h + kTarBlock, [](uint8_t b) { return b == 0; });
 }
 
-uint64_t padded(uint64_t n) { return (n + kBlock - 1) / kBlock * kBlock; }
+uint64_t padded(uint64_t n) { return (n + kTarBlock - 1) / kTarBlock * kTarBlock; }
 
 /// The `path` record of a pax extended header, or "".
 std::string pax_path(const std::string& records) {
@@ -89,11 +90,11 @@ std::string pax_path(const std::string& records) {
 
 std::vector<TarMember> index_tar(const ReadAt& read, uint64_t size, const std::string& name) {
   std::vector<TarMember> members;
-  uint8_t h[kBlock];
+  uint8_t h[kTarBlock];
   std::string long_name;  // a GNU long name or a pax path for the next member
   uint64_t at = 0;
   while (at < size) {
-    if (size - at < kBlock || read(at, kBlock, h) != kBlock) {
+    if (size - at < kTarBlock || read(at, kTarBlock, h) != kTarBlock) {
       throw DataError(fmt::format("{}: a truncated tar: {} bytes of a header at offset {}", name,
                                   size - at, at));
     }
@@ -108,7 +109,7 @@ std::vector<TarMember> index_tar(const ReadAt& read, uint64_t size, const std::s
     if (!parse_number(h + 124, 12, member_size)) {
       throw DataError(fmt::format("{}: the tar header at offset {} has no valid size", name, at));
     }
-    const uint64_t data = at + kBlock;
+    const uint64_t data = at + kTarBlock;
     if (member_size > size - data) {
       throw DataError(
           fmt::format("{}: a truncated tar: the member at offset {} ({}) has {} "
@@ -162,11 +163,9 @@ std::vector<ShardExample> webdataset_examples(const std::vector<TarMember>& memb
     const size_t dot = m.name.find('.', slash == std::string::npos ? 0 : slash + 1);
     if (dot == std::string::npos) continue;
     const std::string key = m.name.substr(0, dot);
-    std::string ext = m.name.substr(dot + 1);
-    std::transform(ext.begin(), ext.end(), ext.begin(),
-                   [](unsigned char c) { return std::tolower(c); });
-    const bool image = ext == "jpg" || ext == "jpeg" || ext == "png";
-    if (!image && ext != "cls") continue;
+    const std::string ext = m.name.substr(dot + 1);
+    const bool image = is_image_extension(ext);
+    if (!image && strcasecmp(ext.c_str(), "cls") != 0) continue;
     auto [it, added] = parts.try_emplace(key);
     if (added) order.push_back(key);
     const TarMember*& slot = image ? it->second.image : it->second.cls;

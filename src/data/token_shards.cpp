@@ -48,18 +48,8 @@ class Shard {
   void read(int64_t first, int64_t n, int64_t vocab, int64_t* out) const {
     const int64_t from = offset_ + first * width_;
     std::vector<unsigned char> bytes(static_cast<size_t>(n * width_));
-    size_t done = 0;
-    while (done < bytes.size()) {
-      const ssize_t got = ::pread(fd_.get(), bytes.data() + done, bytes.size() - done,
-                                  static_cast<off_t>(from + static_cast<int64_t>(done)));
-      if (got < 0 && errno == EINTR) continue;
-      if (got <= 0) {
-        throw DataError(fmt::format("{}: cannot read {} bytes at offset {}: {}", path_,
-                                    bytes.size(), from,
-                                    got < 0 ? std::strerror(errno) : "the file got shorter"));
-      }
-      done += static_cast<size_t>(got);
-    }
+    core::read_exactly_at(fd_.get(), static_cast<uint64_t>(from), bytes.size(), bytes.data(),
+                          path_);
     const unsigned char* at = bytes.data();
     for (int64_t i = 0; i < n; ++i, at += width_) {
       uint32_t v = 0;

@@ -105,6 +105,11 @@ SpecNode parse_yaml(const std::string& text, const std::string& source_name);
 /// FIFO, a device), is a SpecError naming it.
 SpecNode load_yaml_file(const std::string& path, const std::string& what);
 
+/// A value that is not a key of a map (a list item, say) read as OptionReader reads a key's:
+/// an integer, or a finite number, in [min, max]; otherwise a SpecError naming where.
+int64_t read_int(const SpecNode& node, int64_t min, int64_t max);
+double read_double(const SpecNode& node, double min, double max);
+
 /// `text` as a YAML double-quoted scalar, for building an override from a value that is
 /// not YAML (a path with '#' or ': ' in it): `--set key=` + yaml_quoted(path).
 std::string yaml_quoted(const std::string& text);

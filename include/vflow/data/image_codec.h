@@ -12,6 +12,10 @@ namespace vflow::data {
 
 enum class ImageFormat { kJpeg, kPng };
 
+/// Whether a file name's extension (the part after the dot, in any case) is one the image
+/// data sets read as an image: jpg, jpeg or png.
+bool is_image_extension(const std::string& extension);
+
 /// An image's size and format, read from its header alone.
 struct ImageHeader {
   ImageFormat format = ImageFormat::kJpeg;
@@ -53,7 +57,8 @@ Scale jpeg_scale_for(const ImageHeader& header, double box_width, double box_hei
 /// a PNG is always decoded whole). A corrupt or truncated file is a DataError naming `name`.
 Image decode_image(const uint8_t* bytes, size_t size, const std::string& name, int channels,
                    Scale scale = {});
-/// Decodes at least `region_of(full_width, full_height)` of the image at `scale` into
+/// Decodes at least `region_of(full_width, full_height)` (called once, with the decode's
+/// size, for every format) of the image at `scale` into
 /// `image`, whose pixels' memory is reused: a JPEG decodes only the rows down to the
 /// region's last (those above entropy-decoded and skipped) and the columns of the iMCUs it
 /// spans (libjpeg-turbo's jpeg_skip_scanlines and jpeg_crop_scanline); a PNG whole. Within

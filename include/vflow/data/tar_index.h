@@ -10,12 +10,15 @@
 
 namespace vflow::data {
 
+/// A tar's block: its headers and its members' data start on multiples of it.
+inline constexpr uint64_t kTarBlock = 512;
+
 /// A regular file inside a tar: its name and where its bytes are.
 struct TarMember {
   std::string name;
   uint64_t offset = 0;  ///< of the member's data, from the start of the tar
   uint64_t size = 0;
-  uint64_t header = 0;  ///< offset of its header, for messages
+  uint64_t header = 0;  ///< offset of its header (offset - kTarBlock), for messages
 };
 
 /// Reads `n` bytes at `offset` of the tar into `out`; returns how many it read (fewer only
