@@ -226,6 +226,38 @@ TEST_CASE(
   CHECK(refused({crop(Transform::Kind::kCenterCrop, 8), flip(0.5), norm}) == "accepted");
 }
 
+TEST_CASE("a mistake in the transforms names the file, the line and the key", "[unit]") {
+  const auto error = [](const std::string& options) {
+    const auto root = vflow::parse_yaml("train: /nowhere\n" + options, "job.yaml");
+    try {
+      DataRegistry::global().prepare("image-folder", vflow::SpecNode::scalar("image-folder"), root);
+    } catch (const vflow::SpecError& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  CHECK_THAT(error("transforms: [{random_resized_crop: {size: 0}}]"),
+             Contains("job.yaml:2:") && Contains("transforms[0].random_resized_crop.size: value 0 "
+                                                 "is out of range [1, 65536]"));
+  CHECK_THAT(error("transforms: [{center_crop: 8}, {horizontal_flip: 2}]"),
+             Contains("job.yaml:2:") &&
+                 Contains("transforms[1].horizontal_flip: value 2 is out of range [0, 1]"));
+  CHECK_THAT(error("transforms: [{center_crop: big}]"),
+             Contains("transforms[0].center_crop: expected an integer, got 'big'"));
+  CHECK_THAT(error("transforms:\n  - blur: 3\n"),
+             Contains("job.yaml:3:") && Contains("transforms[0]: unknown transform 'blur'"));
+  CHECK_THAT(
+      error("transforms: [{resize: 32}]"),
+      Contains("job.yaml:2:") && Contains("transforms: the transforms must end in one size"));
+  CHECK_THAT(error("channels: 1\ntransforms: [{center_crop: 8}, {normalize: {mean: [0.5, 0.5], "
+                   "std: [1]}}]"),
+             Contains("job.yaml:3:") && Contains("normalize's mean has 2 values for 1 channel"));
+  CHECK_THAT(error("transforms: [{center_crop: 8}]\neval_transforms: [{center_crop: 9}]"),
+             Contains("eval_transforms: end in 9 x 9, the training transforms in 8 x 8"));
+  // Well formed: then the folder is what is wrong.
+  CHECK_THAT(error("transforms: [{center_crop: 8}]"), Contains("/nowhere: not a folder"));
+}
+
 TEST_CASE(
     "random choices are a function of (seed, epoch, example): the same on any thread, new each "
     "epoch",
