@@ -55,6 +55,15 @@ int main(int argc, char** argv) {
   app.add_option("--stop-grace", options.stop_grace_s,
                  "seconds the workers have to leave after SIGTERM before they are killed")
       ->check(vflow::apps::at_least(1));
+  app.add_flag("--require-job-user", options.require_job_user,
+               "start workers only for jobs whose submitter holds an etcd user confined to the "
+               "job (their workers get it); refuse the others instead of giving them this "
+               "agent's credentials");
+  std::string worker_uids;
+  app.add_option("--worker-uids", worker_uids,
+                 "FIRST-LAST: run each job's workers as a user id of its own from this range "
+                 "(the agent runs as root), so that jobs cannot read each other's files or this "
+                 "agent's credentials; workers then run in the job's folder under --work-dir");
   if (const int code = vflow::apps::parse_command_line(app, argc, argv); code >= 0) return code;
   spdlog::set_pattern("[%H:%M:%S] %v");
   return vflow::apps::run_reporting_errors([&]() -> int {
@@ -75,6 +84,18 @@ int main(int argc, char** argv) {
       options.slots.push_back(slot);
     }
     if (!worker.empty()) options.worker_command = {worker};
+    if (!worker_uids.empty()) {
+      const auto dash = worker_uids.find('-');
+      try {
+        size_t used = 0;
+        options.worker_uid_first = std::stoll(worker_uids.substr(0, dash), &used);
+        if (dash == std::string::npos || used != dash) throw std::invalid_argument("range");
+        options.worker_uid_last = std::stoll(worker_uids.substr(dash + 1), &used);
+        if (used != worker_uids.size() - dash - 1) throw std::invalid_argument("range");
+      } catch (const std::exception&) {
+        throw vflow::SpecError("--worker-uids: '" + worker_uids + "' is not FIRST-LAST");
+      }
+    }
     options.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
     options.stop_flag = &g_stop;
     return vflow::job::run_agent(options);

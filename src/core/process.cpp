@@ -1,6 +1,7 @@
 #include "vflow/core/process.h"
 
 #include <fmt/format.h>
+#include <grp.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -46,9 +47,19 @@ pid_t spawn_process(const SpawnOptions& options) {
       "cannot run " + args.front() + ": cannot enter " + options.working_directory + "\n";
   const pid_t parent = getpid();
 
+  const std::string cannot_become =
+      fmt::format("cannot run {} as user {}: setuid failed\n", args.front(), options.run_as_user);
   const pid_t pid = fork();
   if (pid == 0) {
     if (options.own_process_group) setpgid(0, 0);
+    // Before the parent-death signal, which a change of user clears.
+    if (options.run_as_user >= 0) {
+      const auto id = static_cast<uid_t>(options.run_as_user);
+      if (setgroups(0, nullptr) != 0 || setgid(id) != 0 || setuid(id) != 0) {
+        (void)!write(STDERR_FILENO, cannot_become.data(), cannot_become.size());
+        _exit(127);
+      }
+    }
     if (options.parent_death_signal != 0) {
       prctl(PR_SET_PDEATHSIG, options.parent_death_signal);
       if (getppid() != parent) _exit(128 + options.parent_death_signal);  // died meanwhile

@@ -1,11 +1,17 @@
 #include "vflow/job/agent.h"
 
+#include <fcntl.h>
 #include <fmt/format.h>
+#include <grp.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <deque>
 #include <filesystem>
 #include <fstream>
@@ -31,6 +37,8 @@ using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
 const std::string kJobs = "jobs/";
+/// The start of the names of a worker's private files in its job's folder.
+const std::string kPrivateFile = "private-";
 
 /// Follows every job's keys (jobs/ in the cluster's tree) from a thread of its own: one
 /// scan, then watches from its revision, and a scan again when that history is gone. The
@@ -99,7 +107,59 @@ struct Running {
   std::string member;
   int64_t slot = 0;
   std::string slot_holder;  // what its slot's record holds: "<job> <member>"
+  /// Files for this worker alone (the job's password; with --worker-uids, copies of the
+  /// agent's TLS files), removed when it ends.
+  std::vector<std::string> private_files;
 };
+
+/// A file only `owner` (-1: this process's user) may read, holding `bytes` (created
+/// afresh: never one another process made or links to).
+void write_private_file(const std::filesystem::path& path, const std::string& bytes,
+                        int64_t owner) {
+  std::filesystem::remove(path);
+  const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd < 0) throw Error(fmt::format("cannot create {}: {}", path.string(), std::strerror(errno)));
+  const bool written =
+      write(fd, bytes.data(), bytes.size()) == static_cast<ssize_t>(bytes.size()) &&
+      (owner < 0 || fchown(fd, static_cast<uid_t>(owner), static_cast<gid_t>(owner)) == 0);
+  const int error = errno;
+  close(fd);
+  if (!written) {
+    std::filesystem::remove(path);
+    throw Error(fmt::format("cannot write {}: {}", path.string(), std::strerror(error)));
+  }
+}
+
+/// Throws SpecError unless users other than its owner may reach `path` (every folder down
+/// to it searchable by them) and, for a program, run it: what workers of --worker-uids need.
+void check_open_to_workers(const std::filesystem::path& path, const std::string& what) {
+  for (auto p = std::filesystem::absolute(path);; p = p.parent_path()) {
+    struct stat st {};
+    if (stat(p.c_str(), &st) != 0) {
+      throw SpecError(fmt::format("{} {}: {}", what, p.string(), std::strerror(errno)));
+    }
+    if ((st.st_mode & S_IXOTH) == 0) {
+      throw SpecError(fmt::format(
+          "--worker-uids: the workers cannot reach {} {}: {} is closed to other users (chmod "
+          "o+x {}, or choose another)",
+          what, path.string(), p.string(), p.string()));
+    }
+    if (p == p.parent_path()) break;
+  }
+}
+
+/// Ends every process running as `user`: a job's workers may have left some, which must not
+/// live on into the next job given that id. A helper process takes the user's id and
+/// signals all it may signal, which is exactly that user's processes.
+void kill_processes_of(int64_t user) {
+  const pid_t pid = fork();
+  if (pid == 0) {
+    const auto id = static_cast<uid_t>(user);
+    if (setgroups(0, nullptr) == 0 && setgid(id) == 0 && setuid(id) == 0) kill(-1, SIGKILL);
+    _exit(0);
+  }
+  if (pid > 0) waitpid(pid, nullptr, 0);
+}
 
 /// The parts of a key under jobs/: (job, the rest), or nullopt.
 std::optional<std::pair<std::string, std::string>> split_job_key(const std::string& key) {
@@ -113,6 +173,16 @@ class Agent {
  public:
   explicit Agent(AgentOptions options) : options_(std::move(options)) {
     const auto etcd = etcd_options(options_.control, "job", options_.timeout);
+    agent_user_ = etcd.user;
+    if (options_.worker_uid_first >= 0) {
+      for (const auto& [variable, path] : {std::pair{"VFLOW_ETCD_CA", etcd.ca_file},
+                                           {"VFLOW_ETCD_CERT", etcd.cert_file},
+                                           {"VFLOW_ETCD_KEY", etcd.key_file}}) {
+        if (path.empty()) continue;
+        std::ifstream in(path, std::ios::binary);
+        tls_files_.emplace_back(variable, std::string(std::istreambuf_iterator<char>(in), {}));
+      }
+    }
     root_ = connect_etcd_root(etcd);
     record_.name = options_.name;
     record_.host = options_.host;
@@ -126,8 +196,10 @@ class Agent {
                       "another --name",
                       options_.name, options_.control));
     }
-    // What an earlier agent of this name left (it died): its slots are free now.
+    // What an earlier agent of this name left (it died): its slots are free now, and its
+    // workers' password files go.
     root_->remove_all(agent_key(options_.name) + "/");
+    remove_private_files();
     root_->set(agent_key(options_.name), encode_agent(record_));
     auto lease_store = connect_etcd_root(etcd);
     lease_store->heartbeat(agent_liveness(options_.name), ttl);
@@ -274,6 +346,17 @@ class Agent {
                     fmt::format("slot {} of agent {} is {}, the job trains on {}", where->slot,
                                 options_.name, device, record.device));
     }
+    // Read before the slot is taken: a job this agent refuses holds none of its slots.
+    const auto credentials = served.control->credentials();
+    if (!credentials && !agent_user_.empty() &&
+        (options_.require_job_user || options_.worker_uid_first >= 0)) {
+      return refuse(
+          *served.control, job, member,
+          fmt::format("the job has no etcd user of its own, and agent {} gives its "
+                      "workers no other ({})",
+                      options_.name,
+                      options_.require_job_user ? "--require-job-user" : "--worker-uids"));
+    }
     const auto slot_key = agent_slot_key(options_.name, where->slot);
     const std::string slot_holder = job + " " + member;
     const auto holder = root_->set_if_absent(slot_key, slot_holder);
@@ -283,7 +366,7 @@ class Agent {
           fmt::format("slot {} of agent {} runs {} already", where->slot, options_.name, holder));
     }
     try {
-      start_worker(served, job, member, *where, device, id, slot_holder);
+      start_worker(served, job, member, *where, device, id, slot_holder, credentials);
     } catch (const std::exception& e) {
       guarded("freeing slot " + std::to_string(where->slot), [&] { root_->remove(slot_key); });
       refuse(*served.control, job, member, e.what());
@@ -300,11 +383,22 @@ class Agent {
 
   void start_worker(const ServedJob& served, const std::string& job, const std::string& member,
                     const Placement& where, const std::string& device, const std::string& id,
-                    const std::string& slot_holder) {
+                    const std::string& slot_holder,
+                    const std::optional<JobCredentials>& credentials) {
     const auto& record = served.record;
     namespace fs = std::filesystem;
     const fs::path folder = fs::path(options_.work_dir) / "jobs" / job;
     fs::create_directories(folder);
+    // With --worker-uids the job's folder is its user's alone.
+    const std::string job_key = job + " " + served.incarnation;
+    const int64_t user = user_for(job_key);
+    if (user >= 0) {
+      if (chown(folder.c_str(), static_cast<uid_t>(user), static_cast<gid_t>(user)) != 0 ||
+          chmod(folder.c_str(), 0700) != 0) {
+        throw Error(fmt::format("cannot give {} to user {}: {}", folder.string(), user,
+                                std::strerror(errno)));
+      }
+    }
     // One file per incarnation of the job, written whole before any worker reads it.
     const fs::path spec =
         folder / fmt::format("spec-{}.yaml", std::hash<std::string>{}(served.incarnation));
@@ -330,12 +424,47 @@ class Agent {
     w.environment = {"VFLOW_CONTROL=" + options_.control, "VFLOW_JOB=" + job,
                      "VFLOW_MEMBER=" + member, fmt::format("VFLOW_LOCAL_RANK={}", where.slot),
                      fmt::format("VFLOW_LOCAL_WORLD_SIZE={}", options_.slots.size())};
-    w.working_directory = shared ? record.directory : folder.string();
+    w.working_directory = shared && user < 0 ? record.directory : folder.string();
+    w.run_as_user = user;
+    if (user >= 0) w.environment.push_back("HOME=" + folder.string());  // not the agent's
     w.parent_death_signal = SIGTERM;  // the agent's death is a graceful leave of its workers
-    group_.start(w);
-    running_[id] = Running{job, served.incarnation, member, where.slot, slot_holder};
-    spdlog::info("[agent] {} started worker {} of job '{}' on slot {} ({}) in {}", options_.name,
-                 member, job, where.slot, device, w.working_directory);
+    // The job's own user replaces this agent's (docs/security.md): its password in a file
+    // of this worker's alone, named in the environment, never on a command line. A worker of
+    // a user id of its own gets copies of the TLS files too: it may not read the agent's.
+    std::vector<std::string> private_files;
+    const auto hand_over = [&](const std::string& variable, const std::string& bytes) {
+      const auto path =
+          folder / fmt::format("{}{}-{}-{}-{}", kPrivateFile, options_.name,
+                               std::hash<std::string>{}(served.incarnation), member, variable);
+      private_files.push_back(path.string());
+      write_private_file(path, bytes, user);
+      w.environment.push_back(variable + "=" + path.string());
+    };
+    try {
+      if (user >= 0) {
+        for (const auto& [variable, bytes] : tls_files_) hand_over(variable, bytes);
+      }
+      if (credentials) {
+        hand_over("VFLOW_ETCD_PASSWORD_FILE", credentials->password + "\n");
+        w.environment.push_back("VFLOW_ETCD_USER=" + credentials->user);
+      }
+      group_.start(w);
+    } catch (...) {
+      for (const auto& f : private_files) fs::remove(f, ec);
+      release_user(job_key, job);
+      throw;
+    }
+    if (!credentials && !agent_user_.empty() &&
+        warned_shared_.insert(job + " " + served.incarnation).second) {
+      spdlog::warn(
+          "[agent] job '{}' has no etcd user of its own: its workers on {} hold the agents' "
+          "user '{}', which reaches every job",
+          job, options_.name, agent_user_);
+    }
+    running_[id] = Running{job, served.incarnation, member, where.slot, slot_holder, private_files};
+    spdlog::info("[agent] {} started worker {} of job '{}' on slot {} ({}) in {}{}", options_.name,
+                 member, job, where.slot, device, w.working_directory,
+                 user >= 0 ? fmt::format(" as user {}", user) : "");
   }
 
   void reap() {
@@ -347,6 +476,11 @@ class Agent {
       const Running r = it->second;
       running_.erase(it);
       spdlog::info("[agent] worker {} of job '{}' ended with status {}", r.member, r.job, code);
+      for (const auto& f : r.private_files) {
+        std::error_code ec;
+        std::filesystem::remove(f, ec);
+      }
+      release_user(r.job + " " + r.incarnation, r.job);
       guarded("freeing slot " + std::to_string(r.slot),
               [&] { root_->remove(agent_slot_key(options_.name, r.slot)); });
       // Its job's keys are gone, or belong to a later job of the same name: nobody waits for
@@ -428,15 +562,73 @@ class Agent {
     }
   }
 
+  /// The user id the workers of `job_key` ("<job> <incarnation>") run as: -1 without
+  /// --worker-uids, else the job's id here, or the lowest no other job holds.
+  int64_t user_for(const std::string& job_key) {
+    if (options_.worker_uid_first < 0) return -1;
+    if (const auto it = job_users_.find(job_key); it != job_users_.end()) return it->second;
+    for (int64_t id = options_.worker_uid_first; id <= options_.worker_uid_last; ++id) {
+      const bool taken = std::any_of(job_users_.begin(), job_users_.end(),
+                                     [&](const auto& held) { return held.second == id; });
+      if (taken) continue;
+      kill_processes_of(id);  // none should be left, not even from an earlier agent
+      return job_users_[job_key] = id;
+    }
+    throw Error(fmt::format("each of agent {}'s worker user ids {}-{} runs another job",
+                            options_.name, options_.worker_uid_first, options_.worker_uid_last));
+  }
+
+  /// Once a job has no worker left here, its user id is free for another job: what ran as
+  /// it is ended and the job's folder is handed back to this agent's user.
+  void release_user(const std::string& job_key, const std::string& job) {
+    const auto it = job_users_.find(job_key);
+    if (it == job_users_.end()) return;
+    const bool in_use = std::any_of(running_.begin(), running_.end(), [&](const auto& r) {
+      return r.second.job + " " + r.second.incarnation == job_key;
+    });
+    if (in_use) return;
+    kill_processes_of(it->second);
+    namespace fs = std::filesystem;
+    const fs::path folder = fs::path(options_.work_dir) / "jobs" / job;
+    std::error_code ec;
+    if (lchown(folder.c_str(), geteuid(), getegid()) == 0) {
+      for (auto entry = fs::recursive_directory_iterator(folder, ec);
+           !ec && entry != fs::recursive_directory_iterator(); entry.increment(ec)) {
+        (void)!lchown(entry->path().c_str(), geteuid(), getegid());
+      }
+    }
+    job_users_.erase(it);
+  }
+
+  /// The private files of workers an earlier agent of this name started (it was killed),
+  /// in every job's folder.
+  void remove_private_files() {
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    for (const auto& job : fs::directory_iterator(fs::path(options_.work_dir) / "jobs", ec)) {
+      for (const auto& file : fs::directory_iterator(job.path(), ec)) {
+        const auto name = file.path().filename().string();
+        if (name.rfind(kPrivateFile + options_.name + "-", 0) == 0) {
+          fs::remove(file.path(), ec);
+        }
+      }
+    }
+  }
+
   AgentOptions options_;
+  std::string agent_user_;  // this agent's etcd user ("" : none)
+  /// With --worker-uids: the TLS files' variables and contents, copied for each worker.
+  std::vector<std::pair<std::string, std::string>> tls_files_;
   AgentRecord record_;
   std::unique_ptr<ClusterStore> root_;
   std::unique_ptr<Periodic> lease_;
   std::unique_ptr<JobWatcher> watcher_;
   std::map<std::string, ServedJob> jobs_;
   ChildProcesses group_;
-  std::map<std::string, Running> running_;  // by "<job> <incarnation> <member>"
-  std::set<std::string> started_;           // every placement acted on, by the same key
+  std::map<std::string, Running> running_;    // by "<job> <incarnation> <member>"
+  std::set<std::string> started_;             // every placement acted on, by the same key
+  std::set<std::string> warned_shared_;       // jobs without a user of their own, said once
+  std::map<std::string, int64_t> job_users_;  // --worker-uids: by "<job> <incarnation>"
   bool draining_ = false;
   Clock::time_point last_maintenance_{};
   Clock::time_point last_reconcile_{};
@@ -457,6 +649,19 @@ int run_agent(const AgentOptions& given) {
   }
   if (options.work_dir.empty()) options.work_dir = "/tmp/vflow-agent-" + options.name;
   if (options.slots.empty()) throw SpecError("an agent needs at least one slot");
+  if (options.worker_uid_first >= 0) {
+    if (options.worker_uid_first < 1 || options.worker_uid_last < options.worker_uid_first ||
+        options.worker_uid_last > 0x7fffffff) {
+      throw SpecError(fmt::format("--worker-uids {}-{} is not a range of user ids above 0",
+                                  options.worker_uid_first, options.worker_uid_last));
+    }
+    if (geteuid() != 0) {
+      throw SpecError("--worker-uids: the agent must run as root to start workers as other users");
+    }
+    std::filesystem::create_directories(std::filesystem::path(options.work_dir) / "jobs");
+    check_open_to_workers(std::filesystem::path(options.work_dir) / "jobs", "the work folder");
+    check_open_to_workers(options.worker_command.front(), "the worker program");
+  }
   Agent agent(options);
   return agent.run();
 }

@@ -64,6 +64,7 @@ void ChildProcesses::start(const Start& worker) {
   spawn.stderr_fd = err[1];
   spawn.working_directory = worker.working_directory;
   spawn.parent_death_signal = worker.parent_death_signal;
+  spawn.run_as_user = worker.run_as_user;
   try {
     c.pid = spawn_process(spawn);
   } catch (...) {

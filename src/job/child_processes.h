@@ -4,6 +4,7 @@
 
 #include <sys/types.h>
 
+#include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>
@@ -21,6 +22,7 @@ class ChildProcesses {
     std::string prefix;                    ///< before each output line; empty: "[worker NAME] "
     /// Sent to the worker when this process dies (a node agent's workers leave with it).
     int parent_death_signal = 0;
+    int64_t run_as_user = -1;  ///< a user id of its own (SpawnOptions::run_as_user)
   };
 
   /// Starts a worker. Throws Error when it cannot be started.

@@ -38,6 +38,7 @@ const char* const kRecord = "job/record";
 const char* const kRecordSpec = "job/record/spec";
 const char* const kRecordVersion = "job/record/version";
 const char* const kRecordDirectory = "job/record/directory";
+const char* const kCredentials = "job/credentials";
 const std::string kJoiners = "elastic/joiners/";
 const std::string kPlacement = "placement/";
 const std::string kExits = "elastic/exits/";
@@ -233,6 +234,20 @@ std::optional<JobRecord> ControlPlane::record() {
   r.version = get(kRecordVersion).value_or("");
   r.directory = get(kRecordDirectory).value_or("");
   return r;
+}
+
+void ControlPlane::publish_credentials(const JobCredentials& c) {
+  set(kCredentials, c.user + "\n" + c.password);
+}
+
+std::optional<JobCredentials> ControlPlane::credentials() {
+  const auto text = get(kCredentials);
+  if (!text) return std::nullopt;
+  const auto newline = text->find('\n');
+  if (newline == std::string::npos || newline == 0) {
+    throw Error(fmt::format("the job's key {} holds no user and password", kCredentials));
+  }
+  return JobCredentials{text->substr(0, newline), text->substr(newline + 1)};
 }
 
 std::string ControlPlane::next_member() { return std::to_string(add(kMemberCount, 1) - 1); }

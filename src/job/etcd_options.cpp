@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 
@@ -62,11 +64,26 @@ EtcdOptions etcd_options(const std::string& url, const std::string& job,
   o.ca_file = environment("VFLOW_ETCD_CA");
   o.cert_file = environment("VFLOW_ETCD_CERT");
   o.key_file = environment("VFLOW_ETCD_KEY");
+  // An unreadable certificate would look like members that cannot be reached, asked again
+  // until the timeout: said now, naming the file.
+  for (const auto& [variable, path] : {std::pair{"VFLOW_ETCD_CA", o.ca_file},
+                                       {"VFLOW_ETCD_CERT", o.cert_file},
+                                       {"VFLOW_ETCD_KEY", o.key_file}}) {
+    if (!path.empty() && !std::ifstream(path)) {
+      throw SpecError(fmt::format("{}: cannot read {}: {}", variable, path, std::strerror(errno)));
+    }
+  }
+  if (o.cert_file.empty() != o.key_file.empty()) {
+    throw SpecError("VFLOW_ETCD_CERT and VFLOW_ETCD_KEY go together: set both or neither");
+  }
   o.user = environment("VFLOW_ETCD_USER");
   const auto password_file = environment("VFLOW_ETCD_PASSWORD_FILE");
   if (!password_file.empty()) {
     std::ifstream in(password_file);
-    if (!in) throw SpecError("VFLOW_ETCD_PASSWORD_FILE: cannot read " + password_file);
+    if (!in) {
+      throw SpecError(fmt::format("VFLOW_ETCD_PASSWORD_FILE: cannot read {}: {}", password_file,
+                                  std::strerror(errno)));
+    }
     std::getline(in, o.password);
   }
   if (!o.user.empty() && o.password.empty()) {

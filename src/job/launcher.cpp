@@ -113,6 +113,26 @@ void claim_job_name(ControlPlane& control, ClusterStore& store, const LaunchOpti
   }
 }
 
+/// The submitter's etcd user when etcd confines it to the job's keys: what node agents hand
+/// the job's workers in place of their own (docs/security.md). A user that reaches further
+/// (the agents', root) is not passed on; nullopt then, with `why` saying so.
+std::optional<JobCredentials> credentials_for_workers(const LaunchOptions& options,
+                                                      std::string& why) {
+  const auto etcd = etcd_options(options.control, options.job, options.timeout);
+  if (etcd.user.empty()) {
+    why = "the submitter gave no etcd user of the job's own (VFLOW_ETCD_USER)";
+    return std::nullopt;
+  }
+  try {
+    // A key outside the job's prefix, which a user confined to the job may not read.
+    connect_etcd_root(etcd)->get("jobs/");
+  } catch (const RequestRefused&) {
+    return JobCredentials{etcd.user, etcd.password};
+  }
+  why = fmt::format("the submitter's etcd user '{}' reaches beyond the job's keys", etcd.user);
+  return std::nullopt;
+}
+
 /// Workers as children of this process, started with the launcher's command line.
 class LocalWorkers : public WorkerSource {
  public:
@@ -182,6 +202,17 @@ int launch_on_cluster(const LaunchOptions& options) {
   CoordinatorCandidate candidate(options.control, options.job, submitter_name(), source,
                                  options.timeout, /*first=*/true);
   if (!options.semantic.empty()) control.publish_spec(options.semantic);
+  if (!options.local) {
+    std::string why;
+    if (const auto credentials = credentials_for_workers(options, why)) {
+      control.publish_credentials(*credentials);
+    } else {
+      spdlog::warn(
+          "[launch] {}: the workers node agents start for job '{}' hold the agents' own etcd "
+          "credentials, which reach every job (docs/security.md)",
+          why, options.job);
+    }
+  }
   control.publish_record(record);
   // The launcher's lease, renewed from a thread of its own with a client of its own.
   const auto ttl = lease_ttl(options.timeout);

@@ -2,7 +2,10 @@
 // slots, a coordinator elected among the submitter and the agents, and the job surviving
 // the loss of any of them, on loopback and across hosts in network namespaces. Each ends
 // with the fingerprint of an undisturbed run and every (step, vnode) run exactly once.
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
+#include <filesystem>
 #include <string>
 
 #include "apps/multiworker_support.h"
@@ -182,50 +185,236 @@ TEST_CASE("a job across three namespaced hosts goes on when one host's link is c
   CHECK_THAT(r.output, Catch::Matchers::Contains("measured: host loss"));
 }
 
+namespace {
+
+/// etcd over TLS with users (docs/security.md): root, the agents' user "agents", and the users
+/// of two jobs, alice for job "secure" and bob for job "other"; each password in a file of
+/// mode 0600 in dir(), as an operator keeps them.
+class SecureCluster {
+ public:
+  SecureCluster() : etcd_(1, "--tls --auth root-secret"), pki_(etcd_.dir() + "/etcd/pki/") {
+    etcd_.script("agent-user", "agents agents-secret");
+    etcd_.script("job-user", "secure alice alice-secret");
+    etcd_.script("job-user", "other bob bob-secret");
+    for (const std::string user : {"agents", "alice", "bob"}) {
+      write_file(password_file(user), user + "-secret\n");
+      std::filesystem::permissions(password_file(user), std::filesystem::perms::owner_read |
+                                                            std::filesystem::perms::owner_write);
+    }
+  }
+  const TempDir& dir() const { return dir_; }
+  const std::string& url() const { return etcd_.url(); }
+  std::string password_file(const std::string& user) const { return dir_.file(user + ".pw"); }
+  /// The environment of a process holding `user`'s credentials, before its command.
+  std::string as(const std::string& user) const {
+    return tls() + "VFLOW_ETCD_USER=" + user + " VFLOW_ETCD_PASSWORD_FILE=" + password_file(user) +
+           " ";
+  }
+  /// Over TLS with the client certificate, without a user.
+  std::string tls() const {
+    return "VFLOW_ETCD_CA=" + pki_ + "ca.pem VFLOW_ETCD_CERT=" + pki_ +
+           "client.pem VFLOW_ETCD_KEY=" + pki_ + "client-key.pem ";
+  }
+  /// etcdctl holding `user` with `password` (a shell word).
+  std::string etcdctl(const std::string& user, const std::string& password) const {
+    return "ETCDCTL_API=3 etcdctl --endpoints $(cat " + etcd_.dir() + "/etcd/endpoints.https) " +
+           "--cacert " + pki_ + "ca.pem --cert " + pki_ + "client.pem --key " + pki_ +
+           "client-key.pem --user " + user + ":" + password;
+  }
+  /// A script's start: agent a1 with the agents' credentials and `flags`, in the background
+  /// ($agent), waited for. Then `job USER NAME ARGS...` submits job NAME with USER's
+  /// credentials, `ctl USER ARGS...` runs vflow-ctl with them, and `wait_pid USER JOB` prints
+  /// the pid of the job's rank 0 once it trains.
+  std::string start_agent(const std::string& flags) const {
+    const std::string log = dir_.file("agent.log");
+    return as("agents") + kAgent + " --control " + url() + " --name a1 --timeout 10 --work-dir " +
+           dir_.file("work") + " " + flags + " > " + log + " 2>&1 & agent=$!\n" +
+           "for i in $(seq 100); do grep -q serves " + log + " && break; sleep 0.1; done\n" +
+           "job() { local user=$1 name=$2; shift 2; env $(echo \"" + as("$user") + "\") " + kTrain +
+           kJob + kDeterministic + " --control " + url() + " --job $name \"$@\"; }\n" +
+           "ctl() { local user=$1; shift; env $(echo \"" + as("$user") + "\") " + kCtl +
+           " --timeout 3 --control " + url() + " \"$@\"; }\n" +
+           "wait_pid() { local end=$((SECONDS + 60)); while [ $SECONDS -lt $end ]; do "
+           "p=$(ctl $1 status $2 2>/dev/null | sed -n "
+           "'s/^rank 0 worker [0-9]* pid \\([0-9]*\\)$/\\1/p'); [ -n \"$p\" ] && { echo $p; "
+           "return; }; sleep 0.1; done; echo \"TIMEOUT waiting for job $2\" >&2; }\n" +
+           "until_true() { local end=$((SECONDS + 60)); while [ $SECONDS -lt $end ]; do eval "
+           "\"$2\" && { echo \"$1\"; return; }; sleep 0.1; done; echo \"TIMEOUT waiting for "
+           "$1\"; }\n";
+  }
+  std::string agent_log() const { return read_file(dir_.file("agent.log")); }
+  /// Runs `script` with bash (from a file: its command line names no job).
+  CommandResult run(const std::string& script) const {
+    write_file(dir_.file("script.sh"), script);
+    return run_command("bash " + dir_.file("script.sh"));
+  }
+
+ private:
+  EtcdCluster etcd_;
+  std::string pki_;
+  TempDir dir_;
+};
+
+/// The environment variable `name` of process `pid` (a shell word), as a command.
+std::string environment_of(const std::string& pid, const std::string& name) {
+  return "tr '\\0' '\\n' < /proc/" + pid + "/environ | sed -n 's/^" + name + "=//p'";
+}
+
+}  // namespace
+
 TEST_CASE(
-    "over TLS with users, a job submitted with its own confined credentials runs on agents "
-    "holding theirs",
+    "over TLS with users the workers an agent starts hold only their job's user: their job's "
+    "keys but never another job's or the agents' records. One job's user cannot stop another",
     "[multiproc][etcd][agents]") {
   const auto r1 = run_command(kTrain + kJob + kDeterministic);
   REQUIRE(r1.exit_code == 0);
   const auto reference = fingerprints_in(r1.output);
-  EtcdCluster etcd(1, "--tls --auth root-secret");
-  etcd.script("agent-user", "agents agents-secret");
-  etcd.script("job-user", "secure alice alice-secret");
-  TempDir dir;
-  write_file(dir.file("agents.pw"), "agents-secret\n");
-  write_file(dir.file("alice.pw"), "alice-secret\n");
-  const auto pki = etcd.dir() + "/etcd/pki/";
-  const auto as = [&](const std::string& user) {
-    return "VFLOW_ETCD_CA=" + pki + "ca.pem VFLOW_ETCD_CERT=" + pki +
-           "client.pem VFLOW_ETCD_KEY=" + pki + "client-key.pem VFLOW_ETCD_USER=" + user +
-           " VFLOW_ETCD_PASSWORD_FILE=" + dir.file(user + ".pw") + " ";
+  SecureCluster cluster;
+  const auto& dir = cluster.dir();
+  const std::string bob_worker = cluster.etcdctl("bob", "$(cat $pw)");
+  const auto refused = [](const std::string& what) {
+    return " 2>&1 | grep -q 'permission denied' && echo \"refused: " + what + "\"\n";
   };
-  const std::string submit =
-      kTrain + kJob + kDeterministic + " --workers 2 --control " + etcd.url() + " --job secure";
-  const auto r = run_command(
-      as("agents") + kAgent + " --control " + etcd.url() +
-      " --name a1 --slots cpu,cpu --timeout 10 --work-dir " + dir.file("work") + " > " +
-      dir.file("agent-a1.log") + " 2>&1 & a=$!\n" + "for i in $(seq 100); do grep -q serves " +
-      dir.file("agent-a1.log") + " && break; sleep 0.1; done\n" + as("alice") + submit +
-      "; echo \"alice exit=$?\"\n" +
-      // Without a user (over TLS with the client certificate), and with another job's
-      // name, the submission is refused.
-      "VFLOW_ETCD_CA=" + pki + "ca.pem VFLOW_ETCD_CERT=" + pki +
-      "client.pem VFLOW_ETCD_KEY=" + pki + "client-key.pem " + submit +
-      " 2>&1 | grep -o 'requires authentication'\n" + as("alice") + kTrain + kJob +
-      " --workers 2 --control " + etcd.url() + " --job other 2>&1 | grep -o 'permission denied'\n" +
-      "kill -TERM $a; wait $a; echo \"agent exit=$?\"\n");
-  const auto logs = read_file(dir.file("agent-a1.log"));
+  const auto r = cluster.run(
+      cluster.start_agent("--slots cpu,cpu,cpu") +
+      "job bob other --set semantic.steps=20000 --set resources.timeout_s=10 --workers 1 > " +
+      dir.file("other.log") +
+      " 2>&1 & b=$!\n"
+      "pid=$(wait_pid bob other)\n" +
+      // What the worker of job 'other' holds: bob's user, its password in a private file.
+      "echo \"worker user $(" + environment_of("$pid", "VFLOW_ETCD_USER") + ")\"\n" + "pw=$(" +
+      environment_of("$pid", "VFLOW_ETCD_PASSWORD_FILE") + ")\n" +
+      "echo \"password file mode $(stat -c %a $pw)\"\n"
+      "echo \"secrets on its command line: $(tr '\\0' ' ' < /proc/$pid/cmdline | grep -c "
+      "secret)\"\n" +
+      "echo \"published for the agents: $(" + cluster.etcdctl("root", "root-secret") +
+      " get /vflow/jobs/other/job/credentials --print-value-only | head -1)\"\n" + bob_worker +
+      " put /vflow/jobs/other/probe 1 > /dev/null && echo 'own key written'\n" +
+      "echo \"own key read: $(" + bob_worker +
+      " get /vflow/jobs/other/probe --print-value-only)\"\n" + bob_worker +
+      " get --prefix /vflow/jobs/secure/" + refused("read job secure") + bob_worker +
+      " put /vflow/jobs/secure/x 1" + refused("write job secure") + bob_worker +
+      " put /vflow/agents/a1 forged" + refused("write an agent's record") +
+      // Job 'secure' runs beside it with alice's user, which cannot stop or resize 'other'.
+      "job alice secure --workers 2; echo \"alice exit=$?\"\n" + "ctl alice stop other" +
+      refused("alice stops other") + "ctl alice resize other 2" + refused("alice resizes other") +
+      "ctl bob status other | grep -x 'state running'\n" +
+      // Its submitter dies: the agent coordinates it with the agents' own user, and stops it
+      // at bob's request.
+      // (The submitter is a child of the shell function's process, which $b names.)
+      "pkill -KILL -f -- '--job other '\n" + "until_true 'coordinated by agent a1' \"" +
+      "ctl bob status other 2>/dev/null | grep -q '^coordinator agent a1'\"\n" +
+      "ctl bob stop other\n" +
+      "until_true 'keys of other removed by agent a1' \"grep -q \\\"job 'other' " +
+      "ended (stopped): removed\\\" " + dir.file("agent.log") + "\"\n" +
+      // A job submitted with the agents' user runs, and says whose credentials its workers hold.
+      "job agents plain --workers 1 > " + dir.file("plain.log") +
+      " 2>&1; echo \"plain exit=$?\"\n" +
+      // Without a user (over TLS with the client certificate), the submission is refused.
+      cluster.tls() + kTrain + kJob + " --workers 1 --control " + cluster.url() +
+      " --job secure 2>&1 | grep -o 'requires authentication'\n" +
+      "kill -TERM $agent; wait $agent; echo \"agent exit=$?\"\n" +
+      "echo \"private files left: $(ls " + dir.file("work") +
+      "/jobs/*/private-* 2>/dev/null | wc -l)\"\n" + "echo \"keys left: $(" +
+      cluster.etcdctl("root", "root-secret") +
+      " get --prefix /vflow/jobs/ --keys-only | grep -c .)\"\n");
+  const auto logs = cluster.agent_log();
+  const auto plain = read_file(dir.file("plain.log"));
   INFO(r.output);
   INFO(logs);
-  CHECK_THAT(r.output, Catch::Matchers::Contains("alice exit=0"));
-  CHECK_THAT(r.output, Catch::Matchers::Contains("agent exit=0"));
-  CHECK_THAT(r.output, Catch::Matchers::Contains("requires authentication"));
-  CHECK_THAT(r.output, Catch::Matchers::Contains("permission denied"));
-  CHECK(fingerprints_in(r.output) == reference);  // the submitter prints the job's result
-  CHECK(fingerprints_in(logs) == reference);
-  CHECK(count_matches(logs, "started worker") == 2);
+  INFO(read_file(dir.file("other.log")));
+  INFO(plain);
+  CHECK_THAT(r.output, !Catch::Matchers::Contains("TIMEOUT"));
+  for (const char* line : {"worker user bob",
+                           "password file mode 600",
+                           "secrets on its command line: 0",
+                           "published for the agents: bob",
+                           "own key written",
+                           "own key read: 1",
+                           "refused: read job secure",
+                           "refused: write job secure",
+                           "refused: write an agent's record",
+                           "alice exit=0",
+                           "refused: alice stops other",
+                           "refused: alice resizes other",
+                           "state running",
+                           "coordinated by agent a1",
+                           "keys of other removed by agent a1",
+                           "plain exit=0",
+                           "requires authentication",
+                           "agent exit=0",
+                           "private files left: 0",
+                           "keys left: 0"}) {
+    CHECK_THAT(r.output, Catch::Matchers::Contains(line));
+  }
+  CHECK(fingerprints_in(r.output) == reference);  // alice's submitter prints the job's result
+  CHECK_THAT(plain, Catch::Matchers::Contains("reaches beyond the job's keys: the workers node "
+                                              "agents start for job 'plain' hold the agents' own"));
+  CHECK_THAT(logs, Catch::Matchers::Contains("job 'plain' has no etcd user of its own"));
+  CHECK(count_matches(logs, "started worker") == 4);
+}
+
+TEST_CASE(
+    "an agent with --worker-uids runs each job's workers as a user id of its own that cannot "
+    "read another job's password or the agent's credentials or environment",
+    "[multiproc][etcd][agents]") {
+  if (geteuid() != 0) {
+    return skip_test("--worker-uids needs the agent to run as root");
+  }
+  SecureCluster cluster;
+  const auto& dir = cluster.dir();
+  // Other users may pass through the test's folder to the agent's work folder, as through
+  // /tmp; the password files stay the agent's alone (mode 0600).
+  std::filesystem::permissions(dir.path(), std::filesystem::perms::others_exec,
+                               std::filesystem::perm_options::add);
+  const auto as_user = [](const std::string& id) {
+    return "setpriv --reuid=" + id + " --regid=" + id + " --clear-groups ";
+  };
+  const auto refused = [](const std::string& what) {
+    return " 2>&1 | grep -q 'Permission denied' && echo \"refused: " + what + "\"\n";
+  };
+  const auto r = cluster.run(
+      cluster.start_agent("--slots cpu,cpu,cpu --worker-uids 64301-64309") +
+      "job bob other --set semantic.steps=20000 --workers 1 > " + dir.file("other.log") +
+      " 2>&1 & b=$!\n"
+      "job alice secure --set semantic.steps=20000 --workers 1 > " +
+      dir.file("secure.log") +
+      " 2>&1 & a=$!\n"
+      "pb=$(wait_pid bob other); pa=$(wait_pid alice secure)\n"
+      "ub=$(awk '/^Uid:/ {print $2}' /proc/$pb/status); ua=$(awk '/^Uid:/ {print $2}' "
+      "/proc/$pa/status)\n"
+      "echo \"user ids $(echo $ua $ub | tr ' ' '\\n' | sort | tr '\\n' ' ')\"\n" +
+      "fa=$(" + environment_of("$pa", "VFLOW_ETCD_PASSWORD_FILE") + "); fb=$(" +
+      environment_of("$pb", "VFLOW_ETCD_PASSWORD_FILE") + ")\n" + "echo \"own password: $(" +
+      as_user("$ua") + "cat $fa)\"\n" + as_user("$ua") + "cat $fb" +
+      refused("another job's password") + as_user("$ua") + "cat " +
+      cluster.password_file("agents") + refused("the agent's password") + as_user("$ua") +
+      "cat /proc/$agent/environ" + refused("the agent's environment") + as_user("$ua") + "ls " +
+      dir.file("work") + "/jobs/other" + refused("another job's folder") +
+      // A job without a user of its own is refused: its workers could not read the agent's.
+      "job agents plain --workers 1 > " + dir.file("plain.log") +
+      " 2>&1; echo \"plain exit=$?\"\n" + "ctl bob stop other; " +
+      "ctl alice stop secure; wait $a $b\n"
+      "kill -TERM $agent; wait $agent; echo \"agent exit=$?\"\n"
+      "echo \"processes left: $(pgrep -u $ua,$ub | wc -l)\"\n"
+      "echo \"files left to the ids: $(find " +
+      dir.file("work") + " -uid $ua -o -uid $ub | wc -l)\"\n");
+  const auto logs = cluster.agent_log();
+  INFO(r.output);
+  INFO(logs);
+  INFO(read_file(dir.file("other.log")));
+  INFO(read_file(dir.file("secure.log")));
+  CHECK_THAT(r.output, !Catch::Matchers::Contains("TIMEOUT"));
+  for (const char* line : {"user ids 64301 64302 ", "own password: alice-secret",
+                           "refused: another job's password", "refused: the agent's password",
+                           "refused: the agent's environment", "refused: another job's folder",
+                           "agent exit=0", "processes left: 0", "files left to the ids: 0"}) {
+    CHECK_THAT(r.output, Catch::Matchers::Contains(line));
+  }
+  CHECK_THAT(r.output, !Catch::Matchers::Contains("plain exit=0"));
+  CHECK_THAT(read_file(dir.file("plain.log")),
+             Catch::Matchers::Contains("the job has no etcd user of its own, and agent a1 gives "
+                                       "its workers no other (--worker-uids)"));
 }
 
 TEST_CASE(

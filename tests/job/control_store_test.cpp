@@ -419,6 +419,20 @@ TEST_CASE("control URLs (--control) and job names are checked before anything co
   CHECK_THROWS_WITH(etcd_options("etcd://h:1", "a/b", 1s), Catch::Contains("--job"));
   CHECK_THROWS_AS(etcd_options("etcd://h:1", "", 1s), vflow::SpecError);
   CHECK_THROWS_AS(etcd_options("etcd://h:1", "..", 1s), vflow::SpecError);
+  // Credentials that cannot be read are named at once, not taken for members that cannot be
+  // reached until the timeout.
+  setenv("VFLOW_ETCD_CERT", "/nonexistent/client.pem", 1);
+  CHECK_THROWS_WITH(etcd_options("etcds://h:1", "j", 1s),
+                    Catch::Contains("VFLOW_ETCD_CERT: cannot read /nonexistent/client.pem: No such "
+                                    "file or directory"));
+  setenv("VFLOW_ETCD_CERT", "/dev/null", 1);
+  CHECK_THROWS_WITH(etcd_options("etcds://h:1", "j", 1s),
+                    Catch::Contains("VFLOW_ETCD_CERT and VFLOW_ETCD_KEY go together"));
+  unsetenv("VFLOW_ETCD_CERT");
+  setenv("VFLOW_ETCD_PASSWORD_FILE", "/nonexistent/pw", 1);
+  CHECK_THROWS_WITH(etcd_options("etcds://h:1", "j", 1s),
+                    Catch::Contains("VFLOW_ETCD_PASSWORD_FILE: cannot read /nonexistent/pw"));
+  unsetenv("VFLOW_ETCD_PASSWORD_FILE");
 }
 
 TEST_CASE(

@@ -22,8 +22,11 @@ struct SpawnOptions {
   /// Sent to the child when this process dies (PR_SET_PDEATHSIG: strictly, when the thread
   /// that started it ends); 0 = nothing.
   int parent_death_signal = 0;
-  /// The child's working directory; empty = this process's.
+  /// The child's working directory (entered as `run_as_user`); empty = this process's.
   std::string working_directory;
+  /// A user id the child runs as, with the group id of the same number and no
+  /// supplementary groups (this process must be root); -1 = this process's.
+  int64_t run_as_user = -1;
 };
 
 /// Forks and executes `options.command` (a path: no PATH search). The child keeps only its

@@ -30,6 +30,17 @@ struct AgentOptions {
   /// Requests to the control store; the agent's lease lives a third of it (at least 3 s).
   std::chrono::milliseconds timeout{30000};
   int stop_grace_s = 60;  ///< after SIGTERM, workers still running are killed
+  /// Starts workers only for jobs whose submitter published a user of the job's own
+  /// (ControlPlane::credentials); others are refused instead of running with this agent's.
+  /// So does an agent with worker_uid_first, whose workers could not read this agent's.
+  /// (An agent without an etcd user of its own has no credentials to give: it refuses none.)
+  bool require_job_user = false;
+  /// User ids for the workers, [first, last] (the agent runs as root): each job with workers
+  /// here runs as the lowest id no other job here holds, so that no job's workers can read
+  /// another's files, environment or memory, nor this agent's credentials; they run in the
+  /// job's folder here. -1: workers run as this agent's user.
+  int64_t worker_uid_first = -1;
+  int64_t worker_uid_last = -1;
   /// Set (SIGTERM, SIGINT): the agent takes no new worker, its workers leave their jobs at
   /// the next step boundary, and it ends once they have (or after stop_grace_s).
   const std::atomic<bool>* stop_flag = nullptr;

@@ -81,6 +81,13 @@ struct JobRecord {
   bool replace_failed = false;               ///< resources.replace_failed
 };
 
+/// The etcd user a job's submitter holds, confined to the job's keys, which node agents hand
+/// to the workers they start for it (docs/security.md).
+struct JobCredentials {
+  std::string user;
+  std::string password;
+};
+
 /// Where a worker runs: a slot of a node agent (ControlPlane::place).
 struct Placement {
   std::string agent;
@@ -184,6 +191,11 @@ class ControlPlane {
   void publish_record(const JobRecord& record);
   /// nullopt for a job submitted without one (its workers started by the submitter).
   std::optional<JobRecord> record();
+  /// The job's own etcd user, for the workers node agents start (job/credentials: within
+  /// the job's keys, so that other jobs' users cannot read it and it goes with the job).
+  void publish_credentials(const JobCredentials& credentials);
+  /// nullopt for a job whose submitter gave none: its workers hold their agent's.
+  std::optional<JobCredentials> credentials();
   /// A new member name, never used before in this job ("0", "1", ...).
   std::string next_member();
   /// Workers started (or placed) but not yet members of a generation.
