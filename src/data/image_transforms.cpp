@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <climits>
 #include <cmath>
+#include <cstring>
 #include <stdexcept>
 
 #include "vflow/core/error.h"
@@ -82,6 +83,15 @@ std::pair<int, int> span(const Taps& taps) {
   return {lo, hi};
 }
 
+/// acc[j] += weight × pixels[j] for j < n: both passes' one hot loop. Also built for AVX2,
+/// which the CPU picks at run time where it has it (eight 32-bit products an instruction;
+/// baseline x86-64 has no 32-bit vector multiply). Integer sums: the same bits either way.
+[[gnu::target_clones("avx2", "default")]] void add_weighted(int32_t* __restrict acc,
+                                                            const uint8_t* __restrict pixels,
+                                                            int32_t weight, size_t n) {
+  for (size_t j = 0; j < n; ++j) acc[j] += weight * pixels[j];
+}
+
 uint8_t to_pixel(int32_t acc) {
   return static_cast<uint8_t>(std::clamp(acc >> kWeightBits, 0, 255));
 }
@@ -125,9 +135,7 @@ void resample(const Image& image, const Taps& cols, const Taps& rows, bool flip,
     int32_t* acc = sums.data();
     std::fill(sums.begin(), sums.end(), 1 << (kWeightBits - 1));
     for (int k = 0; k < n; ++k) {
-      const uint8_t* row = base + static_cast<size_t>(first + k) * stride;
-      const int32_t wk = w[k];
-      for (size_t j = 0; j < span; ++j) acc[j] += wk * row[j];
+      add_weighted(acc, base + static_cast<size_t>(first + k) * stride, w[k], span);
     }
     uint8_t* dst = down.data() + static_cast<size_t>(r) * span;
     for (size_t j = 0; j < span; ++j) dst[j] = to_pixel(acc[j]);
@@ -140,11 +148,25 @@ void resample(const Image& image, const Taps& cols, const Taps& rows, bool flip,
   const size_t height = static_cast<size_t>(out_height);
   thread_local std::vector<uint8_t> transposed;
   transposed.resize(span * height);
+  // Eight rows at a time: a source column's eight values gathered into one 8-byte store.
+  static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the gather's byte order");
+  size_t r0 = 0;
+  for (; r0 + 8 <= height; r0 += 8) {
+    for (size_t x = 0; x < columns; ++x) {
+      for (int c = 0; c < C; ++c) {
+        const uint8_t* d = down.data() + r0 * span + x * C + static_cast<size_t>(c);
+        uint64_t eight = 0;
+        for (size_t r = 0; r < 8; ++r) eight |= static_cast<uint64_t>(d[r * span]) << (8 * r);
+        std::memcpy(transposed.data() + (static_cast<size_t>(c) * columns + x) * height + r0,
+                    &eight, sizeof eight);
+      }
+    }
+  }
   for (size_t x = 0; x < columns; ++x) {
     for (int c = 0; c < C; ++c) {
       uint8_t* t = transposed.data() + (static_cast<size_t>(c) * columns + x) * height;
       const uint8_t* d = down.data() + x * C + static_cast<size_t>(c);
-      for (size_t r = 0; r < height; ++r) t[r] = d[r * span];
+      for (size_t r = r0; r < height; ++r) t[r] = d[r * span];
     }
   }
   sums.resize(height);
@@ -159,9 +181,7 @@ void resample(const Image& image, const Taps& cols, const Taps& rows, bool flip,
           channel + static_cast<size_t>(cols.first[static_cast<size_t>(i)] - col_lo) * height;
       std::fill(sums.begin(), sums.end(), 1 << (kWeightBits - 1));
       for (int k = 0; k < n; ++k) {
-        const uint8_t* column = first + static_cast<size_t>(k) * height;
-        const int32_t wk = w[k];
-        for (size_t r = 0; r < height; ++r) acc[r] += wk * column[r];
+        add_weighted(acc, first + static_cast<size_t>(k) * height, w[k], height);
       }
       float* dst = out + c * plane + (flip ? out_width - 1 - i : i);
       for (size_t r = 0; r < height; ++r) {

@@ -326,6 +326,35 @@ TEST_CASE(
              Contains("x/0002.cls (offset 4096) is not a class in [0, 5): \"9\""));
 }
 
+TEST_CASE("an image set writes no batch anyone still holds and reuses the memory of those let go",
+          "[unit]") {
+  TempDir dir;
+  const auto root =
+      vflow::testing::write_image_folder(dir.file("train"), vflow::testing::fashion_images(16));
+  const auto data = open_image_folder(root, gray28(), "");
+  const auto first = torch::arange(0, 8, torch::kInt64);
+  const auto second = torch::arange(8, 16, torch::kInt64);
+  auto held = data->read(first, ReadContext{5, 0, nullptr}).input;
+  const auto expected = held.clone();
+  std::set<const void*> memory{held.data_ptr()};
+  // Batches read while it is held (more than the tensors kept) go elsewhere.
+  for (int i = 0; i < 6; ++i) {
+    const auto other = data->read(second, ReadContext{5, 0, nullptr}).input;
+    CHECK(other.data_ptr() != held.data_ptr());
+    memory.insert(other.data_ptr());
+  }
+  CHECK(torch::equal(held, expected));
+  // A view of it holds its memory as much as the batch does.
+  const auto view = held.narrow(0, 2, 3);
+  held = torch::Tensor();
+  for (int i = 0; i < 6; ++i) data->read(second, ReadContext{5, 0, nullptr});
+  CHECK(torch::equal(view, expected.narrow(0, 2, 3)));
+  // Let go, the memory of earlier batches is used again, every value written anew.
+  const auto again = data->read(first, ReadContext{5, 0, nullptr}).input;
+  CHECK(memory.count(again.data_ptr()) == 1);
+  CHECK(torch::equal(again, expected));
+}
+
 TEST_CASE("image folders: classes sorted by name, the index cached and checked against the folder",
           "[unit]") {
   TempDir dir;
