@@ -47,7 +47,9 @@ class BatchTensors {
       if (t.use_count() != 1 || t.weak_use_count() != 1 || t.storage().use_count() != 1) {
         continue;
       }
-      if (t.sizes() == c10::IntArrayRef(sizes)) return t;
+      // A tensor of its own over the memory: whatever its holder changes of it (its
+      // shape, requires_grad) leaves the kept one as it is.
+      if (t.sizes() == c10::IntArrayRef(sizes)) return t.detach();
       free = &t;
     }
     auto made = torch::empty(sizes, torch::kFloat32);
@@ -56,7 +58,7 @@ class BatchTensors {
     } else if (free != nullptr) {
       *free = made;  // of another size (a last, shorter batch): replaced
     }
-    return made;
+    return made.detach();
   }
 
  private:

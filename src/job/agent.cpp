@@ -18,6 +18,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <sstream>
 #include <thread>
 
 #include "job/child_processes.h"
@@ -148,17 +149,62 @@ void check_open_to_workers(const std::filesystem::path& path, const std::string&
   }
 }
 
-/// Ends every process running as `user`: a job's workers may have left some, which must not
-/// live on into the next job given that id. A helper process takes the user's id and
-/// signals all it may signal, which is exactly that user's processes.
-void kill_processes_of(int64_t user) {
-  const pid_t pid = fork();
-  if (pid == 0) {
-    const auto id = static_cast<uid_t>(user);
-    if (setgroups(0, nullptr) == 0 && setgid(id) == 0 && setuid(id) == 0) kill(-1, SIGKILL);
-    _exit(0);
+/// Throws SpecError unless `path` (the work folder and its jobs/ folder) is a folder of this
+/// process's user that no other user may write, below folders of root's that others may
+/// write only where their sticky bit keeps them from replacing what is not theirs (/tmp):
+/// else another local user could have made it, or could swap what is in it, before workers
+/// of other user ids are given parts of it.
+void check_kept_from_others(const std::filesystem::path& path) {
+  const auto full = std::filesystem::absolute(path);
+  for (auto p = full;; p = p.parent_path()) {
+    struct stat st {};
+    if (lstat(p.c_str(), &st) != 0) {
+      throw SpecError(fmt::format("--worker-uids: {}: {}", p.string(), std::strerror(errno)));
+    }
+    const bool own = p == full || p == full.parent_path();
+    const bool others_write = (st.st_mode & (S_IWGRP | S_IWOTH)) != 0;
+    const bool safe = S_ISDIR(st.st_mode) &&
+                      (own ? st.st_uid == geteuid() && !others_write
+                           : st.st_uid == 0 && (!others_write || (st.st_mode & S_ISVTX) != 0));
+    if (!safe) {
+      throw SpecError(fmt::format(
+          "--worker-uids: the work folder {} is not safe from other users: {} must be a folder "
+          "{}, writable by its owner alone{} (choose another --work-dir)",
+          full.parent_path().string(), p.string(), own ? "of the agent's user" : "of root's",
+          own ? "" : " or sticky"));
+    }
+    if (p == p.parent_path()) break;
   }
-  if (pid > 0) waitpid(pid, nullptr, 0);
+}
+
+/// Ends every process running as `user` (its real, effective or saved id): a job's workers
+/// may have left some, which must not live on into the next job given that id. Signalled
+/// from here (root), so that they cannot stop or signal what kills them; passes over /proc
+/// until one finds none. False when some are still there after that.
+bool kill_processes_of(int64_t user) {
+  for (int pass = 0; pass < 50; ++pass) {
+    int found = 0;
+    std::error_code ec;
+    for (const auto& entry : std::filesystem::directory_iterator("/proc", ec)) {
+      const std::string pid = entry.path().filename().string();
+      if (pid.empty() || !std::all_of(pid.begin(), pid.end(), ::isdigit)) continue;
+      std::ifstream status(entry.path() / "status");
+      for (std::string line; std::getline(status, line);) {
+        if (line.rfind("Uid:", 0) != 0) continue;
+        std::istringstream ids(line.substr(4));
+        int64_t real = -1, effective = -1, saved = -1;
+        ids >> real >> effective >> saved;
+        if (real == user || effective == user || saved == user) {
+          ++found;
+          kill(static_cast<pid_t>(std::stol(pid)), SIGKILL);
+        }
+        break;
+      }
+    }
+    if (found == 0) return true;
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+  return false;
 }
 
 /// The parts of a key under jobs/: (job, the rest), or nullopt.
@@ -310,6 +356,13 @@ class Agent {
   }
 
   void place(const std::string& job, const std::string& member) {
+    // Members are numbered by the job's counter; anything else (a '/' or "..", written by
+    // whoever holds the job's user) names no file of this agent's.
+    if (member.empty() || !std::all_of(member.begin(), member.end(), ::isdigit)) {
+      spdlog::warn("[agent] job '{}' places a worker named '{}', which is not a number: ignored",
+                   job, member);
+      return;
+    }
     if (jobs_.count(job) == 0) serve(job);
     const auto it = jobs_.find(job);
     if (it == jobs_.end()) return;
@@ -385,17 +438,49 @@ class Agent {
                     const Placement& where, const std::string& device, const std::string& id,
                     const std::string& slot_holder,
                     const std::optional<JobCredentials>& credentials) {
-    const auto& record = served.record;
     namespace fs = std::filesystem;
     const fs::path folder = fs::path(options_.work_dir) / "jobs" / job;
     fs::create_directories(folder);
-    // With --worker-uids the job's folder is its user's alone.
     const std::string job_key = job + " " + served.incarnation;
     const int64_t user = user_for(job_key);
+    try {
+      start_worker_as(served, job, member, where, device, id, slot_holder, credentials, folder,
+                      user);
+    } catch (...) {
+      release_user(job_key);
+      throw;
+    }
+  }
+
+  /// The folder a job's workers of --worker-uids run in: within the job's folder, which stays
+  /// this agent's (so that no file this agent writes there can be replaced by a link), one
+  /// of the job's user id alone for each incarnation of the job.
+  std::filesystem::path home_of(const std::string& job, const std::string& incarnation) const {
+    return std::filesystem::path(options_.work_dir) / "jobs" / job /
+           fmt::format("home-{}", std::hash<std::string>{}(incarnation));
+  }
+
+  /// start_worker's part once the job's user id (-1: none) is known; an error leaves the id
+  /// to the caller.
+  void start_worker_as(const ServedJob& served, const std::string& job, const std::string& member,
+                       const Placement& where, const std::string& device, const std::string& id,
+                       const std::string& slot_holder,
+                       const std::optional<JobCredentials>& credentials,
+                       const std::filesystem::path& folder, int64_t user) {
+    const auto& record = served.record;
+    namespace fs = std::filesystem;
+    const fs::path home = home_of(job, served.incarnation);
     if (user >= 0) {
-      if (chown(folder.c_str(), static_cast<uid_t>(user), static_cast<gid_t>(user)) != 0 ||
-          chmod(folder.c_str(), 0700) != 0) {
-        throw Error(fmt::format("cannot give {} to user {}: {}", folder.string(), user,
+      // The job's folder is this agent's, and other users may only pass through it.
+      if (lchown(folder.c_str(), geteuid(), getegid()) != 0 || chmod(folder.c_str(), 0755) != 0) {
+        throw Error(fmt::format("cannot keep {}: {}", folder.string(), std::strerror(errno)));
+      }
+      fs::create_directory(home);
+      struct stat st {};
+      if (lstat(home.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) ||
+          lchown(home.c_str(), static_cast<uid_t>(user), static_cast<gid_t>(user)) != 0 ||
+          chmod(home.c_str(), 0700) != 0) {
+        throw Error(fmt::format("cannot give {} to user {}: {}", home.string(), user,
                                 std::strerror(errno)));
       }
     }
@@ -424,9 +509,9 @@ class Agent {
     w.environment = {"VFLOW_CONTROL=" + options_.control, "VFLOW_JOB=" + job,
                      "VFLOW_MEMBER=" + member, fmt::format("VFLOW_LOCAL_RANK={}", where.slot),
                      fmt::format("VFLOW_LOCAL_WORLD_SIZE={}", options_.slots.size())};
-    w.working_directory = shared && user < 0 ? record.directory : folder.string();
+    w.working_directory = user >= 0 ? home.string() : shared ? record.directory : folder.string();
     w.run_as_user = user;
-    if (user >= 0) w.environment.push_back("HOME=" + folder.string());  // not the agent's
+    if (user >= 0) w.environment.push_back("HOME=" + home.string());  // not the agent's
     w.parent_death_signal = SIGTERM;  // the agent's death is a graceful leave of its workers
     // The job's own user replaces this agent's (docs/security.md): its password in a file
     // of this worker's alone, named in the environment, never on a command line. A worker of
@@ -451,7 +536,6 @@ class Agent {
       group_.start(w);
     } catch (...) {
       for (const auto& f : private_files) fs::remove(f, ec);
-      release_user(job_key, job);
       throw;
     }
     if (!credentials && !agent_user_.empty() &&
@@ -480,7 +564,7 @@ class Agent {
         std::error_code ec;
         std::filesystem::remove(f, ec);
       }
-      release_user(r.job + " " + r.incarnation, r.job);
+      release_user(r.job + " " + r.incarnation);
       guarded("freeing slot " + std::to_string(r.slot),
               [&] { root_->remove(agent_slot_key(options_.name, r.slot)); });
       // Its job's keys are gone, or belong to a later job of the same name: nobody waits for
@@ -571,7 +655,9 @@ class Agent {
       const bool taken = std::any_of(job_users_.begin(), job_users_.end(),
                                      [&](const auto& held) { return held.second == id; });
       if (taken) continue;
-      kill_processes_of(id);  // none should be left, not even from an earlier agent
+      // None should be left, not even from an earlier agent; an id whose would not end
+      // is passed over.
+      if (!kill_processes_of(id)) continue;
       return job_users_[job_key] = id;
     }
     throw Error(fmt::format("each of agent {}'s worker user ids {}-{} runs another job",
@@ -579,20 +665,26 @@ class Agent {
   }
 
   /// Once a job has no worker left here, its user id is free for another job: what ran as
-  /// it is ended and the job's folder is handed back to this agent's user.
-  void release_user(const std::string& job_key, const std::string& job) {
+  /// it is ended and the job's folder for it is handed back to this agent's user. An id
+  /// whose processes would not end is kept from other jobs.
+  void release_user(const std::string& job_key) {
     const auto it = job_users_.find(job_key);
     if (it == job_users_.end()) return;
     const bool in_use = std::any_of(running_.begin(), running_.end(), [&](const auto& r) {
       return r.second.job + " " + r.second.incarnation == job_key;
     });
     if (in_use) return;
-    kill_processes_of(it->second);
+    if (!kill_processes_of(it->second)) {
+      spdlog::error("[agent] {}: processes of user {} would not end: the id is not used again",
+                    options_.name, it->second);
+      return;
+    }
+    const auto space = job_key.find(' ');
+    const auto home = home_of(job_key.substr(0, space), job_key.substr(space + 1));
     namespace fs = std::filesystem;
-    const fs::path folder = fs::path(options_.work_dir) / "jobs" / job;
     std::error_code ec;
-    if (lchown(folder.c_str(), geteuid(), getegid()) == 0) {
-      for (auto entry = fs::recursive_directory_iterator(folder, ec);
+    if (lchown(home.c_str(), geteuid(), getegid()) == 0) {
+      for (auto entry = fs::recursive_directory_iterator(home, ec);
            !ec && entry != fs::recursive_directory_iterator(); entry.increment(ec)) {
         (void)!lchown(entry->path().c_str(), geteuid(), getegid());
       }
@@ -659,6 +751,7 @@ int run_agent(const AgentOptions& given) {
       throw SpecError("--worker-uids: the agent must run as root to start workers as other users");
     }
     std::filesystem::create_directories(std::filesystem::path(options.work_dir) / "jobs");
+    check_kept_from_others(std::filesystem::path(options.work_dir) / "jobs");
     check_open_to_workers(std::filesystem::path(options.work_dir) / "jobs", "the work folder");
     check_open_to_workers(options.worker_command.front(), "the worker program");
   }

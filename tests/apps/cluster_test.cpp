@@ -301,8 +301,8 @@ TEST_CASE(
       "ctl bob status other | grep -x 'state running'\n" +
       // Its submitter dies: the agent coordinates it with the agents' own user, and stops it
       // at bob's request.
-      // (The submitter is a child of the shell function's process, which $b names.)
-      "pkill -KILL -f -- '--job other '\n" + "until_true 'coordinated by agent a1' \"" +
+      // (The submitter is the child of the shell function's process, which $b names.)
+      "pkill -KILL -P $b\n" + "until_true 'coordinated by agent a1' \"" +
       "ctl bob status other 2>/dev/null | grep -q '^coordinator agent a1'\"\n" +
       "ctl bob stop other\n" +
       "until_true 'keys of other removed by agent a1' \"grep -q \\\"job 'other' " +
@@ -375,6 +375,10 @@ TEST_CASE(
   };
   const auto r = cluster.run(
       cluster.start_agent("--slots cpu,cpu,cpu --worker-uids 64301-64309") +
+      // A work folder another user could have made, or swap things in, is refused.
+      "mkdir -m 777 " + dir.file("open") + "; " + kAgent + " --control " + cluster.url() +
+      " --worker-uids 64301-64309 --work-dir " + dir.file("open/w") +
+      " 2>&1 | grep -o 'is not safe from other users'\n" +
       "job bob other --set semantic.steps=20000 --workers 1 > " + dir.file("other.log") +
       " 2>&1 & b=$!\n"
       "job alice secure --set semantic.steps=20000 --workers 1 > " +
@@ -390,7 +394,7 @@ TEST_CASE(
       refused("another job's password") + as_user("$ua") + "cat " +
       cluster.password_file("agents") + refused("the agent's password") + as_user("$ua") +
       "cat /proc/$agent/environ" + refused("the agent's environment") + as_user("$ua") + "ls " +
-      dir.file("work") + "/jobs/other" + refused("another job's folder") +
+      dir.file("work") + "/jobs/other/home-*" + refused("another job's folder") +
       // A job without a user of its own is refused: its workers could not read the agent's.
       "job agents plain --workers 1 > " + dir.file("plain.log") +
       " 2>&1; echo \"plain exit=$?\"\n" + "ctl bob stop other; " +
@@ -405,10 +409,11 @@ TEST_CASE(
   INFO(read_file(dir.file("other.log")));
   INFO(read_file(dir.file("secure.log")));
   CHECK_THAT(r.output, !Catch::Matchers::Contains("TIMEOUT"));
-  for (const char* line : {"user ids 64301 64302 ", "own password: alice-secret",
-                           "refused: another job's password", "refused: the agent's password",
-                           "refused: the agent's environment", "refused: another job's folder",
-                           "agent exit=0", "processes left: 0", "files left to the ids: 0"}) {
+  for (const char* line :
+       {"is not safe from other users", "user ids 64301 64302 ", "own password: alice-secret",
+        "refused: another job's password", "refused: the agent's password",
+        "refused: the agent's environment", "refused: another job's folder", "agent exit=0",
+        "processes left: 0", "files left to the ids: 0"}) {
     CHECK_THAT(r.output, Catch::Matchers::Contains(line));
   }
   CHECK_THAT(r.output, !Catch::Matchers::Contains("plain exit=0"));
