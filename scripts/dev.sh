@@ -40,6 +40,8 @@ TEST_PACKAGES=(
   libsentencepiece-dev sentencepiece
   # PIL makes the image data sets' test files (scripts/make-image-data.py)
   python3-pil
+  # pkill and pgrep for the node agents' tests (a minimal Debian has no procps)
+  procps
 )
 
 log() { printf '\033[1m[dev]\033[0m %s\n' "$*" >&2; }

@@ -101,6 +101,9 @@ struct ServedJob {
   std::optional<Clock::time_point> done_since;  // when this agent, coordinating, saw it end
 };
 
+/// A job's incarnation: (its name, its job/owner value).
+using JobKey = std::pair<std::string, std::string>;
+
 /// One worker this agent runs.
 struct Running {
   std::string job;
@@ -133,10 +136,16 @@ void write_private_file(const std::filesystem::path& path, const std::string& by
 
 /// Throws SpecError unless users other than its owner may reach `path` (every folder down
 /// to it searchable by them) and, for a program, run it: what workers of --worker-uids need.
-void check_open_to_workers(const std::filesystem::path& path, const std::string& what) {
-  for (auto p = std::filesystem::absolute(path);; p = p.parent_path()) {
+/// With `kept`, `path` (the jobs/ folder of the agent's work folder) must also be safe from
+/// other users: it and its parent folders of this process's user that nobody else may
+/// write, below folders of root's that others may write only where their sticky bit keeps
+/// them from replacing what is not theirs (/tmp). Else another local user could have made
+/// it, or could swap what is in it, before workers of other user ids are given parts of it.
+void check_for_workers(const std::filesystem::path& path, const std::string& what, bool kept) {
+  const auto full = std::filesystem::absolute(path);
+  for (auto p = full;; p = p.parent_path()) {
     struct stat st {};
-    if (stat(p.c_str(), &st) != 0) {
+    if ((kept ? lstat(p.c_str(), &st) : stat(p.c_str(), &st)) != 0) {
       throw SpecError(fmt::format("{} {}: {}", what, p.string(), std::strerror(errno)));
     }
     if ((st.st_mode & S_IXOTH) == 0) {
@@ -145,33 +154,19 @@ void check_open_to_workers(const std::filesystem::path& path, const std::string&
           "o+x {}, or choose another)",
           what, path.string(), p.string(), p.string()));
     }
-    if (p == p.parent_path()) break;
-  }
-}
-
-/// Throws SpecError unless `path` (the work folder and its jobs/ folder) is a folder of this
-/// process's user that no other user may write, below folders of root's that others may
-/// write only where their sticky bit keeps them from replacing what is not theirs (/tmp):
-/// else another local user could have made it, or could swap what is in it, before workers
-/// of other user ids are given parts of it.
-void check_kept_from_others(const std::filesystem::path& path) {
-  const auto full = std::filesystem::absolute(path);
-  for (auto p = full;; p = p.parent_path()) {
-    struct stat st {};
-    if (lstat(p.c_str(), &st) != 0) {
-      throw SpecError(fmt::format("--worker-uids: {}: {}", p.string(), std::strerror(errno)));
-    }
-    const bool own = p == full || p == full.parent_path();
-    const bool others_write = (st.st_mode & (S_IWGRP | S_IWOTH)) != 0;
-    const bool safe = S_ISDIR(st.st_mode) &&
-                      (own ? st.st_uid == geteuid() && !others_write
-                           : st.st_uid == 0 && (!others_write || (st.st_mode & S_ISVTX) != 0));
-    if (!safe) {
-      throw SpecError(fmt::format(
-          "--worker-uids: the work folder {} is not safe from other users: {} must be a folder "
-          "{}, writable by its owner alone{} (choose another --work-dir)",
-          full.parent_path().string(), p.string(), own ? "of the agent's user" : "of root's",
-          own ? "" : " or sticky"));
+    if (kept) {
+      const bool own = p == full || p == full.parent_path();
+      const bool others_write = (st.st_mode & (S_IWGRP | S_IWOTH)) != 0;
+      const bool safe = S_ISDIR(st.st_mode) &&
+                        (own ? st.st_uid == geteuid() && !others_write
+                             : st.st_uid == 0 && (!others_write || (st.st_mode & S_ISVTX) != 0));
+      if (!safe) {
+        throw SpecError(fmt::format(
+            "--worker-uids: {} {} is not safe from other users: {} must be a folder {}, "
+            "writable by its owner alone{} (choose another --work-dir)",
+            what, full.parent_path().string(), p.string(),
+            own ? "of the agent's user" : "of root's", own ? "" : " or sticky"));
+      }
     }
     if (p == p.parent_path()) break;
   }
@@ -221,10 +216,7 @@ class Agent {
     const auto etcd = etcd_options(options_.control, "job", options_.timeout);
     agent_user_ = etcd.user;
     if (options_.worker_uid_first >= 0) {
-      for (const auto& [variable, path] : {std::pair{"VFLOW_ETCD_CA", etcd.ca_file},
-                                           {"VFLOW_ETCD_CERT", etcd.cert_file},
-                                           {"VFLOW_ETCD_KEY", etcd.key_file}}) {
-        if (path.empty()) continue;
+      for (const auto& [variable, path] : etcd_tls_files(etcd)) {
         std::ifstream in(path, std::ios::binary);
         tls_files_.emplace_back(variable, std::string(std::istreambuf_iterator<char>(in), {}));
       }
@@ -441,7 +433,7 @@ class Agent {
     namespace fs = std::filesystem;
     const fs::path folder = fs::path(options_.work_dir) / "jobs" / job;
     fs::create_directories(folder);
-    const std::string job_key = job + " " + served.incarnation;
+    const JobKey job_key{job, served.incarnation};
     const int64_t user = user_for(job_key);
     try {
       start_worker_as(served, job, member, where, device, id, slot_holder, credentials, folder,
@@ -539,7 +531,7 @@ class Agent {
       throw;
     }
     if (!credentials && !agent_user_.empty() &&
-        warned_shared_.insert(job + " " + served.incarnation).second) {
+        warned_shared_.insert(JobKey{job, served.incarnation}).second) {
       spdlog::warn(
           "[agent] job '{}' has no etcd user of its own: its workers on {} hold the agents' "
           "user '{}', which reaches every job",
@@ -564,7 +556,7 @@ class Agent {
         std::error_code ec;
         std::filesystem::remove(f, ec);
       }
-      release_user(r.job + " " + r.incarnation);
+      release_user(JobKey{r.job, r.incarnation});
       guarded("freeing slot " + std::to_string(r.slot),
               [&] { root_->remove(agent_slot_key(options_.name, r.slot)); });
       // Its job's keys are gone, or belong to a later job of the same name: nobody waits for
@@ -646,9 +638,9 @@ class Agent {
     }
   }
 
-  /// The user id the workers of `job_key` ("<job> <incarnation>") run as: -1 without
+  /// The user id the workers of `job_key` run as: -1 without
   /// --worker-uids, else the job's id here, or the lowest no other job holds.
-  int64_t user_for(const std::string& job_key) {
+  int64_t user_for(const JobKey& job_key) {
     if (options_.worker_uid_first < 0) return -1;
     if (const auto it = job_users_.find(job_key); it != job_users_.end()) return it->second;
     for (int64_t id = options_.worker_uid_first; id <= options_.worker_uid_last; ++id) {
@@ -667,11 +659,11 @@ class Agent {
   /// Once a job has no worker left here, its user id is free for another job: what ran as
   /// it is ended and the job's folder for it is handed back to this agent's user. An id
   /// whose processes would not end is kept from other jobs.
-  void release_user(const std::string& job_key) {
+  void release_user(const JobKey& job_key) {
     const auto it = job_users_.find(job_key);
     if (it == job_users_.end()) return;
     const bool in_use = std::any_of(running_.begin(), running_.end(), [&](const auto& r) {
-      return r.second.job + " " + r.second.incarnation == job_key;
+      return JobKey{r.second.job, r.second.incarnation} == job_key;
     });
     if (in_use) return;
     if (!kill_processes_of(it->second)) {
@@ -679,8 +671,7 @@ class Agent {
                     options_.name, it->second);
       return;
     }
-    const auto space = job_key.find(' ');
-    const auto home = home_of(job_key.substr(0, space), job_key.substr(space + 1));
+    const auto home = home_of(job_key.first, job_key.second);
     namespace fs = std::filesystem;
     std::error_code ec;
     if (lchown(home.c_str(), geteuid(), getegid()) == 0) {
@@ -717,10 +708,10 @@ class Agent {
   std::unique_ptr<JobWatcher> watcher_;
   std::map<std::string, ServedJob> jobs_;
   ChildProcesses group_;
-  std::map<std::string, Running> running_;    // by "<job> <incarnation> <member>"
-  std::set<std::string> started_;             // every placement acted on, by the same key
-  std::set<std::string> warned_shared_;       // jobs without a user of their own, said once
-  std::map<std::string, int64_t> job_users_;  // --worker-uids: by "<job> <incarnation>"
+  std::map<std::string, Running> running_;  // by "<job> <incarnation> <member>"
+  std::set<std::string> started_;           // every placement acted on, by the same key
+  std::set<JobKey> warned_shared_;          // jobs without a user of their own, said once
+  std::map<JobKey, int64_t> job_users_;     // --worker-uids
   bool draining_ = false;
   Clock::time_point last_maintenance_{};
   Clock::time_point last_reconcile_{};
@@ -751,9 +742,8 @@ int run_agent(const AgentOptions& given) {
       throw SpecError("--worker-uids: the agent must run as root to start workers as other users");
     }
     std::filesystem::create_directories(std::filesystem::path(options.work_dir) / "jobs");
-    check_kept_from_others(std::filesystem::path(options.work_dir) / "jobs");
-    check_open_to_workers(std::filesystem::path(options.work_dir) / "jobs", "the work folder");
-    check_open_to_workers(options.worker_command.front(), "the worker program");
+    check_for_workers(std::filesystem::path(options.work_dir) / "jobs", "the work folder", true);
+    check_for_workers(options.worker_command.front(), "the worker program", false);
   }
   Agent agent(options);
   return agent.run();

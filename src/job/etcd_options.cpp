@@ -66,10 +66,8 @@ EtcdOptions etcd_options(const std::string& url, const std::string& job,
   o.key_file = environment("VFLOW_ETCD_KEY");
   // An unreadable certificate would look like members that cannot be reached, asked again
   // until the timeout: said now, naming the file.
-  for (const auto& [variable, path] : {std::pair{"VFLOW_ETCD_CA", o.ca_file},
-                                       {"VFLOW_ETCD_CERT", o.cert_file},
-                                       {"VFLOW_ETCD_KEY", o.key_file}}) {
-    if (!path.empty() && !std::ifstream(path)) {
+  for (const auto& [variable, path] : etcd_tls_files(o)) {
+    if (!std::ifstream(path)) {
       throw SpecError(fmt::format("{}: cannot read {}: {}", variable, path, std::strerror(errno)));
     }
   }
@@ -90,6 +88,16 @@ EtcdOptions etcd_options(const std::string& url, const std::string& job,
     throw SpecError("VFLOW_ETCD_USER is set but VFLOW_ETCD_PASSWORD_FILE names no password");
   }
   return o;
+}
+
+std::vector<std::pair<std::string, std::string>> etcd_tls_files(const EtcdOptions& options) {
+  std::vector<std::pair<std::string, std::string>> files;
+  for (auto [variable, path] : {std::pair{"VFLOW_ETCD_CA", options.ca_file},
+                                {"VFLOW_ETCD_CERT", options.cert_file},
+                                {"VFLOW_ETCD_KEY", options.key_file}}) {
+    if (!path.empty()) files.emplace_back(variable, path);
+  }
+  return files;
 }
 
 bool is_cluster_store(const std::string& address) {

@@ -131,6 +131,10 @@ void check_store_exposure(const std::string& host, bool allowed, const std::stri
 EtcdOptions etcd_options(const std::string& url, const std::string& job,
                          std::chrono::milliseconds timeout);
 
+/// The TLS files `options` names, each with the environment variable that named it
+/// ("VFLOW_ETCD_CA", "VFLOW_ETCD_CERT", "VFLOW_ETCD_KEY"); those not set are left out.
+std::vector<std::pair<std::string, std::string>> etcd_tls_files(const EtcdOptions& options);
+
 /// Whether `address` names a cluster's control store (etcd://, etcds://) rather than an
 /// embedded store's HOST:PORT.
 bool is_cluster_store(const std::string& address);
