@@ -102,6 +102,9 @@ inline int run_reporting_errors(const std::function<int()>& body) {
   } catch (const OutOfMemory& e) {
     std::cerr << "error: " << e.what() << "\n";
     return kExitOutOfMemory;
+  } catch (const Mismatch& e) {
+    std::cerr << "mismatch: " << e.what() << "\n";
+    return kExitMismatch;
   } catch (const std::exception& e) {
     std::cerr << "error: " << e.what() << "\n";
     return kExitFailure;

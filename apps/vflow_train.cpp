@@ -10,6 +10,7 @@
 #include "command_line.h"
 #include "vflow/comm/nccl.h"
 #include "vflow/engine/job_spec.h"
+#include "vflow/engine/run_job.h"
 #include "vflow/job/control_store.h"
 #include "vflow/job/roles.h"
 
@@ -30,6 +31,10 @@ int report(const vflow::engine::TrainResult& result) {
               << result.evaluation->step << " steps\n";
   }
   std::cout << "fingerprint " << result.fingerprint << "\n";
+  if (!result.mismatch.empty()) {
+    spdlog::error("[train] stopped before step {}: {}", result.steps, result.mismatch);
+    return vflow::kExitMismatch;
+  }
   if (!result.completed) {
     spdlog::warn("[train] stopped at step {}", result.steps);
     return vflow::kExitStopped;
@@ -91,6 +96,26 @@ int main(int argc, char** argv) {
       "--local", local,
       "with --control and --workers: start the workers on this machine instead of on the slots "
       "of node agents (vflow-agent)");
+  std::string replay;
+  int64_t replay_step = -1;
+  int64_t replay_vnode = -1;
+  auto* replay_option = app.add_option(
+      "--replay", replay,
+      "recompute one vnode of one step of this deterministic job from a checkpoint of that "
+      "step or an earlier one, on this process alone, and print the hash of its contribution "
+      "(what cross-checks compare), its loss and where a NaN or infinity first appears "
+      "(docs/verification.md); needs --step and --vnode");
+  auto* step_option = app.add_option("--step", replay_step, "with --replay: the step")
+                          ->check(vflow::apps::at_least(0));
+  auto* vnode_option = app.add_option("--vnode", replay_vnode, "with --replay: the vnode")
+                           ->check(vflow::apps::at_least(0));
+  step_option->needs(replay_option);
+  vnode_option->needs(replay_option);
+  replay_option->needs(step_option);
+  replay_option->needs(vnode_option);
+  replay_option->excludes("--workers");
+  replay_option->excludes("--resume");
+  replay_option->excludes("--coordinator");
   local_option->needs(control_option);
   control_option->needs(job_option);
   job_option->needs(control_option);
@@ -116,6 +141,15 @@ int main(int argc, char** argv) {
     }
     if (check_only) {
       std::cout << spec.source << ": valid\n";
+      return vflow::kExitOk;
+    }
+    if (!replay.empty()) {
+      const auto c = vflow::engine::replay_vnode(spec, replay, replay_step, replay_vnode);
+      std::cout << fmt::format("step {} vnode {} ({} examples) replayed from {}\n", c.step, c.vnode,
+                               c.examples, replay)
+                << fmt::format("contribution {:016x}\n", c.hash)
+                << fmt::format("loss {:.9g}\n", c.loss) << "non-finite "
+                << (c.non_finite.empty() ? "none" : c.non_finite) << "\n";
       return vflow::kExitOk;
     }
     vflow::job::RoleOptions roles;

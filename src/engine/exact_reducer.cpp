@@ -62,13 +62,13 @@ class ExactReducer : public Reducer {
     }
   }
 
-  void begin_step(comm::Communicator& comm, int64_t step) override {
+  void begin_step(comm::Communicator& comm, int64_t step, bool overlap) override {
     packet_.clear();
     sum_.clear();
     comm_ = &comm;
     step_ = step;
     // Every rank of the group decides alike: the collectives must match.
-    bucketed_ = buckets_ && comm.size() > 1 && comm.asynchronous();
+    bucketed_ = overlap && buckets_ && comm.size() > 1 && comm.asynchronous();
     if (bucketed_) {
       bucket_dense_ = split_.dense(comm.size());
       bucket_index_.clear();

@@ -402,6 +402,26 @@ const SpecSchema<ResourcesSpec>& resources_schema() {
               "everything the worker holds (data set, model, optimizer, one vnode's "
               "activations), so with a fixed limit a global batch that does not fit as one "
               "vnode can still be trained as several smaller ones (docs/experiments/exploration)");
+    s.integer("verify_every_steps", &R::verify_every_steps, 0, kBig,
+              "deterministic mode: every this many steps one vnode is computed a second time "
+              "by another worker with the same kernel signature, and the two contributions "
+              "(the exact sum's integers, as a 64-bit hash in the step's packet) are compared "
+              "bit for bit; the vnode and the checker take turns. 0 = never. Costs about "
+              "1 / (N x the vnodes a worker holds) of the compute; no effect on results. Ignored "
+              "outside deterministic mode unless set (then an error) (docs/verification.md)")
+        // Printed only when changed: a spec printed and read back outside deterministic
+        // mode must not look as if it had asked for cross-checks.
+        .shown([](const R& res) {
+          return res.verify_every_steps != ResourcesSpec{}.verify_every_steps;
+        });
+    s.choice("on_mismatch", &R::on_mismatch,
+             {OnMismatch::kWarn, OnMismatch::kStop, OnMismatch::kEvict},
+             "when a cross-check's two workers disagree (both are logged, with their hosts): "
+             "`warn` goes on; `stop` undoes the step and stops the job with a checkpoint of "
+             "the step before (exit code 8); `evict` has a third worker of the same signature "
+             "compute the vnode, and the one the other two outvote leaves the job (exit code 8) "
+             "as if it had failed, and the step is redone without it (with no third worker: "
+             "`stop`)");
     s.integer("min_workers", &R::min_workers, 1, kBig,
               "an elastic job never runs on fewer workers: resize requests below it are "
               "refused; when failures leave fewer, the job waits `timeout_s` for joiners, then "
@@ -625,6 +645,11 @@ void parse_resources(const SpecNode& node, ResourcesSpec& res, const SemanticSpe
   if (res.workers < res.min_workers || res.workers > most) {
     r.fail("workers", fmt::format("{} workers is outside min_workers..max_workers = {}..{}",
                                   res.workers, res.min_workers, most));
+  }
+  if (!s.deterministic && res.verify_every_steps > 0 && node.find("verify_every_steps")) {
+    r.fail("verify_every_steps",
+           "cross-checks compare bits, which only deterministic mode makes a function of the "
+           "job: set semantic.deterministic: true, or verify_every_steps: 0");
   }
   check_layout(r, res, s);
   check_backend(r, res);

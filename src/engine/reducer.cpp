@@ -36,7 +36,7 @@ class AllreduceReducer : public Reducer {
                    const ClipSpec& clip)
       : packet_(packet), optimizer_(optimizer), clip_(clip) {}
 
-  void begin_step(comm::Communicator& comm, int64_t step) override {
+  void begin_step(comm::Communicator& comm, int64_t step, bool overlap) override {
     packet_.clear();
     comm_ = &comm;
   }
@@ -72,10 +72,10 @@ class BucketedReducer : public AllreduceReducer {
         device_(options.device),
         buckets_(packet, options.bucket_bytes) {}
 
-  void begin_step(comm::Communicator& comm, int64_t step) override {
-    AllreduceReducer::begin_step(comm, step);
+  void begin_step(comm::Communicator& comm, int64_t step, bool overlap) override {
+    AllreduceReducer::begin_step(comm, step, overlap);
     // Every rank of the group decides alike: the collectives must match.
-    bucketed_ = comm.size() > 1 && comm.asynchronous();
+    bucketed_ = overlap && comm.size() > 1 && comm.asynchronous();
   }
 
   void arm() override {

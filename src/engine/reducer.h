@@ -59,8 +59,11 @@ class Reducer {
   Reducer& operator=(const Reducer&) = delete;
 
   /// Clears the packet for step `step` (which error messages name), reduced over `comm`,
-  /// which must outlive the step.
-  virtual void begin_step(comm::Communicator& comm, int64_t step) = 0;
+  /// which must outlive the step. `overlap`: the reduction may start during the last
+  /// backward pass (buckets); false keeps the packet writable until finish (a cross-check
+  /// writes the hash of the worker's last vnode after its backward pass). Every rank of
+  /// the group passes the same.
+  virtual void begin_step(comm::Communicator& comm, int64_t step, bool overlap) = 0;
   /// After a vnode's backward pass, when another of this worker's vnodes follows.
   virtual void absorb() {}
   /// Before the backward pass of this worker's last vnode of the step.

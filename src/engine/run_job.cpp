@@ -1,10 +1,12 @@
 #include "vflow/engine/run_job.h"
 
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include <chrono>
 
 #include "vflow/core/clock.h"
+#include "vflow/core/error.h"
 #include "vflow/data/dataset.h"
 #include "vflow/engine/checkpoint.h"
 #include "vflow/engine/observers.h"
@@ -79,6 +81,52 @@ TrainResult run_job(const JobSpec& spec, const JobRunOptions& options) {
   trainer->set_stop_flag(options.stop_flag);
   if (options.prepare) options.prepare(*trainer);
   return trainer->run();
+}
+
+VnodeContribution replay_vnode(const JobSpec& job, const std::string& checkpoint, int64_t step,
+                               int64_t vnode) {
+  if (!job.semantic.deterministic) {
+    throw SpecError(
+        "--replay: the job is not deterministic (semantic.deterministic: false); only in "
+        "deterministic mode is a vnode's contribution a function of the job, so that a replay "
+        "can answer whether a worker computed it right");
+  }
+  if (vnode < 0 || vnode >= job.semantic.virtual_nodes) {
+    throw SpecError(fmt::format("--vnode {}: the job has {} vnodes (0..{})", vnode,
+                                job.semantic.virtual_nodes, job.semantic.virtual_nodes - 1));
+  }
+  // One process with every vnode, the threads a worker of the job has, and nothing written.
+  JobSpec spec = job;
+  spec.resources.workers = 1;
+  spec.resources.min_workers = 1;
+  spec.resources.layout.clear();
+  spec.resources.threads = intra_op_threads(job, /*local_workers=*/1);
+  spec.output = OutputSpec{};
+  spec.output.evaluation.enabled = false;
+  spec.output.logging.progress = "off";
+  spec.output.logging.level = job.output.logging.level;
+  auto trainer = make_trainer(spec, nullptr);
+  trainer->load_checkpoint(checkpoint);
+  if (step < trainer->step()) {
+    throw SpecError(
+        fmt::format("--step {}: {} holds step {}, and a replay trains forward from its "
+                    "checkpoint: give one of step {} or earlier",
+                    step, checkpoint, trainer->step(), step));
+  }
+  if (step >= trainer->total_steps()) {
+    throw SpecError(fmt::format("--step {}: the job has {} steps (0..{})", step,
+                                trainer->total_steps(), trainer->total_steps() - 1));
+  }
+  auto last_note = std::chrono::steady_clock::now();
+  const int64_t from = trainer->step();
+  while (trainer->step() < step) {
+    trainer->train_step();
+    if (seconds_since(last_note) > 10) {
+      spdlog::info("[replay] step {} of {}..{}", trainer->step(), from, step);
+      last_note = std::chrono::steady_clock::now();
+    }
+  }
+  return trainer->contribution(vnode);
 }
 
 }  // namespace vflow::engine

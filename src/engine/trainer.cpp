@@ -5,12 +5,15 @@
 #include <torch/torch.h>
 
 #include <chrono>
+#include <cmath>
+#include <cstring>
 #include <optional>
 
 #include "core/torch_compat.h"
 #include "engine/evaluation.h"
 #include "engine/reducer.h"
 #include "engine/training_state.h"
+#include "engine/verification.h"
 #include "engine/vnode_batches.h"
 #include "vflow/core/clock.h"
 #include "vflow/core/error.h"
@@ -68,6 +71,12 @@ struct Trainer::Impl {
   ExampleReader reader;  // the data threads, the seed for augmentation, data.on_corrupt
   VnodeBatches batches;  // the held vnodes' batches in the data order, prefetched
 
+  // Cross-checks (resources.verify_every_steps, deterministic mode; docs/verification.md).
+  std::optional<CrossChecks> checks;
+  std::vector<vnode::VnodeRange> layout;  // every rank's vnodes, in rank order
+  std::optional<InjectedFault> fault;     // VFLOW_INJECT_FAULT, for tests
+  std::string mismatch;                   // why the job stopped after a cross-check
+
   Impl(JobSpec s, std::shared_ptr<models::Model> m, data::DataSplits d)
       : spec(std::move(s)),
         model(std::move(m)),
@@ -95,6 +104,162 @@ struct Trainer::Impl {
         info.examples_used.emplace_back(v, batches.example_indices(s, v));
       }
     }
+  }
+
+  /// The step's cross-check, if it has one: meets the group's workers first where this
+  /// communicator has not (a collective every rank makes at the same step).
+  std::optional<CrossCheck> plan_check(int64_t s, const vnode::Slice& batch) {
+    if (!checks || comm->size() < 2 || !checks->due(s)) return std::nullopt;
+    if (!checks->met()) checks->meet(*comm, device);
+    std::vector<int64_t> present;
+    for (int64_t v = 0; v < plan.virtual_nodes(); ++v) {
+      if (plan.slice(v, batch.size).size > 0) present.push_back(v);
+    }
+    return checks->plan(s, layout, present);
+  }
+
+  /// The position of vnode `v` among the step's non-empty vnodes (a stateful kernel's
+  /// ordinal).
+  int64_t ordinal_of(int64_t v, const vnode::Slice& batch) const {
+    int64_t ordinal = 0;
+    for (int64_t u = 0; u < v; ++u) ordinal += plan.slice(u, batch.size).size > 0 ? 1 : 0;
+    return ordinal;
+  }
+
+  /// Vnode `v`'s forward pass, its stateful-kernel row and its loss into the packet;
+  /// returns its mean loss, for the backward pass.
+  torch::Tensor forward_vnode(int64_t s, int64_t v, int64_t ordinal, const data::Batch& b,
+                              int64_t examples) {
+    // Randomness inside the forward pass depends on (seed, step, vnode) only.
+    torch::manual_seed(
+        vnode::mix_seed(spec.semantic.seed, static_cast<uint64_t>(s), static_cast<uint64_t>(v)));
+    kernels->begin_vnode(v, ordinal);
+    torch::Tensor loss;
+    {
+      const compat::AutocastGuard autocast(device.type(), bf16);
+      loss = models::prediction_loss(model->forward(b.input), b.target, /*sum=*/false,
+                                     spec.semantic.loss.label_smoothing);
+    }
+    kernels->end_vnode(v);
+    packet->add_loss(loss, examples);
+    return loss;
+  }
+
+  /// The backward pass of a vnode of `examples` of the step's `batch_size` (weight
+  /// n_v / B: the accumulated gradient is the global batch's mean-loss gradient), and
+  /// the injected fault where this worker has one for step `s`.
+  void backward_vnode(int64_t s, const torch::Tensor& loss, int64_t examples, int64_t batch_size) {
+    (loss * (static_cast<double>(examples) / static_cast<double>(batch_size))).backward();
+    if (fault && fault->step == s) flip_largest_gradient(fault->bit);
+  }
+
+  /// VFLOW_INJECT_FAULT: flips bit `bit` of the largest gradient in the packet, as a
+  /// faulty core might have computed it.
+  void flip_largest_gradient(int bit) {
+    torch::NoGradGuard no_grad;
+    auto g = packet->gradients();
+    const int64_t at = g.abs().argmax().item<int64_t>();
+    auto host = g.narrow(0, at, 1).to(torch::kCPU, torch::kFloat32).contiguous();
+    uint32_t bits = 0;
+    std::memcpy(&bits, host.data_ptr<float>(), sizeof bits);
+    bits ^= uint32_t{1} << bit;
+    std::memcpy(host.data_ptr<float>(), &bits, sizeof bits);
+    g.narrow(0, at, 1).copy_(host);
+  }
+
+  /// Vnode `v` of step `s` computed by a worker that does not hold it (a checker or a
+  /// referee): its forward and backward pass into the packet, which holds nothing else
+  /// then, and the hash of that contribution; the packet is cleared again. The stateful
+  /// kernels' state is restored by the step's apply or abort, which start from the state
+  /// saved at begin_step.
+  uint64_t recompute(int64_t s, int64_t v, const vnode::Slice& batch) {
+    const auto part = plan.slice(v, batch.size);
+    const data::Batch b = batches.take_extra(s, v);
+    const auto loss = forward_vnode(s, v, ordinal_of(v, batch), b, part.size);
+    backward_vnode(s, loss, part.size, batch.size);
+    const uint64_t hash = packet->contribution_hash();
+    packet->clear();
+    return hash;
+  }
+
+  /// After the step's collective: compares the two hashes of the step's cross-check and,
+  /// where they differ, acts by resources.on_mismatch. Returns false when the step is
+  /// undone and the job stops (`stop`); throws Mismatch on the outvoted worker and
+  /// comm::PeerFailure on the others (`evict`), so that the job goes on without it.
+  bool settle(const CrossCheck& check, const vnode::StepPacket::Tail& tail,
+              const vnode::Slice& batch) {
+    const uint64_t owner = tail.hashes[0];
+    const uint64_t checker = tail.hashes[1];
+    const int rank = comm->rank();
+    if (owner == checker) {
+      if (rank == 0) {
+        spdlog::info("[verify] step {} vnode {}: {} and {} agree (contribution {:016x})",
+                     check.step, check.vnode, checks->describe(check.owner),
+                     checks->describe(check.checker), owner);
+      }
+      return true;
+    }
+    const std::string what =
+        fmt::format("step {} vnode {}: {} computed contribution {:016x}, {} computed {:016x}",
+                    check.step, check.vnode, checks->describe(check.owner), owner,
+                    checks->describe(check.checker), checker);
+    const auto policy = spec.resources.on_mismatch;
+    if (policy == OnMismatch::kWarn) {
+      if (rank == 0) {
+        spdlog::error("[verify] mismatch at {}; going on (resources.on_mismatch: warn)", what);
+      }
+      return true;
+    }
+    abandon_step();
+    if (policy == OnMismatch::kEvict) evict(check, owner, checker, what, batch);
+    mismatch = "cross-check mismatch at " + what;
+    spdlog::error(
+        "[verify] mismatch at {}; step {} is undone and the job stops with the "
+        "state before it (resources.on_mismatch: {})",
+        what, check.step, to_string(policy));
+    stop_agreed = true;
+    return false;
+  }
+
+  /// on_mismatch: evict. A third worker of the same signature computes the vnode; the one
+  /// of the two it disagrees with leaves the job. Returns (to stop instead) when there is
+  /// no third worker or it agrees with neither.
+  void evict(const CrossCheck& check, uint64_t owner, uint64_t checker, const std::string& what,
+             const vnode::Slice& batch) {
+    const int referee = checks->referee(check);
+    if (referee < 0) {
+      if (comm->rank() == 0) spdlog::error("[verify] no third worker of their signature to decide");
+      return;
+    }
+    kernels->begin_step();
+    const uint64_t third = comm->rank() == referee ? recompute(check.step, check.vnode, batch) : 0;
+    kernels->abort_step();
+    auto parts = torch::zeros({4}, torch::kFloat32);
+    for (int k = 0; k < 4; ++k) parts[k] = static_cast<double>((third >> (16 * k)) & 0xffff);
+    auto shared = parts.to(device);
+    comm->allreduce_sum(shared);
+    const auto host = shared.to(torch::kCPU).contiguous();
+    uint64_t decided = 0;
+    for (int k = 0; k < 4; ++k) {
+      decided |= static_cast<uint64_t>(std::llround(host[k].item<double>())) << (16 * k);
+    }
+    const int odd = decided == owner ? check.checker : decided == checker ? check.owner : -1;
+    if (odd < 0) {
+      if (comm->rank() == 0) {
+        spdlog::error("[verify] {} computed {:016x}, agreeing with neither",
+                      checks->describe(referee), decided);
+      }
+      return;
+    }
+    const std::string verdict = fmt::format(
+        "cross-check mismatch at {}; {} agrees with {}, so {} leaves the job and step "
+        "{} is redone without it (resources.on_mismatch: evict)",
+        what, checks->describe(referee),
+        checks->describe(odd == check.owner ? check.checker : check.owner), checks->describe(odd),
+        check.step);
+    spdlog::error("[verify] {}", verdict);
+    if (comm->rank() == odd) throw Mismatch("this worker was outvoted: " + verdict);
+    throw comm::PeerFailure(fmt::format("{} was evicted by a cross-check", checks->describe(odd)));
   }
 
   /// Undoes the local effects of a step whose collective failed: nothing was applied to
@@ -143,11 +308,17 @@ struct Trainer::Impl {
     const double lr = schedule.at(s);
     set_learning_rate(*optimizer, lr);
     model->train();
-    reducer->begin_step(*comm, s);
+    const auto check = plan_check(s, batch);
+    // A cross-checked step reduces after the backward passes: the owner writes its hash
+    // after its vnode's, which may be its last.
+    reducer->begin_step(*comm, s, /*overlap=*/!check);
     kernels->begin_step();
     int64_t ran = 0;
     try {
-      ran = run_vnodes(s, batch);
+      if (check && comm->rank() == check->checker) {
+        packet->write_hash(vnode::StepPacket::Role::kChecker, recompute(s, check->vnode, batch));
+      }
+      ran = run_vnodes(s, batch, check);
     } catch (...) {
       reducer->abandon();
       throw;
@@ -158,10 +329,11 @@ struct Trainer::Impl {
     const auto t_sync = Clock::now();
     reducer->finish();
     const auto t_update = Clock::now();
+    const auto tail = packet->tail();
+    if (check && !settle(*check, tail, batch)) return StepInfo{};
     StepInfo info;
     if (record_examples) record_use(s, info);
     kernels->apply();
-    const auto tail = packet->tail();
     if (tail.stop) stop_agreed = true;
     regroup_agreed = tail.regroup;
     if (!views_checked) {
@@ -195,9 +367,10 @@ struct Trainer::Impl {
   }
 
   /// The vnode loop: forward and backward of each vnode this worker holds, in ascending
-  /// order, accumulated into the packet (gradients, stateful-kernel rows, loss). Returns
+  /// order, accumulated into the packet (gradients, stateful-kernel rows, loss), and the
+  /// hash of the cross-checked vnode's contribution where this worker owns it. Returns
   /// how many vnodes this worker computed.
-  int64_t run_vnodes(int64_t s, const vnode::Slice& batch) {
+  int64_t run_vnodes(int64_t s, const vnode::Slice& batch, const std::optional<CrossCheck>& check) {
     int64_t last = -1;  // the last vnode this worker computes
     for (int64_t v = held.first; v < held.last; ++v) {
       if (plan.slice(v, batch.size).size > 0) last = v;
@@ -212,26 +385,18 @@ struct Trainer::Impl {
       if (v < held.first || v >= held.last) continue;
       ++ran;
       const data::Batch b = batches.take(s, v);
-      // Randomness inside the forward pass depends on (seed, step, vnode) only.
-      torch::manual_seed(
-          vnode::mix_seed(spec.semantic.seed, static_cast<uint64_t>(s), static_cast<uint64_t>(v)));
-      kernels->begin_vnode(v, ordinal - 1);
-      torch::Tensor loss;
-      {
-        const compat::AutocastGuard autocast(device.type(), bf16);
-        loss = models::prediction_loss(model->forward(b.input), b.target, /*sum=*/false,
-                                       spec.semantic.loss.label_smoothing);
-      }
-      kernels->end_vnode(v);
-      packet->add_loss(loss, part.size);
+      const auto loss = forward_vnode(s, v, ordinal - 1, b, part.size);
       if (v == last) {
         // The packet past the gradients is final before the last backward pass, so
         // that it can ride in the first bucket.
         write_control_word();
         reducer->arm();
       }
-      // Weight n_v / B: the accumulated gradient is the global batch's mean-loss gradient.
-      (loss * (static_cast<double>(part.size) / static_cast<double>(batch.size))).backward();
+      backward_vnode(s, loss, part.size, batch.size);
+      // The packet holds this vnode's contribution alone until it is absorbed.
+      if (check && v == check->vnode) {
+        packet->write_hash(vnode::StepPacket::Role::kOwner, packet->contribution_hash());
+      }
       if (v != last) reducer->absorb();
     }
     return ran;
@@ -282,8 +447,12 @@ Trainer::Trainer(JobSpec spec, std::shared_ptr<models::Model> model, data::DataS
   impl_->reader.set_threads(data_threads(placed, /*local_workers=*/1));
   impl_->kernels =
       std::make_unique<vnode::StatefulKernelSet>(m, impl_->plan.virtual_nodes(), impl_->device);
+  const auto& res = impl_->spec.resources;
+  const bool verify = impl_->spec.semantic.deterministic && res.verify_every_steps > 0;
   impl_->packet =
-      std::make_unique<vnode::StepPacket>(m.parameters(), impl_->kernels->table_numel());
+      std::make_unique<vnode::StepPacket>(m.parameters(), impl_->kernels->table_numel(), verify);
+  if (verify) impl_->checks.emplace(res.verify_every_steps);
+  impl_->fault = injected_fault();
   impl_->kernels->bind_table(impl_->packet->table());
   impl_->optimizer = make_optimizer(impl_->spec.semantic.optimizer, m.parameters());
   ReducerOptions reduction;
@@ -348,6 +517,7 @@ TrainResult Trainer::run() {
       im.abandon_step();
       throw;
     }
+    if (!im.mismatch.empty()) break;  // the step was undone (resources.on_mismatch: stop)
     examples += info.examples;
     last_loss = info.loss;
     for (auto& o : im.observers) o->on_step_end(*this, info);
@@ -360,6 +530,14 @@ TrainResult Trainer::run() {
   result.completed = im.step >= im.total_steps;
   result.next_generation = result.completed ? 0 : im.regroup_agreed;
   im.regroup_agreed = 0;
+  result.mismatch = im.mismatch;
+  if (!im.mismatch.empty() && im.spec.output.checkpoint.dir.empty() && rank() == 0) {
+    // The state before the step the workers disagreed on is kept even where the job keeps
+    // no checkpoints: what `--replay` starts from.
+    const auto path = fmt::format("vflow-mismatch-step-{}.pt", im.step);
+    save_checkpoint(path);
+    spdlog::error("[verify] the state before step {} is saved in {}", im.step, path);
+  }
   if (result.next_generation == 0) {
     for (auto& o : im.observers) o->on_train_end(*this);
   }
@@ -420,6 +598,57 @@ void Trainer::load_state(const std::string& bytes, const std::string& source) {
   }
 }
 
+VnodeContribution Trainer::contribution(int64_t vnode) {
+  auto& im = *impl_;
+  VFLOW_ASSERT(im.step < im.total_steps, "contribution() after the last step");
+  const auto batch = im.order.batch(im.step % im.order.steps_per_epoch());
+  if (vnode < 0 || vnode >= im.plan.virtual_nodes()) {
+    throw SpecError(fmt::format("vnode {} is out of range: the job has {} vnodes (0..{})", vnode,
+                                im.plan.virtual_nodes(), im.plan.virtual_nodes() - 1));
+  }
+  VnodeContribution out;
+  out.step = im.step;
+  out.vnode = vnode;
+  out.examples = im.plan.slice(vnode, batch.size).size;
+  if (out.examples == 0) {
+    throw SpecError(
+        fmt::format("vnode {} has no examples in step {} (the epoch's last, shorter "
+                    "batch)",
+                    vnode, im.step));
+  }
+  im.model->train();
+  im.packet->clear();
+  im.kernels->begin_step();
+  try {
+    const auto part_batch = im.batches.take_extra(im.step, vnode);
+    const auto loss =
+        im.forward_vnode(im.step, vnode, im.ordinal_of(vnode, batch), part_batch, out.examples);
+    out.loss = loss.item<double>();
+    im.backward_vnode(im.step, loss, out.examples, batch.size);
+    out.hash = im.packet->contribution_hash();
+  } catch (...) {
+    im.kernels->abort_step();
+    im.packet->clear();
+    throw;
+  }
+  if (!std::isfinite(out.loss)) out.non_finite = "loss";
+  const auto named = im.model->named_parameters();
+  for (const auto& p : named) {  // the state first: a step from it cannot heal it
+    if (!out.non_finite.empty()) break;
+    if (!torch::isfinite(p.value()).all().item<bool>()) out.non_finite = "parameter " + p.key();
+  }
+  for (const auto& p : named) {
+    if (!out.non_finite.empty()) break;
+    const auto& g = p.value().grad();
+    if (g.defined() && !torch::isfinite(g).all().item<bool>()) {
+      out.non_finite = "gradient of " + p.key();
+    }
+  }
+  im.kernels->abort_step();
+  im.packet->clear();
+  return out;
+}
+
 void Trainer::request_stop() { impl_->stop_request.store(true); }
 void Trainer::stop_now() { impl_->stop_agreed = true; }
 void Trainer::record_examples(bool on) { impl_->record_examples = on; }
@@ -445,6 +674,11 @@ void Trainer::set_communicator(std::shared_ptr<comm::Communicator> communicator)
   im.comm = std::move(next);
   im.held = vnode::vnodes_of(im.plan.virtual_nodes(), workers, im.comm->rank());
   im.batches.hold(im.held);
+  im.layout.clear();
+  for (int64_t r = 0; r < workers; ++r) {
+    im.layout.push_back(vnode::vnodes_of(im.plan.virtual_nodes(), workers, r));
+  }
+  if (im.checks) im.checks->forget();
 }
 
 void Trainer::set_communicator(std::shared_ptr<comm::Communicator> communicator,
@@ -460,6 +694,9 @@ void Trainer::set_communicator(std::shared_ptr<comm::Communicator> communicator,
   }
   im.held = vnode::vnodes_of(counts, im.comm->rank());
   im.batches.hold(im.held);
+  for (size_t r = 0; r < counts.size(); ++r) {
+    im.layout[r] = vnode::vnodes_of(counts, static_cast<int64_t>(r));
+  }
 }
 void Trainer::set_stop_flag(const std::atomic<bool>* flag) { impl_->stop_flag = flag; }
 std::string Trainer::fingerprint() const { return impl_->fingerprint(); }

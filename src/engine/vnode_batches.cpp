@@ -115,4 +115,9 @@ data::Batch VnodeBatches::take(int64_t step, int64_t vnode) {
   return copy_stream_.ready(std::move(batch));
 }
 
+data::Batch VnodeBatches::take_extra(int64_t step, int64_t vnode) {
+  discard();
+  return copy_stream_.ready(load(WorkItem{step, vnode}));
+}
+
 }  // namespace vflow::engine

@@ -45,6 +45,11 @@ class VnodeBatches {
   /// stream; a load error (a corrupt file, say) is thrown here.
   data::Batch take(int64_t step, int64_t vnode);
 
+  /// Vnode `vnode`'s batch of step `step` for a worker that does not hold it (a
+  /// cross-check), read at once; the background loads are discarded first (the reader
+  /// serves one thread at a time) and resumed by the next take().
+  data::Batch take_extra(int64_t step, int64_t vnode);
+
   /// Discards the background loads (the step failed, or a new generation holds other vnodes).
   void discard();
 

@@ -327,6 +327,19 @@ auto first_at(const List& list, int64_t i) {
                           [](const auto& p, int64_t at) { return p.first < at; });
 }
 
+/// splitmix64's finaliser: every input bit reaches every output bit.
+inline uint64_t mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+/// One element's term of contribution_hash: its integer and its index, mixed. The terms
+/// are added (mod 2^64), so the parts of [0, n) may be hashed in any order.
+inline uint64_t hash_term(int64_t q, int64_t i) {
+  return mix64(static_cast<uint64_t>(q) ^ mix64(static_cast<uint64_t>(i) + 0x9e3779b97f4a7c15ULL));
+}
+
 }  // namespace
 
 FixedPointSum::FixedPointSum(int64_t numel, torch::Device device) : numel_(numel) {
@@ -696,6 +709,41 @@ FixedPointSum::Reduced FixedPointSum::reduced(const torch::Tensor& dense,
   r.listed.reserve(static_cast<size_t>(count));
   for (int64_t k = 0; k < count; ++k) r.listed.push_back(listed_float(r.dense, ip[k], vp[k]));
   return r;
+}
+
+uint64_t FixedPointSum::contribution_hash(const torch::Tensor& values, int64_t n) {
+  VFLOW_ASSERT(n >= 0 && n <= values.numel(), "a hash past the end of the values");
+  const auto part = values.flatten().narrow(0, 0, n);
+  // The integers the sum takes: float32 as the fast paths round it, anything else as
+  // generic_rounded does; either way one int64 per element.
+  torch::Tensor ints;
+  const float* v = nullptr;
+  torch::Tensor host;
+  if (part.scalar_type() == torch::kFloat32) {
+    host = part.to(torch::kCPU).contiguous();
+    v = host.data_ptr<float>();
+  } else {
+    // A copy: generic_rounded scales a float64 tensor in place.
+    const auto cpu = part.to(torch::kCPU, torch::kFloat64, /*non_blocking=*/false, /*copy=*/true);
+    const auto outside = cpu.abs().ge(kLimit) | cpu.isnan();
+    ints = generic_rounded(cpu).masked_fill_(outside, 0).contiguous();
+  }
+  const int64_t* q = ints.defined() ? ints.data_ptr<int64_t>() : nullptr;
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+  std::vector<uint64_t> sums(static_cast<size_t>(chunks), 0);
+  at::parallel_for(0, chunks, 1, [&](int64_t first, int64_t last) {
+    for (int64_t c = first; c < last; ++c) {
+      uint64_t h = 0;
+      uint32_t unused = 0;
+      for (int64_t i = c * kChunk, e = std::min(n, (c + 1) * kChunk); i < e; ++i) {
+        h += hash_term(q != nullptr ? q[i] : to_int64(scaled(v[i], unused)), i);
+      }
+      sums[static_cast<size_t>(c)] = h;
+    }
+  });
+  uint64_t h = static_cast<uint64_t>(n);
+  for (const uint64_t s : sums) h += s;
+  return mix64(h);
 }
 
 }  // namespace vflow::vnode

@@ -4,21 +4,28 @@
 
 #include <cmath>
 
+#include "vflow/core/error.h"
+#include "vflow/vnode/fixed_point.h"
+
 namespace vflow::vnode {
 
 namespace {
 constexpr int64_t kLossSlots = 1;
 constexpr int64_t kControlSlots = 2;  // stop, regroup
+constexpr int64_t kHashParts = 4;     // 16 bits each: exact in float32 and in the exact sum
+constexpr int64_t kVerifySlots = 2 * kHashParts;
 }  // namespace
 
-StepPacket::StepPacket(const std::vector<torch::Tensor>& parameters, int64_t table_numel)
-    : buffer_(parameters, table_numel + kLossSlots + kControlSlots) {
+StepPacket::StepPacket(const std::vector<torch::Tensor>& parameters, int64_t table_numel,
+                       bool verify)
+    : buffer_(parameters, table_numel + kLossSlots + kControlSlots + (verify ? kVerifySlots : 0)) {
   const int64_t g = buffer_.gradients().numel();
   sections_ = {{"gradients", 0, g},
                {"table", g, table_numel},
                {"loss", g + table_numel, 1},
                {"stop", g + table_numel + 1, 1},
                {"regroup", g + table_numel + 2, 1}};
+  if (verify) sections_.push_back({"verify", g + table_numel + 3, kVerifySlots});
 }
 
 void StepPacket::add_loss(const torch::Tensor& vnode_loss, int64_t examples) {
@@ -32,13 +39,37 @@ void StepPacket::request_regroup(int64_t generation) {
   section(Part::kRegroup).fill_(static_cast<double>(generation));
 }
 
+uint64_t StepPacket::contribution_hash() const {
+  return FixedPointSum::contribution_hash(buffer_.flat(), section_of(Part::kStop).offset);
+}
+
+void StepPacket::write_hash(Role role, uint64_t hash) {
+  VFLOW_ASSERT(has_verify(), "a hash written into a packet without a verify section");
+  auto place =
+      section(Part::kVerify).narrow(0, static_cast<int64_t>(role) * kHashParts, kHashParts);
+  for (int64_t k = 0; k < kHashParts; ++k) {
+    place[k].fill_(static_cast<double>((hash >> (16 * k)) & 0xffffu));
+  }
+}
+
 StepPacket::Tail StepPacket::tail() const {
-  // loss, stop and regroup lie next to each other at the end of the packet.
+  // loss, stop, regroup (and verify) lie next to each other at the end of the packet.
   const int64_t loss_at = section_of(Part::kLoss).offset;
-  const auto host =
-      buffer_.flat().narrow(0, loss_at, 3).to(torch::kCPU, torch::kDouble).contiguous();
+  const auto host = buffer_.flat()
+                        .narrow(0, loss_at, buffer_.flat().numel() - loss_at)
+                        .to(torch::kCPU, torch::kDouble)
+                        .contiguous();
   const double* v = host.data_ptr<double>();
-  return Tail{v[0], v[1] > 0, std::llround(v[2])};
+  Tail tail{v[0], v[1] > 0, std::llround(v[2])};
+  if (has_verify()) {
+    for (int r = 0; r < 2; ++r) {
+      for (int64_t k = 0; k < kHashParts; ++k) {
+        const auto part = static_cast<uint64_t>(std::llround(v[3 + r * kHashParts + k]));
+        tail.hashes[r] |= (part & 0xffffu) << (16 * k);
+      }
+    }
+  }
+  return tail;
 }
 
 }  // namespace vflow::vnode

@@ -315,9 +315,10 @@ TEST_CASE(
       " --job secure 2>&1 | grep -o 'requires authentication'\n" +
       "kill -TERM $agent; wait $agent; echo \"agent exit=$?\"\n" +
       "echo \"private files left: $(ls " + dir.file("work") +
-      "/jobs/*/private-* 2>/dev/null | wc -l)\"\n" + "echo \"keys left: $(" +
+      "/jobs/*/private-* 2>/dev/null | wc -l)\"\n" + "left=$(" +
       cluster.etcdctl("root", "root-secret") +
-      " get --prefix /vflow/jobs/ --keys-only | grep -c .)\"\n");
+      " get --prefix /vflow/jobs/ --keys-only | grep .)\n" +
+      "echo \"keys left: $(echo -n \"$left\" | grep -c .) $left\"\n");
   const auto logs = cluster.agent_log();
   const auto plain = read_file(dir.file("plain.log"));
   INFO(r.output);

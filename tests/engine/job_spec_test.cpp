@@ -308,3 +308,20 @@ TEST_CASE("a layout entry travels as YAML and reads back", "[unit][hetero]") {
   CHECK_THROWS_WITH(vflow::engine::parse_layout_entry("{vnodes: 2, device: tpu}", "entry"),
                     Contains("entry:1:21: device: unknown device 'tpu'"));
 }
+
+TEST_CASE("cross-checks are refused outside deterministic mode and their switches are checked",
+          "[unit]") {
+  // The default (every 100 steps) applies to deterministic jobs only; asked for elsewhere
+  // it is an error naming the key.
+  CHECK(error_of("semantic: {deterministic: false}\n") == "");
+  CHECK_THAT(error_of("resources:\n  verify_every_steps: 5\n"),
+             Contains("job.yaml:2:") && Contains("resources.verify_every_steps") &&
+                 Contains("deterministic"));
+  CHECK(error_of("semantic: {deterministic: true}\nresources: {verify_every_steps: 5}\n") == "");
+  CHECK(error_of("resources: {verify_every_steps: 0}\n") == "");
+  CHECK_THAT(error_of("resources: {on_mismatch: retry}\n"),
+             Contains("resources.on_mismatch") && Contains("warn") && Contains("evict"));
+  const auto spec = load_job_spec("", {"semantic.deterministic=true"});
+  CHECK(spec.resources.verify_every_steps == 100);
+  CHECK(spec.resources.on_mismatch == vflow::engine::OnMismatch::kStop);
+}

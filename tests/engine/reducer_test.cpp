@@ -11,11 +11,13 @@
 #include <torch/torch.h>
 
 #include <catch2/catch.hpp>
+#include <cstdlib>
 #include <map>
 #include <string>
 #include <tuple>
 
 #include "engine/small_net.h"
+#include "engine/verification.h"
 #include "support.h"
 #include "vflow/comm/communicator.h"
 #include "vflow/engine/optimizer.h"
@@ -73,7 +75,7 @@ std::vector<Outcome> run(const Reduction& reduction, int ranks) {
         const auto reducer = vflow::engine::make_reducer(packet, *optimizer, options);
         const auto held = vflow::vnode::vnodes_of(kVnodes, ranks, rank);
         for (int step = 0; step < kSteps; ++step) {
-          reducer->begin_step(comm, step);
+          reducer->begin_step(comm, step, /*overlap=*/true);
           for (int64_t v = held.first; v < held.last; ++v) {
             const auto loss = net.loss(inputs[step][v]);
             packet.table()[v % kTable] += 0.25 * static_cast<double>(v + 1);
@@ -166,7 +168,7 @@ TEST_CASE("the exact reducer's one-worker forms agree: rounding as the update re
     const auto reducer = vflow::engine::make_reducer(packet, *optimizer, options);
     const auto comm = vflow::comm::make_local_communicator();
     for (int step = 0; step < kSteps; ++step) {
-      reducer->begin_step(*comm, step);
+      reducer->begin_step(*comm, step, /*overlap=*/true);
       const auto loss = net.loss(x);
       packet.add_loss(loss, 6);
       reducer->arm();
@@ -184,4 +186,30 @@ TEST_CASE("the exact reducer's one-worker forms agree: rounding as the update re
   const auto rounding = one_vnode(no_clip);
   const auto in_place = one_vnode(clip_nothing);
   CHECK(torch::equal(rounding, in_place));
+}
+
+TEST_CASE("the fault-injection switch is read for this worker only and checked", "[unit]") {
+  const auto with = [](const char* fault, const char* member) {
+    struct Variables {  // unset again however the read ends
+      Variables(const char* fault, const char* member) {
+        setenv("VFLOW_INJECT_FAULT", fault, 1);
+        setenv("VFLOW_MEMBER", member, 1);
+      }
+      ~Variables() {
+        unsetenv("VFLOW_INJECT_FAULT");
+        unsetenv("VFLOW_MEMBER");
+      }
+    } set(fault, member);
+    return vflow::engine::injected_fault();
+  };
+  const auto mine = with("12:3", "3");
+  REQUIRE(mine);
+  CHECK(mine->step == 12);
+  CHECK(mine->bit == 22);
+  CHECK(with("12:3:7", "3")->bit == 7);
+  CHECK_FALSE(with("12:3", "4"));  // another worker's
+  for (const char* bad : {"12", "x:3", "12:3:40", "-1:3", "12:3:z"}) {
+    CAPTURE(bad);
+    CHECK_THROWS_WITH(with(bad, "3"), Catch::Matchers::Contains("VFLOW_INJECT_FAULT"));
+  }
 }

@@ -316,3 +316,43 @@ TEST_CASE("the exact sum formed inside the reduction is the int64 sum of rounded
   parts.front()[7] = std::numeric_limits<float>::quiet_NaN();
   CHECK(std::isnan(FixedPointSum::sum_rounded(pointers.data(), ranks, dst.data_ptr<float>(), n)));
 }
+
+TEST_CASE("a contribution's hash is that of the exact sum's integers, whatever the threads",
+          "[unit]") {
+  const int64_t n = 200003;  // several parallel chunks and a ragged end
+  const auto values = awkward_values(n, 11);
+  const uint64_t h = FixedPointSum::contribution_hash(values, n);
+  const int threads = at::get_num_threads();
+  at::set_num_threads(1);
+  CHECK(FixedPointSum::contribution_hash(values, n) == h);
+  at::set_num_threads(threads);
+  // A change the rounding keeps (far below the unit of 2^-36) keeps the hash; another
+  // value anywhere changes it.
+  auto same = values.clone();
+  same[5] = 0.0f;
+  auto* p = same.data_ptr<float>();
+  p[5] = std::ldexp(1.0f, -40);  // rounds to 0, as 0 does
+  auto base = values.clone();
+  base.data_ptr<float>()[5] = 0.0f;
+  CHECK(FixedPointSum::contribution_hash(same, n) == FixedPointSum::contribution_hash(base, n));
+  for (const int64_t at : {int64_t{0}, int64_t{77}, n - 1}) {
+    CAPTURE(at);
+    auto changed = base.clone();
+    float& x = changed.data_ptr<float>()[at];
+    x = x == 0.5f ? 0.25f : 0.5f;
+    CHECK(FixedPointSum::contribution_hash(changed, n) !=
+          FixedPointSum::contribution_hash(base, n));
+  }
+  // Two values swapped: the same multiset at other indices is another contribution.
+  base.data_ptr<float>()[10] = 0.5f;
+  base.data_ptr<float>()[20] = -0.25f;
+  auto swapped = base.clone();
+  std::swap(swapped.data_ptr<float>()[10], swapped.data_ptr<float>()[20]);
+  CHECK(FixedPointSum::contribution_hash(swapped, n) != FixedPointSum::contribution_hash(base, n));
+  // Only the first n elements count; other dtypes hash their rounded integers alike.
+  auto longer = torch::cat({base, torch::ones({7})});
+  CHECK(FixedPointSum::contribution_hash(longer, n) == FixedPointSum::contribution_hash(base, n));
+  const auto small = torch::tensor({0.5f, -0.25f, 1e-3f, 0.0f});
+  CHECK(FixedPointSum::contribution_hash(small.to(torch::kFloat64), 4) ==
+        FixedPointSum::contribution_hash(small, 4));
+}

@@ -56,3 +56,30 @@ TEST_CASE("the step packet's control word and loss survive the sum of the worker
   CHECK(a.tail().regroup == 0);
   CHECK(a.tail().loss_sum == 0);
 }
+
+TEST_CASE("the verify section carries two 64-bit hashes through the sum and is not hashed itself",
+          "[unit]") {
+  torch::nn::Linear a_layer(3, 2), b_layer(3, 2);
+  StepPacket plain(a_layer->parameters(), 2);
+  CHECK_FALSE(plain.has_verify());
+  StepPacket a(a_layer->parameters(), 2, /*verify=*/true), b(b_layer->parameters(), 2, true);
+  REQUIRE(a.has_verify());
+  CHECK(a.sections().back().name == "verify");
+  CHECK(a.numel() == plain.numel() + 8);
+  // One vnode's contribution: a backward pass, a loss, a table row.
+  a_layer->forward(torch::ones({4, 3})).sum().backward();
+  a.add_loss(torch::tensor(0.75), 4);
+  a.table().fill_(0.5);
+  const uint64_t before = a.contribution_hash();
+  // The control word and the verify section are not part of the contribution.
+  a.request_stop();
+  a.request_regroup(3);
+  a.write_hash(StepPacket::Role::kOwner, 0xfedcba9876543210ULL);
+  CHECK(a.contribution_hash() == before);
+  b.write_hash(StepPacket::Role::kChecker, 0x0123456789abcdefULL);
+  a.flat() += b.flat();  // each place written by one worker: the sum is both
+  CHECK(a.tail().hashes[0] == 0xfedcba9876543210ULL);
+  CHECK(a.tail().hashes[1] == 0x0123456789abcdefULL);
+  CHECK(a.tail().regroup == 3);
+  CHECK(plain.tail().hashes[0] == 0);
+}

@@ -10,6 +10,7 @@
 // - a data file -> DataError; a checkpoint, or the state a joiner receives -> CheckpointError;
 // - a peer or the coordinator that failed -> PeerFailure; a request that the job, its
 //   control store or its name's owner refused -> RequestRefused; memory -> OutOfMemory;
+// - two workers that computed different bits for one vnode -> Mismatch;
 // - the machine or a service failing vflow (a system call, a cgroup, libcurl, an output
 //   file that cannot be written, a store holding what vflow never wrote) -> Error itself,
 //   with a message naming the resource;
@@ -66,6 +67,14 @@ class PeerFailure : public Error {
 /// or an address that is not an elastic vflow job; or the cluster's control store did (a
 /// job or agent name that another holds, keys the user's credentials may not touch).
 class RequestRefused : public Error {
+ public:
+  using Error::Error;
+};
+
+/// A cross-check (resources.verify_every_steps) found two workers computing different bits
+/// for the same vnode of a step, and the job stops, or this worker was outvoted and leaves
+/// it (resources.on_mismatch). The message names the step, the vnode and the workers.
+class Mismatch : public Error {
  public:
   using Error::Error;
 };

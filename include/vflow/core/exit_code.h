@@ -14,6 +14,7 @@ enum ExitCode : int {
   kExitPeerFailure = 5,  ///< a worker or the coordinator failed or cannot be reached
   kExitOutOfMemory = 6,  ///< a step needed more memory than the worker may use
   kExitRefused = 7,      ///< the coordinator refused a request (e.g. a resize past the limits)
+  kExitMismatch = 8,     ///< a cross-check found workers computing different bits (verification)
   kExitStopped = 130,    ///< stopped on request (SIGINT, SIGTERM, vflow-ctl stop)
 };
 

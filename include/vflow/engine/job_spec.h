@@ -40,6 +40,17 @@ enum class OnCorrupt {
 };
 inline std::string to_string(OnCorrupt o) { return o == OnCorrupt::kSkip ? "skip" : "fail"; }
 
+/// resources.on_mismatch: what a cross-check whose two workers disagree does
+/// (docs/verification.md).
+enum class OnMismatch {
+  kWarn,   ///< "warn": logs both workers and goes on with the step
+  kStop,   ///< "stop": undoes the step and stops the job with a checkpoint of the step before
+  kEvict,  ///< "evict": a third worker decides which is odd; that one leaves, the step is redone
+};
+inline std::string to_string(OnMismatch o) {
+  return o == OnMismatch::kWarn ? "warn" : o == OnMismatch::kEvict ? "evict" : "stop";
+}
+
 struct ModelSpec {
   std::string name = "convnet";  ///< a name in the model registry
   SpecNode options;              ///< model-specific options, validated by the model's factory
@@ -150,6 +161,12 @@ struct ResourcesSpec {
   /// Each worker's data memory (heap and anonymous mappings, RLIMIT_DATA) in MiB; a step
   /// that needs more ends the job with OutOfMemory. 0 = no limit.
   int64_t memory_limit_mb = 0;
+  /// Deterministic mode: every this many steps one vnode is computed a second time by
+  /// another worker and the two contributions compared bit for bit; 0 = never
+  /// (docs/verification.md). No effect on results.
+  int64_t verify_every_steps = 100;
+  /// What a cross-check that finds two workers disagreeing does.
+  OnMismatch on_mismatch = OnMismatch::kStop;
   /// One worker of a planned first generation (vflow-plan prints them).
   using Worker = hetero::LayoutEntry;
   /// Per-worker settings of the first generation, in rank order; empty = even split.

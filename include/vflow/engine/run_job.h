@@ -31,4 +31,13 @@ std::unique_ptr<Trainer> make_trainer(const JobSpec& spec,
                                       std::shared_ptr<comm::Communicator> communicator = nullptr,
                                       bool elastic = false);
 
+/// Recomputes vnode `vnode` of step `step` of a deterministic job on this process alone,
+/// from `checkpoint` (of step `step` or an earlier one, trained forward to it): the hash a
+/// cross-check compared, the loss and where a non-finite value first appears
+/// (docs/verification.md). A spec whose semantic part is not the checkpoint's, a step
+/// before the checkpoint's or past the job's, or a vnode out of range is a SpecError or
+/// CheckpointError before anything is trained.
+VnodeContribution replay_vnode(const JobSpec& spec, const std::string& checkpoint, int64_t step,
+                               int64_t vnode);
+
 }  // namespace vflow::engine

@@ -71,6 +71,23 @@ struct TrainResult {
   /// Non-zero when run() returned early because the workers agreed to regroup into
   /// this generation; call run() again once the new communicator is installed.
   int64_t next_generation = 0;
+  /// Non-empty when the job stopped because a cross-check found two workers disagreeing
+  /// (resources.on_mismatch: stop): what they computed; `steps` is the step undone.
+  std::string mismatch;
+};
+
+/// One vnode's contribution to a step, computed again (Trainer::contribution; a replay,
+/// docs/verification.md).
+struct VnodeContribution {
+  int64_t step = 0;
+  int64_t vnode = 0;
+  int64_t examples = 0;
+  /// The hash a cross-check compares: the contribution as the exact sum's integers.
+  uint64_t hash = 0;
+  double loss = 0;  ///< the vnode's mean loss
+  /// Where a NaN or infinity first appears: "loss", "parameter NAME" (the state the step
+  /// starts from) or "gradient of NAME", in the model's parameter order; empty if nowhere.
+  std::string non_finite;
 };
 
 class Trainer;
@@ -112,8 +129,15 @@ class Trainer {
   /// fails, throws comm::PeerFailure with the interrupted step undone (parameters,
   /// optimizer and stateful kernels as before the step), so it can be redone.
   TrainResult run();
-  /// Runs exactly one step (the current one) and returns what it did; no observers.
+  /// Runs exactly one step (the current one) and returns what it did; no observers. A step
+  /// a cross-check undid (resources.on_mismatch: stop) returns an empty StepInfo, leaves
+  /// step() as it was and stops the job (TrainResult::mismatch).
   StepInfo train_step();
+
+  /// Vnode `vnode` of the current step computed alone, as a cross-check computes it,
+  /// with nothing applied: parameters, optimizer, stateful kernels and step stay as they
+  /// are. Throws SpecError for a vnode out of range or empty in this step.
+  VnodeContribution contribution(int64_t vnode);
 
   /// Evaluates on the test split; throws if the job has none.
   EvalResult evaluate();

@@ -96,6 +96,13 @@ class FixedPointSum {
   /// is NaN); when that is not below kLimit, dst is not the sum.
   static double sum_rounded(const float* const* parts, int ranks, float* dst, int64_t n);
 
+  /// A 64-bit hash of the first `n` elements of `values` as the exact sum sees them:
+  /// each rounded to its integer in units of 2^-36 (0 where |x| is not below kLimit) and
+  /// hashed with its index, so equal hashes mean, up to hash collisions, equal integer
+  /// vectors, however the elements are laid out in memory or split over threads.
+  /// Used to compare one vnode's contribution between workers (docs/verification.md).
+  static uint64_t contribution_hash(const torch::Tensor& values, int64_t n);
+
   /// Runs `theirs` on another thread while running `mine` on this one; returns once both
   /// have finished, rethrowing what either threw.
   using TwoThreads =

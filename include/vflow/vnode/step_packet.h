@@ -3,7 +3,7 @@
 // A worker's whole contribution to a step is one flat buffer, summed across workers by
 // a single allreduce:
 //
-//   [ gradients | stateful-kernel table | loss | stop | regroup ]
+//   [ gradients | stateful-kernel table | loss | stop | regroup | verify ]
 //
 // - gradients: every parameter's .grad is a view into this section (GradientBuffer), so
 //   the vnodes' backward passes accumulate Σ (n_v / B) g_v in place;
@@ -11,7 +11,11 @@
 //   held elsewhere stay zero; StatefulKernelSet::bind_table);
 // - loss: Σ loss_v · n_v over the worker's vnodes;
 // - stop: > 0 when any worker was asked to stop, so all stop after the same step;
-// - regroup: the generation to regroup into (set by one worker, rank 0), 0 for none.
+// - regroup: the generation to regroup into (set by one worker, rank 0), 0 for none;
+// - verify (only in a packet made with room for it: resources.verify_every_steps): the
+//   two hashes of one vnode's contribution that a cross-check compares, each written by
+//   one worker (the vnode's owner and its checker) as four 16-bit parts, which the sum
+//   carries exactly (docs/verification.md).
 //
 // The sections are contiguous and in this order, so a reduction may cut the buffer into
 // buckets along sections(): the trainer's buckets (engine/bucketed_reduction.h) start with
@@ -33,18 +37,23 @@ namespace vflow::vnode {
 class StepPacket {
  public:
   /// The sections, in the packet's order.
-  enum class Part : size_t { kGradients, kTable, kLoss, kStop, kRegroup };
+  enum class Part : size_t { kGradients, kTable, kLoss, kStop, kRegroup, kVerify };
+
+  /// The cross-check's two places in the verify section.
+  enum class Role : int { kOwner = 0, kChecker = 1 };
 
   /// One contiguous range of the packet.
   struct Section {
-    std::string name;  ///< gradients, table, loss, stop or regroup
+    std::string name;  ///< gradients, table, loss, stop, regroup or verify
     int64_t offset = 0;
     int64_t numel = 0;
   };
 
   /// Installs the gradient views of `parameters` (GradientBuffer) and reserves
-  /// `table_numel` elements for the stateful-kernel table.
-  StepPacket(const std::vector<torch::Tensor>& parameters, int64_t table_numel);
+  /// `table_numel` elements for the stateful-kernel table, and the verify section where
+  /// `verify`.
+  StepPacket(const std::vector<torch::Tensor>& parameters, int64_t table_numel,
+             bool verify = false);
   StepPacket(const StepPacket&) = delete;
   StepPacket& operator=(const StepPacket&) = delete;
 
@@ -66,18 +75,30 @@ class StepPacket {
   void request_stop();
   void request_regroup(int64_t generation);
 
+  // ---- the cross-check (a packet with a verify section) ----
+  /// The hash of what the packet holds of one vnode alone (gradients, table and loss, as
+  /// the exact sum's integers: vnode::FixedPointSum::contribution_hash), the control word
+  /// and the verify section left out.
+  uint64_t contribution_hash() const;
+  /// Writes `hash` into `role`'s place of the verify section (the others' stay zero).
+  void write_hash(Role role, uint64_t hash);
+
   /// After the reduction: the loss sum and the control word, read in one transfer (on a
   /// GPU, one synchronisation instead of three).
   struct Tail {
     double loss_sum = 0;  ///< Σ loss_v · n_v over every vnode
     bool stop = false;    ///< did any worker ask to stop
     int64_t regroup = 0;  ///< the generation to regroup into, 0 for none
+    /// The verify section's two hashes (owner's, checker's), 0 where none was written or
+    /// the packet has no verify section.
+    uint64_t hashes[2] = {0, 0};
   };
   Tail tail() const;
 
-  /// The sections in order: gradients, table, loss, stop, regroup.
+  /// The sections in order: gradients, table, loss, stop, regroup (and verify).
   const std::vector<Section>& sections() const { return sections_; }
   const Section& section_of(Part part) const { return sections_[static_cast<size_t>(part)]; }
+  bool has_verify() const { return sections_.size() > static_cast<size_t>(Part::kVerify); }
 
  private:
   torch::Tensor section(Part part) const {
