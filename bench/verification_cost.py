@@ -10,6 +10,11 @@ run left out) with the min-max over repeats, and its ratio to the run without ch
 the same repeat (median, min-max). At N = 1 every step has one check, so its cost is one
 check's; at N the expected cost is that divided by N.
 
+Runs differ by several percent on a shared machine, more than a check every 100 steps
+costs, so a second table measures the cost inside each run: the median time of the
+checked steps (step % N == 0) against the median of the others in the same run, and the
+cost at N that gives, (checked - other) / (N x other), with the min-max over repeats.
+
     bench/verification_cost.py [--build build] [--workers 2] [--every 1,10,100]
                                [--steps 200] [--repeats 5] [--threads 1]
 """
@@ -25,11 +30,19 @@ WARMUP = 3
 
 
 def run(args, every):
+    """Examples/s of the run, and (checked, other) median step seconds where every > 1."""
     steps = vflow_runs.timed_steps(
         args.build, ["--workers", str(args.workers), "--set", "semantic.deterministic=true",
                      "--set", f"resources.verify_every_steps={every}"],
         args.steps, WARMUP, args.threads)
-    return vflow_runs.summary(steps)["examples_per_second"]
+    split = None
+    if every > 1:
+        # The records count steps from 1: record r is step r - 1.
+        checked = [1 / r["examples_per_second"] for r in steps if (r["step"] - 1) % every == 0]
+        other = [1 / r["examples_per_second"] for r in steps if (r["step"] - 1) % every != 0]
+        if checked and other:
+            split = (statistics.median(checked), statistics.median(other))
+    return vflow_runs.summary(steps)["examples_per_second"], split
 
 
 def main():
@@ -44,10 +57,14 @@ def main():
     configs = [0] + [int(n) for n in args.every.split(",")]
     speed = {c: [] for c in configs}
     ratio = {c: [] for c in configs}
+    inside = {c: [] for c in configs}  # per run: the cost at N from its own steps
     for r in range(args.repeats):
         shift = r % len(configs)
         for c in configs[shift:] + configs[:shift]:
-            speed[c].append(run(args, c))
+            eps, split = run(args, c)
+            speed[c].append(eps)
+            if split:
+                inside[c].append((split[0] - split[1]) / (c * split[1]))
         for c in configs:
             ratio[c].append(speed[c][-1] / speed[0][-1])
         print(f"repeat {r + 1}: " + ", ".join(
@@ -63,6 +80,13 @@ def main():
         print(f"| {'0 (off)' if c == 0 else c} | {statistics.median(s):.0f} "
               f"({min(s):.0f}-{max(s):.0f}) | {statistics.median(q):.3f} "
               f"({min(q):.3f}-{max(q):.3f}) | {100 * cost:.1f} % |")
+    print("\n| verify_every_steps | cost inside the runs: (checked - other) / (N x other) |")
+    print("|---|---|")
+    for c in configs:
+        if inside[c]:
+            q = inside[c]
+            print(f"| {c} | {100 * statistics.median(q):.2f} % ({100 * min(q):.2f}-"
+                  f"{100 * max(q):.2f} %) |")
 
 
 if __name__ == "__main__":

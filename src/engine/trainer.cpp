@@ -213,10 +213,12 @@ struct Trainer::Impl {
     abandon_step();
     if (policy == OnMismatch::kEvict) evict(check, owner, checker, what, batch);
     mismatch = "cross-check mismatch at " + what;
-    spdlog::error(
-        "[verify] mismatch at {}; step {} is undone and the job stops with the "
-        "state before it (resources.on_mismatch: {})",
-        what, check.step, to_string(policy));
+    if (rank == 0) {
+      spdlog::error(
+          "[verify] mismatch at {}; step {} is undone and the job stops with the state before "
+          "it (resources.on_mismatch: {})",
+          what, check.step, to_string(policy));
+    }
     stop_agreed = true;
     return false;
   }
@@ -257,7 +259,7 @@ struct Trainer::Impl {
         what, checks->describe(referee),
         checks->describe(odd == check.owner ? check.checker : check.owner), checks->describe(odd),
         check.step);
-    spdlog::error("[verify] {}", verdict);
+    if (comm->rank() == 0) spdlog::error("[verify] {}", verdict);
     if (comm->rank() == odd) throw Mismatch("this worker was outvoted: " + verdict);
     throw comm::PeerFailure(fmt::format("{} was evicted by a cross-check", checks->describe(odd)));
   }

@@ -112,8 +112,16 @@ void GenerationManager::on_exit(const std::string& member, int exit_code) {
     return;
   }
   if (current_.rank_of(member) >= 0 && exit_code != 0) {
-    spdlog::warn("[elastic] worker {} of generation {} died (status {})", member, current_.id,
-                 exit_code);
+    if (exit_code == kExitMismatch) {
+      // A cross-check (docs/verification.md): outvoted, or the job stops after a mismatch.
+      spdlog::warn(
+          "[elastic] worker {} of generation {} left after a cross-check mismatch "
+          "(status {})",
+          member, current_.id, exit_code);
+    } else {
+      spdlog::warn("[elastic] worker {} of generation {} died (status {})", member, current_.id,
+                   exit_code);
+    }
     dead_.insert(member);
     dirty_ = true;
   }

@@ -77,7 +77,7 @@ TEST_CASE(
         ", pid \\d+ on [^)]+\\) leaves the job and step " + step + " is redone without it");
     CHECK(std::regex_search(r.output, verdict));
     CHECK_THAT(r.output, Catch::Matchers::Contains("this worker was outvoted"));
-    CHECK_THAT(r.output, Catch::Matchers::Contains("died (status 8)"));
+    CHECK_THAT(r.output, Catch::Matchers::Contains("left after a cross-check mismatch (status 8)"));
     CHECK(count_matches(r.output, "mismatch at step") >= 1);
     CHECK(the_fingerprint(r) == reference);
     // Exactly once: the undone step's vnodes ran again on the survivors, and no other.
