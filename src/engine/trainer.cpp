@@ -310,11 +310,13 @@ struct Trainer::Impl {
     const double lr = schedule.at(s);
     set_learning_rate(*optimizer, lr);
     model->train();
+    // The stateful kernels' state is saved first, so that a failure from here on (the
+    // cross-check's first exchange is a collective) restores this step's, not an older one.
+    kernels->begin_step();
     const auto check = plan_check(s, batch);
     // A cross-checked step reduces after the backward passes: the owner writes its hash
     // after its vnode's, which may be its last.
     reducer->begin_step(*comm, s, /*overlap=*/!check);
-    kernels->begin_step();
     int64_t ran = 0;
     try {
       if (check && comm->rank() == check->checker) {
@@ -633,12 +635,14 @@ VnodeContribution Trainer::contribution(int64_t vnode) {
     im.packet->clear();
     throw;
   }
-  if (!std::isfinite(out.loss)) out.non_finite = "loss";
+  // The state first (a NaN there reaches the loss and every gradient), then the loss,
+  // then the gradients, each in the model's parameter order.
   const auto named = im.model->named_parameters();
-  for (const auto& p : named) {  // the state first: a step from it cannot heal it
+  for (const auto& p : named) {
     if (!out.non_finite.empty()) break;
     if (!torch::isfinite(p.value()).all().item<bool>()) out.non_finite = "parameter " + p.key();
   }
+  if (out.non_finite.empty() && !std::isfinite(out.loss)) out.non_finite = "loss";
   for (const auto& p : named) {
     if (!out.non_finite.empty()) break;
     const auto& g = p.value().grad();

@@ -1,8 +1,10 @@
 #include <torch/torch.h>
 
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <thread>
 
 #include "engine/copy_stream.h"
@@ -291,4 +293,29 @@ TEST_CASE("on the CPU a batch passes the copy stream untouched", "[unit]") {
   const auto batch = copies.ready(std::move(copied));
   CHECK(batch.input.data_ptr() == host.input.data_ptr());
   CHECK(batch.target.data_ptr() == host.target.data_ptr());
+}
+
+TEST_CASE("a vnode computed again changes nothing and names the first non-finite value", "[unit]") {
+  auto trainer = make_trainer(small_job({"semantic.deterministic=true", "semantic.steps=4"}));
+  trainer->train_step();
+  const auto before = trainer->fingerprint();
+  const auto first = trainer->contribution(1);
+  CHECK(first.step == 1);
+  CHECK(first.examples > 0);
+  CHECK(first.non_finite.empty());
+  CHECK(std::isfinite(first.loss));
+  // Nothing applied: the state, the step and the next computation are as they were.
+  CHECK(trainer->fingerprint() == before);
+  CHECK(trainer->step() == 1);
+  CHECK(trainer->contribution(1).hash == first.hash);
+  CHECK(trainer->contribution(2).hash != first.hash);
+  CHECK_THROWS_WITH(trainer->contribution(99), Contains("out of range"));
+  // A NaN in a parameter is named as the state's, before any gradient it spreads to.
+  const auto named = trainer->model().named_parameters();
+  const auto& victim = named[named.size() - 1];
+  {
+    torch::NoGradGuard no_grad;
+    victim.value().view(-1)[0] = std::numeric_limits<float>::quiet_NaN();
+  }
+  CHECK(trainer->contribution(1).non_finite == "parameter " + victim.key());
 }

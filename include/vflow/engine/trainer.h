@@ -85,8 +85,9 @@ struct VnodeContribution {
   /// The hash a cross-check compares: the contribution as the exact sum's integers.
   uint64_t hash = 0;
   double loss = 0;  ///< the vnode's mean loss
-  /// Where a NaN or infinity first appears: "loss", "parameter NAME" (the state the step
-  /// starts from) or "gradient of NAME", in the model's parameter order; empty if nowhere.
+  /// Where a NaN or infinity first appears: "parameter NAME" (the state the step starts
+  /// from), "loss" or "gradient of NAME", in this order and the model's parameter order;
+  /// empty if nowhere.
   std::string non_finite;
 };
 
