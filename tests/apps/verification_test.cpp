@@ -191,3 +191,25 @@ TEST_CASE("workers of different kernel signatures are not compared, and the job 
   CHECK_THAT(r.output, !Catch::Matchers::Contains("agree (contribution") &&
                            !Catch::Matchers::Contains("mismatch"));
 }
+
+TEST_CASE(
+    "with no third worker to decide, evict stops, and a job without checkpoints keeps the "
+    "state before the step",
+    "[multiproc][verify]") {
+  // 2 workers of 6 vnodes: step 7 checks vnode 7 of rank 1 on rank 0, and nobody referees.
+  TempDir dir;
+  const auto r = run_command("cd " + dir.path() + " && VFLOW_INJECT_FAULT=7:0 " + kTrain +
+                             kChecked + " --set resources.on_mismatch=evict --workers 2");
+  INFO(r.output);
+  CHECK(r.exit_code == 8);
+  CHECK_THAT(r.output, Catch::Matchers::Contains("mismatch at step 7 vnode 7"));
+  CHECK_THAT(r.output, Catch::Matchers::Contains("no third worker of their signature to decide"));
+  CHECK_THAT(r.output, Catch::Matchers::Contains("step 7 is undone and the job stops"));
+  CHECK_THAT(r.output, Catch::Matchers::Contains("the state before step 7 is saved in "
+                                                 "vflow-mismatch-step-7.pt"));
+  const auto replay = run_command("cd " + dir.path() + " && " + kTrain + kChecked +
+                                  " --replay vflow-mismatch-step-7.pt --step 7 --vnode 7");
+  INFO(replay.output);
+  CHECK(replay.exit_code == 0);
+  CHECK(replay_hash(replay.output) == mismatched_hash(r.output, 1));  // the honest owner's
+}
