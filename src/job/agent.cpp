@@ -567,7 +567,13 @@ class Agent {
       // whether the worker ever was ready (a worker that could not start is not placed here
       // again).
       guarded("reporting worker " + r.member + "'s end", [&] {
-        job->second.control->report_exit(r.member, WorkerExit{code, ""});
+        // The job's keys may have gone since this agent last looked (its submitter removes
+        // them when it ends, often as its last workers exit): a report then would write
+        // them again, an exit record and the request counter left behind for good. Asked
+        // first, the window is one round trip instead of up to the 2 s between looks.
+        auto& control = *job->second.control;
+        if (control.store().get("job/owner") != job->second.incarnation) return;
+        control.report_exit(r.member, WorkerExit{code, ""});
       });
     }
   }
