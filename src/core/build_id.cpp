@@ -32,8 +32,6 @@ std::string build_id_in_notes(const char* at, const char* end) {
   return id;
 }
 
-/// The GNU build id of the ELF file at `path`, read from its note segments without
-/// loading it; empty when it cannot be read or has none.
 }  // namespace
 
 std::string file_build_id(const std::string& path) {

@@ -7,6 +7,7 @@
 
 #include "core/spec_schema.h"
 #include "vflow/core/error.h"
+#include "vflow/core/hash.h"
 #include "vflow/data/dataset.h"
 #include "vflow/models/registry.h"
 
@@ -726,12 +727,7 @@ std::string JobSpec::model_digest() const {
       text += key + ":\n" + node.to_yaml(2);
     }
   }
-  uint64_t hash = 14695981039346656037ULL;  // FNV-1a, stable across builds
-  for (const unsigned char c : text) {
-    hash ^= c;
-    hash *= 1099511628211ULL;
-  }
-  return fmt::format("{:016x}", hash);
+  return fmt::format("{:016x}", fnv1a(text));  // stable across builds
 }
 
 JobSpec parse_job_spec(const SpecNode& root, bool check_components) {

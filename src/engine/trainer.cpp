@@ -173,13 +173,20 @@ struct Trainer::Impl {
   /// kernels' state is restored by the step's apply or abort, which start from the state
   /// saved at begin_step.
   uint64_t recompute(int64_t s, int64_t v, const vnode::Slice& batch) {
+    compute_alone(s, v, batch);
+    const uint64_t hash = packet->contribution_hash();
+    packet->clear();
+    return hash;
+  }
+
+  /// Vnode `v` of step `s`, which this worker need not hold, through its forward and
+  /// backward pass into the packet (which must hold nothing else); returns its mean loss.
+  torch::Tensor compute_alone(int64_t s, int64_t v, const vnode::Slice& batch) {
     const auto part = plan.slice(v, batch.size);
     const data::Batch b = batches.take_extra(s, v);
     const auto loss = forward_vnode(s, v, ordinal_of(v, batch), b, part.size);
     backward_vnode(s, loss, part.size, batch.size);
-    const uint64_t hash = packet->contribution_hash();
-    packet->clear();
-    return hash;
+    return loss;
   }
 
   /// After the step's collective: compares the two hashes of the step's cross-check and,
@@ -236,15 +243,10 @@ struct Trainer::Impl {
     kernels->begin_step();
     const uint64_t third = comm->rank() == referee ? recompute(check.step, check.vnode, batch) : 0;
     kernels->abort_step();
-    auto parts = torch::zeros({4}, torch::kFloat32);
-    for (int k = 0; k < 4; ++k) parts[k] = static_cast<double>((third >> (16 * k)) & 0xffff);
-    auto shared = parts.to(device);
+    // The referee's hash, zero from every other rank, summed as a verify place is.
+    auto shared = vnode::StepPacket::hash_parts(third).to(device);
     comm->allreduce_sum(shared);
-    const auto host = shared.to(torch::kCPU).contiguous();
-    uint64_t decided = 0;
-    for (int k = 0; k < 4; ++k) {
-      decided |= static_cast<uint64_t>(std::llround(host[k].item<double>())) << (16 * k);
-    }
+    const uint64_t decided = vnode::StepPacket::hash_of_parts(shared);
     const int odd = decided == owner ? check.checker : decided == checker ? check.owner : -1;
     if (odd < 0) {
       if (comm->rank() == 0) {
@@ -624,11 +626,7 @@ VnodeContribution Trainer::contribution(int64_t vnode) {
   im.packet->clear();
   im.kernels->begin_step();
   try {
-    const auto part_batch = im.batches.take_extra(im.step, vnode);
-    const auto loss =
-        im.forward_vnode(im.step, vnode, im.ordinal_of(vnode, batch), part_batch, out.examples);
-    out.loss = loss.item<double>();
-    im.backward_vnode(im.step, loss, out.examples, batch.size);
+    out.loss = im.compute_alone(im.step, vnode, batch).item<double>();
     out.hash = im.packet->contribution_hash();
   } catch (...) {
     im.kernels->abort_step();

@@ -8,31 +8,24 @@
 
 #include <cstdlib>
 #include <fstream>
-#include <limits>
 #include <set>
 
 #include "vflow/comm/communicator.h"
 #include "vflow/comm/nccl.h"
 #include "vflow/core/build_id.h"
 #include "vflow/core/error.h"
+#include "vflow/core/hash.h"
+#include "vflow/vnode/step_packet.h"
 
 namespace vflow::engine {
 
 namespace {
 
-constexpr int64_t kSignatureParts = 4;  // 16 bits each, exact in a float
-constexpr int64_t kNameChars = 64;      // a member's or host's name, one character a slot
+// The signature's hash travels as a verify place's parts do.
+constexpr int64_t kSignatureParts = vnode::StepPacket::kHashParts;
+constexpr int64_t kNameChars = 64;  // a member's or host's name, one character a slot
 // One rank's row of the exchange: signature, pid, member, host.
 constexpr int64_t kRow = kSignatureParts + 1 + 2 * kNameChars;
-
-uint64_t fnv1a(const std::string& text) {
-  uint64_t hash = 14695981039346656037ULL;
-  for (const unsigned char c : text) {
-    hash ^= c;
-    hash *= 1099511628211ULL;
-  }
-  return hash;
-}
 
 /// The first line of /proc/cpuinfo starting with `key`, past its colon; empty if none.
 std::string cpuinfo(const std::string& key) {
@@ -104,11 +97,9 @@ std::string kernel_signature(c10::Device device) {
 
 void CrossChecks::meet(comm::Communicator& comm, c10::Device device) {
   const std::string signature = kernel_signature(device);
-  const uint64_t hash = fnv1a(signature);
   auto mine = torch::zeros({kRow}, torch::kFloat32);
   float* row = mine.data_ptr<float>();
-  for (int64_t k = 0; k < kSignatureParts; ++k)
-    row[k] = static_cast<float>((hash >> (16 * k)) & 0xffff);
+  mine.narrow(0, 0, kSignatureParts).copy_(vnode::StepPacket::hash_parts(fnv1a(signature)));
   row[kSignatureParts] = static_cast<float>(getpid());
   const char* member = std::getenv("VFLOW_MEMBER");
   put_name(row + kSignatureParts + 1, member != nullptr ? member : "");
@@ -124,9 +115,7 @@ void CrossChecks::meet(comm::Communicator& comm, c10::Device device) {
   for (const auto& r : rows) {
     const auto h = r.to(torch::kCPU).contiguous();
     const float* v = h.data_ptr<float>();
-    uint64_t s = 0;
-    for (int64_t k = 0; k < kSignatureParts; ++k) s |= static_cast<uint64_t>(v[k]) << (16 * k);
-    signatures.push_back(s);
+    signatures.push_back(vnode::StepPacket::hash_of_parts(h.narrow(0, 0, kSignatureParts)));
     pids_.push_back(static_cast<int64_t>(v[kSignatureParts]));
     members_.push_back(get_name(v + kSignatureParts + 1));
     hosts_.push_back(get_name(v + kSignatureParts + 1 + kNameChars));

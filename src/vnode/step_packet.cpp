@@ -11,9 +11,8 @@ namespace vflow::vnode {
 
 namespace {
 constexpr int64_t kLossSlots = 1;
-constexpr int64_t kControlSlots = 2;  // stop, regroup
-constexpr int64_t kHashParts = 4;     // 16 bits each: exact in float32 and in the exact sum
-constexpr int64_t kVerifySlots = 2 * kHashParts;
+constexpr int64_t kControlSlots = 2;                          // stop, regroup
+constexpr int64_t kVerifySlots = 2 * StepPacket::kHashParts;  // the owner's, the checker's
 }  // namespace
 
 StepPacket::StepPacket(const std::vector<torch::Tensor>& parameters, int64_t table_numel,
@@ -43,13 +42,29 @@ uint64_t StepPacket::contribution_hash() const {
   return FixedPointSum::contribution_hash(buffer_.flat(), section_of(Part::kStop).offset);
 }
 
+torch::Tensor StepPacket::hash_parts(uint64_t hash) {
+  auto parts = torch::empty({kHashParts}, torch::kFloat32);
+  float* p = parts.data_ptr<float>();
+  for (int64_t k = 0; k < kHashParts; ++k) p[k] = static_cast<float>((hash >> (16 * k)) & 0xffffu);
+  return parts;
+}
+
+uint64_t StepPacket::hash_of_parts(const torch::Tensor& parts) {
+  VFLOW_ASSERT(parts.numel() == kHashParts, "a hash of another number of parts");
+  const auto host = parts.to(torch::kCPU, torch::kDouble).contiguous();
+  const double* p = host.data_ptr<double>();
+  uint64_t hash = 0;
+  for (int64_t k = 0; k < kHashParts; ++k) {
+    hash |= (static_cast<uint64_t>(std::llround(p[k])) & 0xffffu) << (16 * k);
+  }
+  return hash;
+}
+
 void StepPacket::write_hash(Role role, uint64_t hash) {
   VFLOW_ASSERT(has_verify(), "a hash written into a packet without a verify section");
-  auto place =
-      section(Part::kVerify).narrow(0, static_cast<int64_t>(role) * kHashParts, kHashParts);
-  for (int64_t k = 0; k < kHashParts; ++k) {
-    place[k].fill_(static_cast<double>((hash >> (16 * k)) & 0xffffu));
-  }
+  section(Part::kVerify)
+      .narrow(0, static_cast<int64_t>(role) * kHashParts, kHashParts)
+      .copy_(hash_parts(hash));
 }
 
 StepPacket::Tail StepPacket::tail() const {
@@ -62,12 +77,8 @@ StepPacket::Tail StepPacket::tail() const {
   const double* v = host.data_ptr<double>();
   Tail tail{v[0], v[1] > 0, std::llround(v[2])};
   if (has_verify()) {
-    for (int r = 0; r < 2; ++r) {
-      for (int64_t k = 0; k < kHashParts; ++k) {
-        const auto part = static_cast<uint64_t>(std::llround(v[3 + r * kHashParts + k]));
-        tail.hashes[r] |= (part & 0xffffu) << (16 * k);
-      }
-    }
+    for (int r = 0; r < 2; ++r)
+      tail.hashes[r] = hash_of_parts(host.narrow(0, 3 + r * kHashParts, kHashParts));
   }
   return tail;
 }

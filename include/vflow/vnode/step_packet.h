@@ -83,6 +83,14 @@ class StepPacket {
   /// Writes `hash` into `role`'s place of the verify section (the others' stay zero).
   void write_hash(Role role, uint64_t hash);
 
+  /// A 64-bit hash as the parts a verify place holds: kHashParts 16-bit values, each
+  /// exact in float32 and in the exact sum (a float32 tensor on the CPU); and the hash
+  /// back from such parts, of any dtype and device, after a sum to which one rank
+  /// contributed them and the others zero.
+  static constexpr int64_t kHashParts = 4;
+  static torch::Tensor hash_parts(uint64_t hash);
+  static uint64_t hash_of_parts(const torch::Tensor& parts);
+
   /// After the reduction: the loss sum and the control word, read in one transfer (on a
   /// GPU, one synchronisation instead of three).
   struct Tail {
