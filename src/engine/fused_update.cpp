@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
+#include <optional>
 
 #include "core/torch_compat.h"
 #include "engine/optimizer_archive.h"
@@ -19,11 +21,11 @@ namespace {
 
 constexpr int64_t kChunk = int64_t{1} << 14;  // elements per parallel task
 
-/// f(begin, end) over chunks of [0, n), in parallel.
+/// f(begin, end) over chunks of [lo, hi), in parallel.
 template <typename F>
-void for_chunks(int64_t n, F f) {
-  at::parallel_for(0, (n + kChunk - 1) / kChunk, 1, [&](int64_t first, int64_t last) {
-    for (int64_t c = first; c < last; ++c) f(c * kChunk, std::min(n, (c + 1) * kChunk));
+void for_chunks(int64_t lo, int64_t hi, F f) {
+  at::parallel_for(0, (hi - lo + kChunk - 1) / kChunk, 1, [&](int64_t first, int64_t last) {
+    for (int64_t c = first; c < last; ++c) f(lo + c * kChunk, std::min(hi, lo + (c + 1) * kChunk));
   });
 }
 
@@ -40,16 +42,16 @@ struct Gradient {
   /// The float gradient is on the CPU, or the gradient is a reduced sum.
   bool on_cpu() const { return reduced != nullptr || cpu_float(values); }
 
-  /// f(begin, end, source) over [0, n) in parallel chunks, `source` the gradients of
+  /// f(begin, end, source) over [lo, hi) in parallel chunks, `source` the gradients of
   /// [begin, end) as an update kernel takes them: for floats a `const float*` a chunk
   /// (RoundedGradients where they are rounded as they are read); for a reduced sum runs
   /// of ReducedGradients between the listed elements, and each listed element alone as
   /// a `const float*` to its float.
   template <typename F>
-  void for_runs(int64_t n, F f) const {
+  void for_runs(int64_t lo, int64_t hi, F f) const {
     if (reduced == nullptr) {
       const float* g = values.data_ptr<float>();
-      for_chunks(n, [&](int64_t b, int64_t e) {
+      for_chunks(lo, hi, [&](int64_t b, int64_t e) {
         if (rounding) {
           f(b, e, RoundedGradients{g + b});
         } else {
@@ -59,11 +61,11 @@ struct Gradient {
       return;
     }
     const auto& r = *reduced;
-    VFLOW_ASSERT(r.numel == n, "a reduced gradient of another size");
+    VFLOW_ASSERT(hi <= r.numel, "a reduced gradient of another size");
     const auto dense = [&](int64_t at) {
       return ReducedGradients{r.dense + at, vnode::FixedPointSum::Reduced::kUnit};
     };
-    for_chunks(n, [&](int64_t b, int64_t e) {
+    for_chunks(lo, hi, [&](int64_t b, int64_t e) {
       auto k = static_cast<size_t>(std::lower_bound(r.index.begin(), r.index.end(), b) -
                                    r.index.begin());
       int64_t at = b;
@@ -139,6 +141,10 @@ class FlatParameters {
     return flat.narrow(0, layout_.offsets[i], layout_.parameters[i].numel())
         .view(layout_.parameters[i].sizes());
   }
+  /// Parameter i's range of the flat buffer.
+  vnode::FlatRange range(size_t i) const {
+    return {layout_.offsets[i], layout_.offsets[i] + layout_.parameters[i].numel()};
+  }
 
  private:
   /// `t` is contiguous and starts at parameter i's offset in the buffer at `base`.
@@ -156,17 +162,17 @@ class FlatParameters {
 /// An optimizer whose update is one pass over flat buffers. `Reference` is LibTorch's
 /// optimizer of the same arithmetic: it defines the checkpoint format (save goes through
 /// one built for the purpose; load reads each parameter's `State` by its place,
-/// engine/optimizer_archive.h) and its options are this optimizer's.
+/// engine/optimizer_archive.h) and its options are this optimizer's. Its state is flat,
+/// laid out like the parameters, or kept by canonical shard (ShardedState).
 template <typename Reference, typename Options, typename State>
-class FusedOptimizer : public torch::optim::Optimizer, public FixedPointStep {
+class FusedOptimizer : public torch::optim::Optimizer, public FixedPointStep, public ShardedState {
  public:
   FusedOptimizer(const std::vector<torch::Tensor>& params, const Options& options,
                  int state_tensors)
       : Optimizer({torch::optim::OptimizerParamGroup(params)}, std::make_unique<Options>(options)),
+        state_tensors_(state_tensors),
         all_params_(params),
-        flat_(params) {
-    for (int k = 0; k < state_tensors; ++k) state_.push_back(torch::zeros_like(flat_.flat()));
-  }
+        flat_(params) {}
 
   torch::Tensor step(LossClosure closure = nullptr) override {
     torch::NoGradGuard no_grad;
@@ -174,8 +180,7 @@ class FusedOptimizer : public torch::optim::Optimizer, public FixedPointStep {
     flat_.bind();
     auto gradients = flat_.flat_gradients();
     if (!gradients.defined()) gradients = flat_.gathered_gradients();
-    update(flat_.flat(), Gradient{gradients}, options().get_lr());
-    ++steps_;
+    update_all(Gradient{gradients}, options().get_lr());
     return loss;
   }
 
@@ -185,8 +190,7 @@ class FusedOptimizer : public torch::optim::Optimizer, public FixedPointStep {
     const auto gradients = flat_.flat_gradients();
     VFLOW_ASSERT(cpu_float(flat_.flat()) && gradients.defined() && cpu_float(gradients),
                  "a rounding step of parameters or gradients not one float32 buffer on the CPU");
-    update(flat_.flat(), Gradient{gradients, nullptr, /*rounding=*/true}, options().get_lr());
-    ++steps_;
+    update_all(Gradient{gradients, nullptr, /*rounding=*/true}, options().get_lr());
   }
 
   void step_fixed_point(const vnode::FixedPointSum::Reduced& g) override {
@@ -194,13 +198,17 @@ class FusedOptimizer : public torch::optim::Optimizer, public FixedPointStep {
     flat_.bind();
     VFLOW_ASSERT(cpu_float(flat_.flat()),
                  "a fixed-point step of parameters not float32 on the CPU");
-    update(flat_.flat(), Gradient{{}, &g}, options().get_lr());
-    ++steps_;
+    update_all(Gradient{{}, &g}, options().get_lr());
   }
 
   void save(torch::serialize::OutputArchive& archive) const override {
     auto reference = make_reference();
-    if (steps_ > 0 && !state_.empty()) {
+    if (steps_ > 0 && state_tensors_ > 0) {
+      if (layout_) {
+        const auto held_now = held();
+        VFLOW_ASSERT(static_cast<int64_t>(held_now.size()) == layout_->shards(),
+                     "a sharded optimizer state saved before it was gathered whole");
+      }
       auto& state = reference.state();
       for (size_t i = 0; i < flat_.params().size(); ++i) {
         const auto& p = flat_.params()[i];
@@ -212,7 +220,13 @@ class FusedOptimizer : public torch::optim::Optimizer, public FixedPointStep {
 
   void load(torch::serialize::InputArchive& archive) override {
     steps_ = 0;
-    for (auto& s : state_) s.zero_();
+    if (layout_) {
+      shards_.clear();
+      start_fresh();
+    } else {
+      allocate_flat();
+      for (auto& s : state_) s.zero_();
+    }
     // The archive lists every parameter; the update holds the trainable ones.
     const auto& trainable = flat_.params();
     std::vector<int64_t> place(all_params_.size(), -1);
@@ -248,21 +262,83 @@ class FusedOptimizer : public torch::optim::Optimizer, public FixedPointStep {
     }
   }
 
+  // ---- ShardedState ----
+
+  void shard_by(const vnode::ShardLayout& layout) override {
+    VFLOW_ASSERT(layout.numel() == flat_.flat().numel(),
+                 "a shard layout of another size than the parameters");
+    VFLOW_ASSERT(steps_ == 0, "the optimizer state sharded after a step");
+    layout_.emplace(layout);
+    state_.clear();
+    shards_.clear();
+  }
+  const vnode::ShardLayout& layout() const override { return *layout_; }
+  void set_kept(std::vector<int64_t> kept) override { kept_ = std::move(kept); }
+  const std::vector<int64_t>& kept() const override { return kept_; }
+  std::vector<int64_t> held() const override {
+    std::vector<int64_t> out;
+    for (const auto& [s, t] : shards_) out.push_back(s);
+    return out;
+  }
+  torch::Tensor shard(int64_t s) const override { return shards_.at(s); }
+  void set_shard(int64_t s, torch::Tensor packed) override {
+    VFLOW_ASSERT(packed.dim() == 2 && packed.size(0) == state_tensors_ &&
+                     packed.size(1) == layout_->shard(s).numel(),
+                 "a shard's state of another shape");
+    shards_[s] = std::move(packed);
+  }
+  void trim() override {
+    for (auto it = shards_.begin(); it != shards_.end();) {
+      it = std::binary_search(kept_.begin(), kept_.end(), it->first) ? std::next(it)
+                                                                     : shards_.erase(it);
+    }
+  }
+  void drop_all() override { shards_.clear(); }
+  void start_fresh() override {
+    for (const int64_t s : kept_) {
+      shards_[s] =
+          torch::zeros({state_tensors_, layout_->shard(s).numel()}, flat_.flat().options());
+    }
+  }
+  int64_t state_tensors() const override { return state_tensors_; }
+  int64_t steps() const override { return steps_; }
+  void set_steps(int64_t steps) override { steps_ = steps; }
+  int64_t held_bytes() const override {
+    int64_t bytes = 0;
+    for (const auto& [s, t] : shards_) bytes += t.numel() * t.element_size();
+    for (const auto& t : state_) bytes += t.numel() * t.element_size();
+    return bytes;
+  }
+  torch::Tensor flat_parameters() override {
+    flat_.bind();
+    return flat_.flat();
+  }
+
  protected:
-  /// The update of every element: `p` and `g` are flat, state_ is laid out alike;
-  /// steps_ updates were applied before this one.
-  virtual void update(torch::Tensor& p, const Gradient& g, double lr) = 0;
+  /// The update of the flat parameters' range [lo, hi): `p` and `g` are flat, each of
+  /// `state` covers [lo, hi); steps_ updates were applied before this one.
+  virtual void update(torch::Tensor& p, const Gradient& g, double lr, int64_t lo, int64_t hi,
+                      std::vector<torch::Tensor>& state) = 0;
   /// Parameter i's state as LibTorch's optimizer keeps it.
   virtual std::unique_ptr<torch::optim::OptimizerParamState> saved_state(size_t i) const = 0;
-  /// Copies LibTorch's state of parameter i into state_; returns its step count.
+  /// Copies LibTorch's state of parameter i into the state; returns its step count.
   virtual int64_t restore_state(size_t i, const torch::optim::OptimizerParamState& s) = 0;
 
   const Options& options() const {
     return static_cast<const Options&>(param_groups().front().options());
   }
   /// Parameter i's part of state tensor k, as a tensor of its own (for a checkpoint).
-  torch::Tensor state_of(size_t i, int k) const { return flat_.part(state_[k], i).clone(); }
-  /// Copies `t` into parameter i's part of state tensor k, checking its shape.
+  torch::Tensor state_of(size_t i, int k) const {
+    if (!layout_) return flat_.part(state_[k], i).clone();
+    const auto& p = flat_.params()[i];
+    auto out = torch::empty({p.numel()}, p.options().requires_grad(false));
+    for_shards_of(i, [&](const vnode::FlatRange& at, const torch::Tensor& shard, int64_t from) {
+      out.narrow(0, at.begin, at.numel()).copy_(shard[k].narrow(0, from, at.numel()));
+    });
+    return out.view(p.sizes());
+  }
+  /// Copies `t` into parameter i's part of state tensor k (of the kept shards, where
+  /// sharded), checking its shape.
   void restore(size_t i, int k, const torch::Tensor& t, const char* name) {
     const auto& p = flat_.params()[i];
     if (!t.defined() || !t.sizes().equals(p.sizes())) {
@@ -271,15 +347,67 @@ class FusedOptimizer : public torch::optim::Optimizer, public FixedPointStep {
           t.defined() ? fmt::format("{}", fmt::join(t.sizes(), "x")) : std::string("(none)"),
           fmt::join(p.sizes(), "x")));
     }
-    flat_.part(state_[k], i).copy_(t);
+    if (!layout_) {
+      flat_.part(state_[k], i).copy_(t);
+      return;
+    }
+    const auto flat = t.reshape({-1});
+    for_shards_of(i, [&](const vnode::FlatRange& at, const torch::Tensor& shard, int64_t from) {
+      shard[k].narrow(0, from, at.numel()).copy_(flat.narrow(0, at.begin, at.numel()));
+    });
   }
 
-  std::vector<torch::Tensor> state_;  // flat, laid out like the parameters
   int64_t steps_ = 0;
 
  private:
   Reference make_reference() const { return Reference(all_params_, options()); }
 
+  /// The flat state, zero, where it is not allocated yet (allocated at first use, so that
+  /// a sharded optimizer never holds it).
+  void allocate_flat() {
+    if (static_cast<int>(state_.size()) == state_tensors_) return;
+    state_.clear();
+    for (int k = 0; k < state_tensors_; ++k) state_.push_back(torch::zeros_like(flat_.flat()));
+  }
+
+  /// One step over every element this worker updates: all of them, or the held shards'.
+  void update_all(const Gradient& g, double lr) {
+    auto& p = flat_.flat();
+    if (!layout_) {
+      allocate_flat();
+      update(p, g, lr, 0, p.numel(), state_);
+    } else {
+      // Before the first step every shard's state is zero (made here, after the first
+      // backward pass, as the flat state is, rather than beside its activations).
+      if (steps_ == 0 && shards_.empty()) start_fresh();
+      std::vector<torch::Tensor> rows(static_cast<size_t>(state_tensors_));
+      for (auto& [s, packed] : shards_) {
+        const auto r = layout_->shard(s);
+        for (int k = 0; k < state_tensors_; ++k) rows[k] = packed[k];
+        update(p, g, lr, r.begin, r.end, rows);
+      }
+    }
+    ++steps_;
+  }
+
+  /// f(at, shard, from) for each held shard that overlaps parameter i: `at` the overlap
+  /// relative to the parameter's start, `from` its start within the shard.
+  template <typename F>
+  void for_shards_of(size_t i, F f) const {
+    const auto r = flat_.range(i);
+    for (const auto& [s, packed] : shards_) {
+      const auto sh = layout_->shard(s);
+      const int64_t b = std::max(r.begin, sh.begin);
+      const int64_t e = std::min(r.end, sh.end);
+      if (b < e) f(vnode::FlatRange{b - r.begin, e - r.begin}, packed, b - sh.begin);
+    }
+  }
+
+  const int state_tensors_;
+  std::vector<torch::Tensor> state_;          // flat, laid out like the parameters (unsharded)
+  std::optional<vnode::ShardLayout> layout_;  // sharded: the canonical shards
+  std::vector<int64_t> kept_;                 // sharded: the shards this worker keeps
+  std::map<int64_t, torch::Tensor> shards_;   // sharded: the held shards' state, by shard
   std::vector<torch::Tensor> all_params_;
   FlatParameters flat_;
 };
@@ -291,7 +419,8 @@ class FusedSgd final : public FusedOptimizer<torch::optim::SGD, torch::optim::SG
       : FusedOptimizer(params, options, /*state_tensors=*/options.momentum() != 0 ? 1 : 0) {}
 
  protected:
-  void update(torch::Tensor& p, const Gradient& gradient, double lr) override {
+  void update(torch::Tensor& p, const Gradient& gradient, double lr, int64_t lo, int64_t hi,
+              std::vector<torch::Tensor>& state) override {
     const auto& o = options();
     const SgdScalars s{static_cast<float>(-lr),
                        static_cast<float>(o.weight_decay()),
@@ -303,17 +432,18 @@ class FusedSgd final : public FusedOptimizer<torch::optim::SGD, torch::optim::SG
                        steps_ == 0};
     if (cpu_float(p) && gradient.on_cpu()) {
       float* pp = p.data_ptr<float>();
-      float* bp = s.use_momentum ? state_[0].data_ptr<float>() : nullptr;
-      gradient.for_runs(p.numel(), [&](int64_t b, int64_t e, auto g) {
+      float* bp = s.use_momentum ? state[0].data_ptr<float>() - lo : nullptr;
+      gradient.for_runs(lo, hi, [&](int64_t b, int64_t e, auto g) {
         sgd_kernel(pp + b, g, bp ? bp + b : nullptr, e - b, s);
       });
       return;
     }
-    const auto& g = gradient.values;
-    // Other devices and types: LibTorch's operations over the whole buffer.
-    auto d = s.decay ? g.add(p, o.weight_decay()) : g;
+    // Other devices and types: LibTorch's operations over the range.
+    auto range = p.narrow(0, lo, hi - lo);
+    const auto g = gradient.values.narrow(0, lo, hi - lo);
+    auto d = s.decay ? g.add(range, o.weight_decay()) : g;
     if (s.use_momentum) {
-      auto& buf = state_[0];
+      auto& buf = state[0];
       if (s.first) {
         buf.copy_(d);
       } else {
@@ -321,7 +451,7 @@ class FusedSgd final : public FusedOptimizer<torch::optim::SGD, torch::optim::SG
       }
       d = s.nesterov ? d.add(buf, o.momentum()) : buf;
     }
-    p.add_(d, -lr);
+    range.add_(d, -lr);
   }
 
   std::unique_ptr<torch::optim::OptimizerParamState> saved_state(size_t i) const override {
@@ -346,7 +476,8 @@ class FusedAdamW final : public FusedOptimizer<torch::optim::AdamW, torch::optim
   }
 
  protected:
-  void update(torch::Tensor& p, const Gradient& gradient, double lr) override {
+  void update(torch::Tensor& p, const Gradient& gradient, double lr, int64_t lo, int64_t hi,
+              std::vector<torch::Tensor>& state) override {
     const auto& o = options();
     const double beta1 = std::get<0>(o.betas());
     const double beta2 = std::get<1>(o.betas());
@@ -354,8 +485,8 @@ class FusedAdamW final : public FusedOptimizer<torch::optim::AdamW, torch::optim
     const double correction1 = 1 - std::pow(beta1, t);
     const double correction2 = 1 - std::pow(beta2, t);
     const double step_size = lr / correction1;
-    auto& m = state_[0];
-    auto& v = state_[1];
+    auto& m = state[0];
+    auto& v = state[1];
     if (cpu_float(p) && gradient.on_cpu()) {
       const AdamWScalars s{static_cast<float>(1 - lr * o.weight_decay()),
                            static_cast<float>(beta1),
@@ -367,19 +498,20 @@ class FusedAdamW final : public FusedOptimizer<torch::optim::AdamW, torch::optim
                            static_cast<float>(-step_size),
                            o.weight_decay() != 0};
       float* pp = p.data_ptr<float>();
-      float* mp = m.data_ptr<float>();
-      float* vp = v.data_ptr<float>();
-      gradient.for_runs(p.numel(), [&](int64_t b, int64_t e, auto g) {
+      float* mp = m.data_ptr<float>() - lo;  // indexed by the flat buffer's element
+      float* vp = v.data_ptr<float>() - lo;
+      gradient.for_runs(lo, hi, [&](int64_t b, int64_t e, auto g) {
         adamw_kernel(pp + b, g, mp + b, vp + b, e - b, s);
       });
       return;
     }
-    const auto& g = gradient.values;
-    if (o.weight_decay() != 0) p.mul_(1 - lr * o.weight_decay());
+    auto range = p.narrow(0, lo, hi - lo);
+    const auto g = gradient.values.narrow(0, lo, hi - lo);
+    if (o.weight_decay() != 0) range.mul_(1 - lr * o.weight_decay());
     m.mul_(beta1).add_(g, 1 - beta1);
     v.mul_(beta2).addcmul_(g, g, 1 - beta2);
     const auto denom = (v.sqrt() / std::sqrt(correction2)).add_(o.eps());
-    p.addcdiv_(m, denom, -step_size);
+    range.addcdiv_(m, denom, -step_size);
   }
 
   std::unique_ptr<torch::optim::OptimizerParamState> saved_state(size_t i) const override {

@@ -15,6 +15,7 @@
 
 #include "vflow/engine/job_spec.h"
 #include "vflow/vnode/fixed_point.h"
+#include "vflow/vnode/shards.h"
 
 namespace vflow::engine {
 
@@ -42,6 +43,47 @@ class FixedPointStep {
 
  protected:
   ~FixedPointStep() = default;
+};
+
+/// The fused optimizers' state kept by canonical shard (resources.shard_optimizer;
+/// docs/design.md, "Optimizer state sharded by vnode"). Each shard this worker holds has
+/// its state as one tensor of state_tensors() rows, a row per state tensor (sgd's
+/// momentum; adamw's exp_avg and exp_avg_sq) over the shard's range. A step updates the
+/// parameters of the held shards only; the others' are the reducer's to gather.
+class ShardedState {
+ public:
+  /// From now on the state is kept by the shards of `layout` (over the trainable
+  /// parameters' flat buffer), of which this worker should keep `kept` (ascending).
+  /// Holds none until set_shard or load; the first step starts the kept shards fresh.
+  virtual void shard_by(const vnode::ShardLayout& layout) = 0;
+  virtual const vnode::ShardLayout& layout() const = 0;
+  /// The shards this worker should keep (after a resize: its new vnodes' and their second
+  /// home's), which load() restores and trim() leaves.
+  virtual void set_kept(std::vector<int64_t> kept) = 0;
+  virtual const std::vector<int64_t>& kept() const = 0;
+  /// The shards whose state this worker holds now, ascending.
+  virtual std::vector<int64_t> held() const = 0;
+  /// Shard s's state (state_tensors() x its numel): the tensor held, for sending.
+  virtual torch::Tensor shard(int64_t s) const = 0;
+  /// Holds `packed` as shard s's state.
+  virtual void set_shard(int64_t s, torch::Tensor packed) = 0;
+  /// Drops every held shard that is not kept.
+  virtual void trim() = 0;
+  /// Drops every held shard (its state is of another step than the parameters').
+  virtual void drop_all() = 0;
+  /// Holds the kept shards as a fresh optimizer's (zero) state.
+  virtual void start_fresh() = 0;
+  virtual int64_t state_tensors() const = 0;
+  /// The optimizer's step count (adamw's bias correction; sgd: > 0 once a step was taken).
+  virtual int64_t steps() const = 0;
+  virtual void set_steps(int64_t steps) = 0;
+  /// Bytes of state held now.
+  virtual int64_t held_bytes() const = 0;
+  /// The flat parameters (the parameters are views into it), for gathering.
+  virtual torch::Tensor flat_parameters() = 0;
+
+ protected:
+  ~ShardedState() = default;
 };
 
 /// The fused optimizer for `spec` (sgd or adamw) over `params`, nullptr for the others.

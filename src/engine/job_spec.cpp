@@ -423,6 +423,19 @@ const SpecSchema<ResourcesSpec>& resources_schema() {
              "compute the vnode, and the one the other two outvote leaves the job (exit code 8) "
              "as if it had failed, and the step is redone without it (with no third worker: "
              "`stop`)");
+    s.boolean("shard_optimizer", &R::shard_optimizer,
+              "cut the optimizer state (sgd's momentum, adamw's two moments) into one canonical "
+              "shard per vnode, contiguous ranges of the parameters balanced by size: each worker "
+              "keeps and updates only the shards of the vnodes it holds (and, with "
+              "`shard_replicas: 2`, its ring neighbour's), then the workers all-gather the "
+              "updated parameters. Shards move with their vnodes on a resize; checkpoints hold "
+              "the whole state, as without sharding. The same result bit for bit; sgd and adamw "
+              "only (docs/design.md, \"Optimizer state sharded by vnode\")");
+    s.integer("shard_replicas", &R::shard_replicas, 1, 2,
+              "with `shard_optimizer`: how many workers keep each shard's state, 2 = its owner "
+              "and the next worker in rank order (a second home, so that a worker that dies "
+              "loses no state), 1 = its owner alone (a failure then stops the job: resume from "
+              "the last checkpoint)");
     s.integer("min_workers", &R::min_workers, 1, kBig,
               "an elastic job never runs on fewer workers: resize requests below it are "
               "refused; when failures leave fewer, the job waits `timeout_s` for joiners, then "
@@ -513,7 +526,9 @@ const SpecSchema<LoggingSpec>& logging_schema() {
         "per-step `compute_ms`, `sync_ms`, `update_ms` since the previous record, the "
         "generation's `workers`, `time` in Unix seconds and, with `semantic.clip`, the step's "
         "`grad_norm` before clipping, and `replaced`, the corrupt examples the writing worker has "
-        "replaced so far under `data.on_corrupt: skip`), `eval` records (accuracy, loss; "
+        "replaced so far under `data.on_corrupt: skip`, and `optimizer_state_mb`, the optimizer "
+        "state the writing worker holds (sgd, adamw; its shards' with "
+        "`resources.shard_optimizer`)), `eval` records (accuracy, loss; "
         "per token for sequence models) and one `end` record (fingerprint); a non-finite "
         "loss is written as `null`");
     s.text("tensorboard", &L::tensorboard,
@@ -651,6 +666,12 @@ void parse_resources(const SpecNode& node, ResourcesSpec& res, const SemanticSpe
     r.fail("verify_every_steps",
            "cross-checks compare bits, which only deterministic mode makes a function of the "
            "job: set semantic.deterministic: true, or verify_every_steps: 0");
+  }
+  if (res.shard_optimizer && s.optimizer.name != "sgd" && s.optimizer.name != "adamw") {
+    r.fail("shard_optimizer",
+           fmt::format("the optimizer state is sharded for sgd and adamw only, whose update is "
+                       "element by element; semantic.optimizer.name is {}",
+                       s.optimizer.name));
   }
   check_layout(r, res, s);
   check_backend(r, res);

@@ -167,13 +167,16 @@ void MetricsObserver::on_step_end(Trainer& trainer, const StepInfo& info) {
   const double steps = static_cast<double>(window_.steps);
   write(fmt::format(
       R"({{"event":"step","step":{},"epoch":{},"loss":{},"lr":{},"examples_per_second":{:.1f},)"
-      R"("compute_ms":{:.3f},"sync_ms":{:.3f},"update_ms":{:.3f},"workers":{},"time":{:.6f}{}{}}})",
+      R"("compute_ms":{:.3f},"sync_ms":{:.3f},"update_ms":{:.3f},"workers":{},"time":{:.6f}{}{}{}}})",
       done, info.epoch, json_number(info.loss), json_number(info.lr),
       window_.seconds > 0 ? static_cast<double>(window_.examples) / window_.seconds : 0.0,
       1e3 * window_.compute / steps, 1e3 * window_.sync / steps, 1e3 * window_.update / steps,
       info.workers, unix_seconds(),
       info.grad_norm ? fmt::format(R"(,"grad_norm":{})", json_number(*info.grad_norm)) : "",
-      info.replaced_examples > 0 ? fmt::format(R"(,"replaced":{})", info.replaced_examples) : ""));
+      info.replaced_examples > 0 ? fmt::format(R"(,"replaced":{})", info.replaced_examples) : "",
+      info.optimizer_state_bytes >= 0
+          ? fmt::format(R"(,"optimizer_state_mb":{:.3f})", info.optimizer_state_bytes / 1e6)
+          : ""));
   window_ = Window{};
 }
 

@@ -22,8 +22,10 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <vector>
 
 #include "vflow/engine/job_spec.h"
+#include "vflow/vnode/plan.h"
 
 namespace torch::optim {
 class Optimizer;
@@ -77,6 +79,31 @@ class Reducer {
   /// The step failed (a collective, a data error, memory): a sum in flight is abandoned and
   /// nothing of the step is kept, so it can be redone. Safe to call more than once.
   virtual void abandon() = 0;
+
+  // ---- the state a reducer keeps (a sharded reducer: the optimizer's shards) ----
+  /// The group's vnodes changed: `layout` holds every rank's, in rank order, and this
+  /// worker is rank `rank`. A reducer that keeps state by vnode moves it at the next
+  /// begin_step (a collective).
+  virtual void set_layout(const std::vector<vnode::VnodeRange>& layout, int rank) {}
+  /// Every rank of the group calls it together when the group regroups cleanly (its
+  /// members still here) into the next one, before the members that leave go: this
+  /// group's rank r is the next one's next_rank[r] (-1: it leaves), whose ranks hold the
+  /// vnodes `next_layout`. A reducer that keeps state by vnode passes what the leavers
+  /// alone hold to members that stay. Throws PeerFailure.
+  virtual void hand_off(comm::Communicator& comm, const std::vector<int>& next_rank,
+                        const std::vector<vnode::VnodeRange>& next_layout) {}
+  /// Every rank calls it together: afterwards rank 0 holds the whole optimizer state, as a
+  /// checkpoint saves it, until release_whole_state. Throws PeerFailure.
+  virtual void gather_whole_state(comm::Communicator& comm) {}
+  virtual void release_whole_state() {}
+  /// Whether this worker's optimizer holds its whole state (what a checkpoint saves).
+  virtual bool holds_whole_state() const { return true; }
+  /// Whether the optimizer's state is part of the state sent to a joining worker (a sharded
+  /// reducer sends shards itself).
+  virtual bool transfers_optimizer() const { return true; }
+  /// The model's state was replaced by a transferred one, the optimizer's
+  /// not (transfers_optimizer() false); `moved`: of another step than this worker's.
+  virtual void state_transferred(bool moved) {}
 
  protected:
   Reducer() = default;

@@ -128,6 +128,12 @@ void keep_freed_memory() {
 }
 }  // namespace
 
+void release_free_memory() {
+#if defined(__GLIBC__)
+  malloc_trim(0);
+#endif
+}
+
 void set_intra_op_threads(int64_t threads) {
   torch::set_num_threads(static_cast<int>(threads));
 #ifdef _OPENMP

@@ -11,7 +11,9 @@
 
 #include "core/torch_compat.h"
 #include "engine/evaluation.h"
+#include "engine/fused_update.h"
 #include "engine/reducer.h"
+#include "engine/sharded_reducer.h"
 #include "engine/training_state.h"
 #include "engine/verification.h"
 #include "engine/vnode_batches.h"
@@ -76,6 +78,9 @@ struct Trainer::Impl {
   std::vector<vnode::VnodeRange> layout;  // every rank's vnodes, in rank order
   std::optional<InjectedFault> fault;     // VFLOW_INJECT_FAULT, for tests
   std::string mismatch;                   // why the job stopped after a cross-check
+  // resources.shard_optimizer: the step after which rank 0 holds the whole optimizer
+  // state for a checkpoint, -1 for none.
+  int64_t gathered_step = -1;
 
   Impl(JobSpec s, std::shared_ptr<models::Model> m, data::DataSplits d)
       : spec(std::move(s)),
@@ -347,6 +352,9 @@ struct Trainer::Impl {
       views_checked = true;
     }
     info.grad_norm = reducer->update();
+    if (const auto* state = dynamic_cast<const ShardedState*>(optimizer.get())) {
+      info.optimizer_state_bytes = state->held_bytes();
+    }
     ++step;
     if (!ema.empty() && step % spec.semantic.ema.every_steps == 0) update_ema();
 
@@ -427,6 +435,48 @@ struct Trainer::Impl {
 
   std::string fingerprint() const { return engine::fingerprint(*model, ema, "ema"); }
   StateParts state_parts() { return StateParts{*model, *optimizer, ema}; }
+  /// The state sent to a joining worker: without the optimizer's where the reducer sends
+  /// it itself (sharded).
+  StateParts transfer_parts() {
+    auto parts = state_parts();
+    parts.with_optimizer = reducer->transfers_optimizer();
+    return parts;
+  }
+
+  /// Restores `bytes` (a checkpoint's or a transfer's, `source` in messages) into `parts`.
+  void load(const std::string& bytes, const std::string& source, const StateParts& parts) {
+    const auto saved =
+        restore_state(bytes, source, parts, spec.semantic_yaml(), total_steps, device);
+    model->to(device);
+    packet->gradient_buffer().bind();
+    step = saved.step;
+    if (fingerprint() != saved.fingerprint) {
+      throw CheckpointError(fmt::format(
+          "{}: restored state has fingerprint {}, checkpoint recorded {} (corrupt file?)", source,
+          fingerprint(), saved.fingerprint));
+    }
+  }
+
+  /// After step `step` (done) every rank calls it: where a checkpoint will save the whole
+  /// state now (output.checkpoint's schedule, the end, a stop, a mismatch) and the
+  /// reducer keeps it in pieces, rank 0 gathers it.
+  bool gather_for_checkpoint() {
+    if (!spec.resources.shard_optimizer) return false;
+    if (gathered_step == step) return true;
+    const auto& ck = spec.output.checkpoint;
+    const bool due = !mismatch.empty() ||
+                     (!ck.dir.empty() && ((ck.every_steps > 0 && step % ck.every_steps == 0) ||
+                                          step == total_steps || stop_agreed));
+    if (!due) return false;
+    reducer->gather_whole_state(*comm);
+    gathered_step = step;
+    return true;
+  }
+  void release_whole_state() {
+    if (gathered_step < 0) return;
+    reducer->release_whole_state();
+    gathered_step = -1;
+  }
   StateHeader state_header() const {
     return StateHeader{step, spec.semantic_yaml(), fingerprint()};
   }
@@ -470,9 +520,20 @@ Trainer::Trainer(JobSpec spec, std::shared_ptr<models::Model> model, data::DataS
   reduction.table_numel = impl_->kernels->table_numel();
   reduction.second_thread = impl_->batches.prefetch();
   impl_->reducer = make_reducer(*impl_->packet, *impl_->optimizer, reduction);
+  if (res.shard_optimizer) {
+    // The fused optimizers keep their state by canonical shard (the spec allows no other).
+    auto* sharded = dynamic_cast<ShardedState*>(impl_->optimizer.get());
+    VFLOW_ASSERT(sharded != nullptr, "resources.shard_optimizer with an optimizer of no shards");
+    sharded->shard_by(
+        vnode::ShardLayout(impl_->packet->gradients().numel(), impl_->plan.virtual_nodes()));
+    impl_->reducer = make_sharded_reducer(std::move(impl_->reducer), *sharded, res.shard_replicas);
+    impl_->reducer->set_layout(impl_->layout, impl_->comm->rank());
+  }
   if (impl_->spec.semantic.ema.enabled()) {
     for (const auto& p : m.parameters()) impl_->ema.push_back(p.detach().clone());
   }
+  // The parameters' first storage, replaced by the flat buffers, goes back to the system.
+  release_free_memory();
   const auto& sem = impl_->spec.semantic;
   const int64_t tail = impl_->data.train->size() % sem.global_batch;
   if (!impl_->kernels->empty() && !sem.data.drop_last && tail == 1) {
@@ -526,10 +587,14 @@ TrainResult Trainer::run() {
     if (!im.mismatch.empty()) break;  // the step was undone (resources.on_mismatch: stop)
     examples += info.examples;
     last_loss = info.loss;
+    // A checkpoint of this step, written by rank 0, saves the whole optimizer state.
+    const bool gathered = im.gather_for_checkpoint();
     for (auto& o : im.observers) o->on_step_end(*this, info);
     if (im.step % im.order.steps_per_epoch() == 0) {
       for (auto& o : im.observers) o->on_epoch_end(*this, info.epoch);
     }
+    const bool ending = im.step >= im.total_steps || im.stop_agreed;
+    if (gathered && !ending) im.release_whole_state();  // else on_train_end saves it
   }
   TrainResult result;
   result.seconds = seconds_since(t0);
@@ -537,6 +602,9 @@ TrainResult Trainer::run() {
   result.next_generation = result.completed ? 0 : im.regroup_agreed;
   im.regroup_agreed = 0;
   result.mismatch = im.mismatch;
+  // The end's checkpoint (or the mismatch's) saves the whole state; every rank decides
+  // alike whether it is due.
+  if (result.next_generation == 0) im.gather_for_checkpoint();
   if (!im.mismatch.empty() && im.spec.output.checkpoint.dir.empty() && rank() == 0) {
     // The state before the step the workers disagreed on is kept even where the job keeps
     // no checkpoints: what `--replay` starts from.
@@ -576,14 +644,26 @@ void Trainer::publish_evaluation(const EvalResult& result) {
 const std::optional<EvalResult>& Trainer::last_evaluation() const { return impl_->last_eval; }
 
 void Trainer::save_checkpoint(const std::string& path) const {
+  if (!impl_->reducer->holds_whole_state()) {
+    throw CheckpointError(fmt::format(
+        "{}: this worker holds only its shards of the optimizer state "
+        "(resources.shard_optimizer), which the workers gather for checkpoints at the steps "
+        "output.checkpoint names",
+        path));
+  }
   save_state(path, impl_->state_parts(), impl_->state_header());
 }
 
 std::string Trainer::state_bytes() const {
-  return serialize_state(impl_->state_parts(), impl_->state_header());
+  return serialize_state(impl_->transfer_parts(), impl_->state_header());
 }
 
-void Trainer::load_state_bytes(const std::string& bytes) { load_state(bytes, "transferred state"); }
+void Trainer::load_state_bytes(const std::string& bytes) {
+  auto& im = *impl_;
+  const int64_t before = im.step;
+  im.load(bytes, "transferred state", im.transfer_parts());
+  if (!im.reducer->transfers_optimizer()) im.reducer->state_transferred(im.step != before);
+}
 
 void Trainer::load_checkpoint(const std::string& path) {
   load_state(read_checkpoint_file(path), path);
@@ -591,17 +671,7 @@ void Trainer::load_checkpoint(const std::string& path) {
 }
 
 void Trainer::load_state(const std::string& bytes, const std::string& source) {
-  auto& im = *impl_;
-  const auto saved = restore_state(bytes, source, im.state_parts(), im.spec.semantic_yaml(),
-                                   im.total_steps, im.device);
-  im.model->to(im.device);
-  im.packet->gradient_buffer().bind();
-  im.step = saved.step;
-  if (fingerprint() != saved.fingerprint) {
-    throw CheckpointError(
-        fmt::format("{}: restored state has fingerprint {}, checkpoint recorded {} (corrupt file?)",
-                    source, fingerprint(), saved.fingerprint));
-  }
+  impl_->load(bytes, source, impl_->state_parts());
 }
 
 VnodeContribution Trainer::contribution(int64_t vnode) {
@@ -660,6 +730,18 @@ void Trainer::record_examples(bool on) { impl_->record_examples = on; }
 void Trainer::state_donated() {
   for (auto& o : impl_->observers) o->on_state_donated(*this);
 }
+void Trainer::hand_off_state(const std::vector<int>& next_rank, int next_size,
+                             const std::vector<int64_t>& next_counts) {
+  auto& im = *impl_;
+  std::vector<vnode::VnodeRange> next_layout;
+  for (int r = 0; r < next_size; ++r) {
+    next_layout.push_back(next_counts.empty()
+                              ? vnode::vnodes_of(im.plan.virtual_nodes(), next_size, r)
+                              : vnode::vnodes_of(next_counts, r));
+  }
+  im.reducer->hand_off(*im.comm, next_rank, next_layout);
+}
+
 int Trainer::rank() const { return impl_->comm->rank(); }
 int Trainer::world_size() const { return impl_->comm->size(); }
 
@@ -683,6 +765,7 @@ void Trainer::set_communicator(std::shared_ptr<comm::Communicator> communicator)
     im.layout.push_back(vnode::vnodes_of(im.plan.virtual_nodes(), workers, r));
   }
   if (im.checks) im.checks->forget();
+  if (im.reducer) im.reducer->set_layout(im.layout, im.comm->rank());
 }
 
 void Trainer::set_communicator(std::shared_ptr<comm::Communicator> communicator,
@@ -701,6 +784,7 @@ void Trainer::set_communicator(std::shared_ptr<comm::Communicator> communicator,
   for (size_t r = 0; r < counts.size(); ++r) {
     im.layout[r] = vnode::vnodes_of(counts, static_cast<int64_t>(r));
   }
+  if (im.reducer) im.reducer->set_layout(im.layout, im.comm->rank());
 }
 void Trainer::set_stop_flag(const std::atomic<bool>* flag) { impl_->stop_flag = flag; }
 std::string Trainer::fingerprint() const { return impl_->fingerprint(); }

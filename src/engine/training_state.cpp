@@ -78,9 +78,11 @@ void write_state(torch::serialize::OutputArchive& archive, const StateParts& par
   torch::serialize::OutputArchive model_archive;
   parts.model.save(model_archive);
   archive.write("model", model_archive);
-  torch::serialize::OutputArchive optimizer_archive;
-  parts.optimizer.save(optimizer_archive);
-  archive.write("optimizer", optimizer_archive);
+  if (parts.with_optimizer) {
+    torch::serialize::OutputArchive optimizer_archive;
+    parts.optimizer.save(optimizer_archive);
+    archive.write("optimizer", optimizer_archive);
+  }
   if (!parts.ema.empty()) {
     torch::serialize::OutputArchive ema_archive;
     for (size_t i = 0; i < parts.ema.size(); ++i) {
@@ -117,9 +119,11 @@ StateHeader read_state(torch::serialize::InputArchive& archive, const std::strin
     torch::serialize::InputArchive model_archive;
     archive.read("model", model_archive);
     parts.model.load(model_archive);
-    torch::serialize::InputArchive optimizer_archive;
-    archive.read("optimizer", optimizer_archive);
-    parts.optimizer.load(optimizer_archive);
+    if (parts.with_optimizer) {
+      torch::serialize::InputArchive optimizer_archive;
+      archive.read("optimizer", optimizer_archive);
+      parts.optimizer.load(optimizer_archive);
+    }
     if (!parts.ema.empty()) {
       torch::serialize::InputArchive ema_archive;
       archive.read("ema", ema_archive);

@@ -27,6 +27,9 @@ struct StateParts {
   models::Model& model;
   torch::optim::Optimizer& optimizer;
   std::vector<at::Tensor>& ema;  ///< semantic.ema's average, in parameter order (or empty)
+  /// The optimizer's state is written and read (a transfer to a joining worker leaves it
+  /// out where the reducer moves it by shard).
+  bool with_optimizer = true;
 };
 
 /// What a state records about itself.

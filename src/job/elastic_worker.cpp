@@ -154,6 +154,9 @@ class ElasticWorker {
   std::shared_ptr<comm::Communicator> regroup(const Generation& g, comm::Rendezvous& r,
                                               comm::BackendCapabilities& caps, std::string& made);
   ElasticOutcome finish(const engine::TrainResult& result);
+  /// Generation `g` regroups cleanly into `next_id`: what only leaving members hold of the
+  /// training state passes to members that stay (Trainer::hand_off_state).
+  void hand_off(const Generation& g, int64_t next_id);
 
   const engine::JobSpec& spec_;
   const ElasticWorkerOptions& options_;
@@ -296,6 +299,19 @@ std::shared_ptr<comm::Communicator> ElasticWorker::regroup(const Generation& g, 
   return communicator;
 }
 
+void ElasticWorker::hand_off(const Generation& g, int64_t next_id) {
+  const auto next = control_.generation(next_id);
+  std::vector<int> next_rank;
+  for (const auto& m : g.members) next_rank.push_back(next.rank_of(m));
+  try {
+    trainer_->hand_off_state(next_rank, static_cast<int>(next.members.size()), next.vnodes);
+  } catch (const comm::PeerFailure& e) {
+    // The next generation finds out what is left (and says what is lost).
+    spdlog::warn("[elastic] worker {}: handing on state to generation {} failed: {}", me_, next_id,
+                 e.what());
+  }
+}
+
 ElasticOutcome ElasticWorker::finish(const engine::TrainResult& result) {
   if (trainer_->rank() == 0) {
     try {
@@ -375,6 +391,7 @@ ElasticOutcome ElasticWorker::run() {
       continue;
     }
     if (result.next_generation > 0) {
+      hand_off(*g, result.next_generation);
       if (caps.can_derive()) {
         previous_ = communicator;
         previous_members_ = g->members;

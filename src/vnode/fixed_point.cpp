@@ -344,7 +344,10 @@ inline uint64_t hash_term(int64_t q, int64_t i) {
 
 FixedPointSum::FixedPointSum(int64_t numel, torch::Device device) : numel_(numel) {
   if (device.is_cpu()) {
-    sum32_ = torch::zeros({numel}, torch::kInt32);
+    // Never read before the first absorb writes it (an empty sum is not read), so left
+    // unwritten: a worker of one vnode, whose sum is formed inside the reduction, never
+    // touches it, and a large one costs no resident memory there.
+    sum32_ = torch::empty({numel}, torch::kInt32);
   } else {
     sum_ = torch::zeros({numel}, torch::TensorOptions(torch::kInt64).device(device));
   }

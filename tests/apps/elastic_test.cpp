@@ -342,31 +342,7 @@ TEST_CASE("a resize storm finishes without a hang or a leaked process", "[multip
   });
   // Through the library API: a request at every step the job takes, for 50 steps,
   // cycling through 1..4 workers.
-  int requests = 0;
-  try {
-    std::unique_ptr<vflow::job::ControlPlane> control;
-    for (int attempt = 0; attempt < 100 && !control; ++attempt) {
-      try {
-        control =
-            std::make_unique<vflow::job::ControlPlane>("127.0.0.1", port, std::chrono::seconds(2));
-        control->limits();  // the coordinator has published the job
-      } catch (const std::exception&) {
-        control.reset();
-        std::this_thread::sleep_for(std::chrono::milliseconds(100));
-      }
-    }
-    REQUIRE(control);
-    int64_t last = -1;
-    while (requests < 50 && control->state() == vflow::job::JobState::kRunning) {
-      const int64_t step = control->status().step;
-      if (step == last) continue;
-      control->request_resize(requests % 4 + 1);
-      last = step;
-      ++requests;
-    }
-  } catch (const std::exception& e) {
-    FAIL_CHECK(e.what());
-  }
+  const int requests = resize_storm(port, 50);
   launcher.join();
   INFO(job.output);
   CHECK(requests == 50);

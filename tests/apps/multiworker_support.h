@@ -3,16 +3,20 @@
 #pragma once
 
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <regex>
 #include <set>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "support.h"
 #include "vflow/data/text.h"
+#include "vflow/job/control_plane.h"
 
 namespace vflow::testing {
 
@@ -105,6 +109,38 @@ inline CommandResult run_elastic_job(const TempDir& dir, int workers, const std:
       "\nwait $pid; echo \"exit=$?\"\n";
   write_file(dir.file("job.sh"), script);
   return run_command("bash " + dir.file("job.sh"));
+}
+
+/// Asks the job whose coordinator listens on `port` for a resize at every step it takes,
+/// cycling through 1..4 workers, until `requests` were made or the job ended; returns how
+/// many were made. Fails the test on an error.
+inline int resize_storm(int port, int requests) {
+  int made = 0;
+  try {
+    std::unique_ptr<vflow::job::ControlPlane> control;
+    for (int attempt = 0; attempt < 100 && !control; ++attempt) {
+      try {
+        control =
+            std::make_unique<vflow::job::ControlPlane>("127.0.0.1", port, std::chrono::seconds(2));
+        control->limits();  // the coordinator has published the job
+      } catch (const std::exception&) {
+        control.reset();
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      }
+    }
+    REQUIRE(control);
+    int64_t last = -1;
+    while (made < requests && control->state() == vflow::job::JobState::kRunning) {
+      const int64_t step = control->status().step;
+      if (step == last) continue;
+      control->request_resize(made % 4 + 1);
+      last = step;
+      ++made;
+    }
+  } catch (const std::exception& e) {
+    FAIL_CHECK(e.what());
+  }
+  return made;
 }
 
 /// No process of this job is left (its temp dir is in every worker's command line).

@@ -136,6 +136,21 @@ std::shared_ptr<torch::nn::Module> two_parameters() {
   return net;
 }
 
+/// An optimizer's state as a checkpoint's bytes, and back.
+std::string saved(const torch::optim::Optimizer& o) {
+  torch::serialize::OutputArchive archive;
+  o.save(archive);
+  std::ostringstream out;
+  archive.save_to(out);
+  return out.str();
+}
+void load(torch::optim::Optimizer& o, const std::string& bytes) {
+  torch::serialize::InputArchive archive;
+  std::istringstream in(bytes);
+  archive.load_from(in);
+  o.load(archive);
+}
+
 }  // namespace
 
 TEST_CASE("the fused SGD and AdamW follow LibTorch's over 100 steps", "[unit]") {
@@ -186,19 +201,6 @@ TEST_CASE("the fused optimizers' checkpoints are LibTorch's: each resumes the ot
     reference->step();
   }
   // Swap the states: the fused optimizer loads LibTorch's checkpoint and vice versa.
-  const auto saved = [](const torch::optim::Optimizer& o) {
-    torch::serialize::OutputArchive archive;
-    o.save(archive);
-    std::ostringstream out;
-    archive.save_to(out);
-    return out.str();
-  };
-  const auto load = [](torch::optim::Optimizer& o, const std::string& bytes) {
-    torch::serialize::InputArchive archive;
-    std::istringstream in(bytes);
-    archive.load_from(in);
-    o.load(archive);
-  };
   const auto fused_bytes = saved(*fused);
   const auto reference_bytes = saved(*reference);
   load(*fused, reference_bytes);
@@ -335,4 +337,79 @@ TEST_CASE("rounding from an offset still finds a value out of the exact sum's ra
   CHECK(sum.round_in_place_from(values, 50) == Approx(2e6));
   values[10] = std::nanf("");
   CHECK(std::isnan(sum.round_in_place_from(values, 50)));
+}
+
+TEST_CASE(
+    "sharded fused optimizers step bitwise as unsharded ones, and their state moves by shard "
+    "through the unsharded checkpoint format",
+    "[unit][shard]") {
+  const std::string name = GENERATE("sgd", "adamw");
+  CAPTURE(name);
+  const auto spec = spec_of(name, 1e-3);
+  auto [plain_net, sharded_net] = twins();
+  auto plain = vflow::engine::make_fused_optimizer(spec, plain_net->parameters());
+  auto sharded = vflow::engine::make_fused_optimizer(spec, sharded_net->parameters());
+  auto& shards = dynamic_cast<vflow::engine::ShardedState&>(*sharded);
+  const int64_t numel = 37 * 64 + 64 + 64 * 10 + 10;
+  shards.shard_by(vflow::vnode::ShardLayout(numel, 5));
+  shards.set_kept({0, 1, 2, 3, 4});
+  for (int k = 0; k < 10; ++k) {
+    set_gradients(*plain_net, k);
+    set_gradients(*sharded_net, k);
+    plain->step();
+    sharded->step();
+  }
+  const auto pp = plain_net->parameters();
+  const auto ps = sharded_net->parameters();
+  for (size_t i = 0; i < pp.size(); ++i) CHECK(torch::equal(pp[i], ps[i]));
+  // Two saved states are the same where an unsharded optimizer resumed from each takes the
+  // same steps (the archives' keys name the parameters' addresses, which differ).
+  const auto same_state = [&](const std::string& x, const std::string& y) {
+    auto [net_x, net_y] = twins();
+    auto ox = vflow::engine::make_fused_optimizer(spec, net_x->parameters());
+    auto oy = vflow::engine::make_fused_optimizer(spec, net_y->parameters());
+    load(*ox, x);
+    load(*oy, y);
+    for (int k = 20; k < 23; ++k) {
+      set_gradients(*net_x, k);
+      set_gradients(*net_y, k);
+      ox->step();
+      oy->step();
+    }
+    const auto px = net_x->parameters();
+    const auto py = net_y->parameters();
+    for (size_t i = 0; i < px.size(); ++i) {
+      if (!torch::equal(px[i], py[i])) return false;
+    }
+    return true;
+  };
+  // Holding every shard, it saves what the unsharded one saves.
+  const auto whole = saved(*plain);
+  CHECK(same_state(saved(*sharded), whole));
+  // An optimizer that starts fresh is not the same (the check can fail).
+  CHECK_FALSE(same_state(saved(*vflow::engine::make_fused_optimizer(spec, plain_net->parameters())),
+                         whole));
+  // Two workers' parts of the checkpoint, put together by shard, are the whole again.
+  auto [net_a, net_b] = twins();
+  auto a = vflow::engine::make_fused_optimizer(spec, net_a->parameters());
+  auto b = vflow::engine::make_fused_optimizer(spec, net_b->parameters());
+  auto& sa = dynamic_cast<vflow::engine::ShardedState&>(*a);
+  auto& sb = dynamic_cast<vflow::engine::ShardedState&>(*b);
+  sa.shard_by(vflow::vnode::ShardLayout(numel, 5));
+  sb.shard_by(vflow::vnode::ShardLayout(numel, 5));
+  sa.set_kept({1, 3});
+  sb.set_kept({0, 2, 4});
+  load(*a, whole);
+  load(*b, whole);
+  CHECK(sa.held() == std::vector<int64_t>{1, 3});
+  CHECK(sb.held() == std::vector<int64_t>{0, 2, 4});
+  CHECK(sa.steps() == (name == "adamw" ? 10 : 1));  // LibTorch's SGD counts no steps
+  // A worker that holds part of the state refuses to save it as the whole.
+  CHECK_THROWS_WITH(saved(*a), Catch::Contains("before it was gathered whole"));
+  for (const int64_t s : sb.held()) sa.set_shard(s, sb.shard(s));
+  CHECK(same_state(saved(*a), whole));
+  sa.trim();
+  CHECK(sa.held() == std::vector<int64_t>{1, 3});
+  CHECK(sa.held_bytes() ==
+        (sa.layout().shard(1).numel() + sa.layout().shard(3).numel()) * sa.state_tensors() * 4);
 }

@@ -325,3 +325,17 @@ TEST_CASE("cross-checks are refused outside deterministic mode and their switche
   CHECK(spec.resources.verify_every_steps == 100);
   CHECK(spec.resources.on_mismatch == vflow::engine::OnMismatch::kStop);
 }
+
+TEST_CASE("sharded optimizer state is for the fused optimizers, with one or two homes",
+          "[unit][shard]") {
+  CHECK(error_of("semantic: {optimizer: {name: adamw}}\nresources: {shard_optimizer: true}\n") ==
+        "");
+  CHECK(error_of("resources: {shard_optimizer: true, shard_replicas: 1}\n") == "");
+  CHECK_THAT(error_of("semantic: {optimizer: {name: lamb}}\nresources:\n  shard_optimizer: true\n"),
+             Contains("job.yaml:3:") && Contains("resources.shard_optimizer") &&
+                 Contains("sgd and adamw only") && Contains("lamb"));
+  CHECK_THAT(error_of("resources: {shard_optimizer: true, shard_replicas: 3}\n"),
+             Contains("resources.shard_replicas"));
+  CHECK_FALSE(load_job_spec("").resources.shard_optimizer);
+  CHECK(load_job_spec("").resources.shard_replicas == 2);
+}

@@ -167,6 +167,13 @@ struct ResourcesSpec {
   int64_t verify_every_steps = 100;
   /// What a cross-check that finds two workers disagreeing does.
   OnMismatch on_mismatch = OnMismatch::kStop;
+  /// The optimizer state is cut into one canonical shard per vnode, kept only by the
+  /// workers that hold the vnode (and its second home); no effect on results
+  /// (docs/design.md, "Optimizer state sharded by vnode").
+  bool shard_optimizer = false;
+  /// How many workers keep each shard's state when shard_optimizer is on: 1 (its owner
+  /// alone), or 2 (the owner and the next worker, so that a failed worker loses nothing).
+  int64_t shard_replicas = 2;
   /// One worker of a planned first generation (vflow-plan prints them).
   using Worker = hetero::LayoutEntry;
   /// Per-worker settings of the first generation, in rank order; empty = even split.

@@ -47,6 +47,12 @@ int64_t data_threads(const ResourcesSpec& resources, int64_t local_workers);
 /// LibTorch's deterministic algorithms (cuDNN's too).
 void configure_runtime(const JobSpec& spec);
 
+/// Hands the memory that freed blocks leave in the heap back to the kernel (glibc's
+/// malloc_trim): after the model's parameters were copied into the flat buffers they train
+/// in, their first storage would otherwise stay resident for the whole job, in every
+/// worker's peak memory.
+void release_free_memory();
+
 /// The device this worker trains on: resources.device, where plain "cuda" is the first
 /// device (a launched worker's job layer makes it its local rank's, job::place_on_this_host).
 /// Throws SpecError when CUDA is asked for and this LibTorch build or machine has none.

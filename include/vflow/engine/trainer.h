@@ -40,6 +40,9 @@ struct StepInfo {
   int64_t replaced_examples = 0;
   /// The L2 norm of the step's reduced gradient before clipping (semantic.clip only).
   std::optional<double> grad_norm;
+  /// The optimizer state this worker holds, in bytes (the fused optimizers: sgd, adamw;
+  /// with resources.shard_optimizer, its kept shards'); -1 where not known.
+  int64_t optimizer_state_bytes = -1;
   /// The example indices of the step's vnodes, as (vnode, indices), each vnode listed as
   /// many times as workers ran it according to the step's collective (so exactly once
   /// when all is well); filled only when Trainer::record_examples(true).
@@ -178,6 +181,14 @@ class Trainer {
   void load_state_bytes(const std::string& bytes);
   /// Tells the observers that state_bytes() went to a new generation.
   void state_donated();
+  /// Every worker of the generation calls it together after run() returned to regroup
+  /// (TrainResult::next_generation), before those that leave go: this generation's rank
+  /// r is rank next_rank[r] of the next one (-1: it leaves), which has `next_size` workers
+  /// holding next_counts vnodes each (empty: an even split). With the optimizer state
+  /// sharded, the shards that only leaving workers hold pass to workers that stay.
+  /// Throws comm::PeerFailure.
+  void hand_off_state(const std::vector<int>& next_rank, int next_size,
+                      const std::vector<int64_t>& next_counts);
 
   /// Fill StepInfo::examples_used from now on.
   void record_examples(bool on);

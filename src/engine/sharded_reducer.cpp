@@ -1,0 +1,255 @@
+#include "engine/sharded_reducer.h"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <functional>
+#include <optional>
+#include <vector>
+
+#include "engine/fused_update.h"
+#include "vflow/comm/communicator.h"
+#include "vflow/core/error.h"
+#include "vflow/vnode/shards.h"
+
+namespace vflow::engine {
+
+namespace {
+
+/// What each rank tells the others before shards move: [its optimizer's step count, its
+/// parameters are incomplete (1/0), then 1/0 per shard it holds].
+constexpr int64_t kHeader = 2;
+
+class ShardedReducer : public Reducer {
+ public:
+  ShardedReducer(std::unique_ptr<Reducer> inner, ShardedState& state, int64_t replicas)
+      : inner_(std::move(inner)), state_(state), replicas_(replicas) {}
+
+  void begin_step(comm::Communicator& comm, int64_t step, bool overlap) override {
+    comm_ = &comm;
+    if (params_incomplete_ || moved_) {
+      // Before the step's sums: the shards go where the group's layout wants them.
+      redistribute(comm, /*root=*/-1);
+      moved_ = false;
+    }
+    if (!logged_) {
+      const auto& shards = state_.layout();
+      const auto owned = shards.of_vnodes(layout_[static_cast<size_t>(rank_)]);
+      spdlog::info(
+          "[shards] worker {} of {} owns shards {} ({} parameters) and keeps the optimizer "
+          "state of shards {}: {:.3g} MB ({} of {} shards of at most {} elements)",
+          rank_, layout_.size(), vnode::shard_list(owned_shards()), owned.numel(),
+          vnode::shard_list(state_.kept()), static_cast<double>(kept_bytes()) / 1e6,
+          state_.kept().size(), shards.shards(), shards.largest());
+      logged_ = true;
+    }
+    inner_->begin_step(comm, step, overlap);
+  }
+  void absorb() override { inner_->absorb(); }
+  void arm() override { inner_->arm(); }
+  void finish() override { inner_->finish(); }
+
+  std::optional<double> update() override {
+    // The kept shards' parameters and state are updated (the owner's and the second
+    // home's bitwise alike: the same reduced gradient and state); the owners' parameters
+    // are then gathered by every rank.
+    const auto norm = inner_->update();
+    try {
+      gather_parameters(*comm_);
+    } catch (const PeerFailure& e) {
+      // The step is taken on this worker (its shards are updated and cannot be undone):
+      // the parameters of the others' shards are gathered again from their holders when
+      // the group regroups, which the failed peer forces at the next collective.
+      spdlog::warn("[shards] the parameters' all-gather failed: {}", e.what());
+      params_incomplete_ = true;
+    }
+    return norm;
+  }
+
+  void abandon() override { inner_->abandon(); }
+
+  void set_layout(const std::vector<vnode::VnodeRange>& layout, int rank) override {
+    layout_ = layout;
+    rank_ = rank;
+    state_.set_kept(vnode::ShardLayout::kept_by(layout_, rank_, replicas_));
+    moved_ = true;
+    logged_ = false;
+  }
+
+  void hand_off(comm::Communicator& comm, const std::vector<int>& next_rank,
+                const std::vector<vnode::VnodeRange>& next_layout) override {
+    // What the next group keeps, by this group's ranks; a shard that only new members
+    // will keep goes to the first member that stays, which passes it on.
+    const int ranks = comm.size();
+    std::vector<std::vector<int64_t>> kept(static_cast<size_t>(ranks));
+    int first_stayer = -1;
+    for (int r = 0; r < ranks; ++r) {
+      if (next_rank[r] < 0) continue;
+      if (first_stayer < 0) first_stayer = r;
+      kept[r] = vnode::ShardLayout::kept_by(next_layout, next_rank[r], replicas_);
+    }
+    if (first_stayer < 0) return;  // nobody stays: the job ends
+    const auto keeps = [&](int r, int64_t s) {
+      return std::binary_search(kept[r].begin(), kept[r].end(), s);
+    };
+    move_shards(comm, [&](int r, int64_t s) {
+      if (keeps(r, s)) return true;
+      if (r != first_stayer) return false;
+      for (int q = 0; q < ranks; ++q) {
+        if (keeps(q, s)) return false;
+      }
+      return true;
+    });
+  }
+
+  void gather_whole_state(comm::Communicator& comm) override { redistribute(comm, /*root=*/0); }
+  void release_whole_state() override { state_.trim(); }
+  bool holds_whole_state() const override {
+    return state_.steps() == 0 ||
+           static_cast<int64_t>(state_.held().size()) == state_.layout().shards();
+  }
+  bool transfers_optimizer() const override { return false; }
+  void state_transferred(bool moved) override {
+    if (moved) state_.drop_all();  // of the step before the donor's
+    moved_ = true;
+  }
+
+ private:
+  /// Bytes of the optimizer state of the shards this worker keeps.
+  int64_t kept_bytes() {
+    int64_t elements = 0;
+    for (const int64_t s : state_.kept()) elements += state_.layout().shard(s).numel();
+    return elements * state_.state_tensors() * state_.flat_parameters().element_size();
+  }
+
+  std::vector<int64_t> owned_shards() const {
+    std::vector<int64_t> out;
+    const auto& r = layout_[static_cast<size_t>(rank_)];
+    for (int64_t s = r.first; s < r.last; ++s) out.push_back(s);
+    return out;
+  }
+
+  /// Every rank's parameters become the owners' values of each rank's owned shards: one
+  /// broadcast from each owner, in place (Gloo's all-gather would copy every part twice
+  /// through buffers of its own, which a worker's peak memory then includes).
+  void gather_parameters(comm::Communicator& comm) {
+    if (comm.size() == 1) return;
+    const auto& shards = state_.layout();
+    auto flat = state_.flat_parameters();
+    for (int r = 0; r < comm.size(); ++r) {
+      const auto owned = shards.of_vnodes(layout_[static_cast<size_t>(r)]);
+      auto part = flat.narrow(0, owned.begin, owned.numel());
+      comm.broadcast(part, r);
+    }
+  }
+
+  /// Moves shards so that every rank holds the shards it keeps (and rank `root`, where
+  /// >= 0, every shard); then drops those it does not keep.
+  void redistribute(comm::Communicator& comm, int root) {
+    std::vector<std::vector<int64_t>> kept;
+    for (int r = 0; r < comm.size(); ++r) {
+      kept.push_back(vnode::ShardLayout::kept_by(layout_, r, replicas_));
+    }
+    move_shards(comm, [&](int r, int64_t s) {
+      return r == root || std::binary_search(kept[r].begin(), kept[r].end(), s);
+    });
+    if (root != comm.rank()) state_.trim();
+  }
+
+  /// Every rank holds shard s where wants(rank, s), each sent by the first rank that holds
+  /// it; where a rank's parameters are incomplete, every shard's parameters are sent from
+  /// a holder too. Throws Error naming the shards no rank holds.
+  void move_shards(comm::Communicator& comm, const std::function<bool(int, int64_t)>& wants) {
+    const auto& shards = state_.layout();
+    const int64_t n = shards.shards();
+    const int ranks = comm.size();
+    auto mine = torch::zeros({kHeader + n}, torch::kInt64);
+    auto* m = mine.data_ptr<int64_t>();
+    m[0] = state_.steps();
+    m[1] = params_incomplete_ ? 1 : 0;
+    for (const int64_t s : state_.held()) m[kHeader + s] = 1;
+    const auto every = comm.all_gather(mine.to(comm_device()));
+    std::vector<std::vector<int64_t>> info;
+    int64_t steps = 0;
+    bool incomplete = false;
+    for (const auto& t : every) {
+      const auto host = t.to(torch::kCPU).contiguous();
+      info.emplace_back(host.data_ptr<int64_t>(), host.data_ptr<int64_t>() + host.numel());
+      steps = std::max(steps, info.back()[0]);
+      incomplete = incomplete || info.back()[1] != 0;
+    }
+    const int me = comm.rank();
+    auto flat = state_.flat_parameters();
+    if (steps == 0) {
+      // No step was taken: every shard's state is zero, made by the first update where it
+      // is kept.
+      state_.drop_all();
+      params_incomplete_ = false;
+      return;
+    }
+    std::vector<int64_t> lost;
+    int64_t moved = 0;
+    for (int64_t s = 0; s < n; ++s) {
+      int source = -1;
+      bool needed = false;
+      for (int r = 0; r < ranks; ++r) {
+        const bool holds = info[r][kHeader + s] != 0;
+        if (holds && source < 0) source = r;
+        needed = needed || (wants(r, s) && !holds);
+      }
+      if (source < 0) {
+        lost.push_back(s);
+        continue;
+      }
+      if (needed) {
+        const bool sending = me == source;
+        auto packed = sending ? state_.shard(s)
+                              : torch::empty({state_.state_tensors(), shards.shard(s).numel()},
+                                             flat.options());
+        comm.broadcast(packed, source);
+        if (wants(me, s) && info[me][kHeader + s] == 0) state_.set_shard(s, packed);
+        ++moved;
+      }
+      if (incomplete) {
+        auto range = flat.narrow(0, shards.shard(s).begin, shards.shard(s).numel());
+        comm.broadcast(range, source);
+      }
+    }
+    if (!lost.empty()) {
+      throw Error(fmt::format(
+          "the optimizer state of shard(s) {} is held by no remaining worker (each shard is "
+          "kept by resources.shard_replicas = {} worker(s) in ring order, and all of them "
+          "failed, or were behind the others' step): resume from the last checkpoint",
+          vnode::shard_list(lost), replicas_));
+    }
+    state_.set_steps(steps);
+    params_incomplete_ = false;
+    if (moved > 0 && me == 0) {
+      spdlog::info("[shards] {} shard(s) of optimizer state moved to their new workers", moved);
+    }
+  }
+
+  /// Where the group's collectives take their tensors: the worker's device.
+  c10::Device comm_device() { return state_.flat_parameters().device(); }
+
+  std::unique_ptr<Reducer> inner_;
+  ShardedState& state_;
+  const int64_t replicas_;
+  comm::Communicator* comm_ = nullptr;
+  std::vector<vnode::VnodeRange> layout_;
+  int rank_ = 0;
+  bool moved_ = false;              // the layout or the state changed: shards move first
+  bool logged_ = false;             // this layout's shards were logged
+  bool params_incomplete_ = false;  // a gather of the parameters failed
+};
+
+}  // namespace
+
+std::unique_ptr<Reducer> make_sharded_reducer(std::unique_ptr<Reducer> inner, ShardedState& state,
+                                              int64_t replicas) {
+  return std::make_unique<ShardedReducer>(std::move(inner), state, replicas);
+}
+
+}  // namespace vflow::engine

@@ -1,0 +1,159 @@
+// The optimizer state sharded by vnode (resources.shard_optimizer; docs/design.md,
+// "Optimizer state sharded by vnode"), with real worker processes on loopback: the
+// fingerprint is the unsharded job's on every worker count, through resizes, a SIGKILLed
+// worker and a checkpoint resumed on another count.
+#include <catch2/catch.hpp>
+#include <regex>
+#include <set>
+#include <string>
+#include <thread>
+
+#include "apps/multiworker_support.h"
+#include "support.h"
+
+using namespace vflow::testing;
+
+namespace {
+
+// The small job with AdamW, whose two moments are the state that is sharded.
+const std::string kAdamW =
+    kJob + kDeterministic +
+    " --set semantic.optimizer='{name: adamw, lr: 0.002, weight_decay: 0.01}'";
+const std::string kSharded = " --set resources.shard_optimizer=true";
+
+std::string the_fingerprint(const CommandResult& r) {
+  const auto fps = fingerprints_in(r.output);
+  INFO(r.output);
+  REQUIRE(fps.size() == 1);
+  return *fps.begin();
+}
+
+}  // namespace
+
+TEST_CASE("sharded optimizer state keeps the unsharded fingerprint on 1, 2 and 5 workers",
+          "[multiproc][shard]") {
+  const auto reference = the_fingerprint(run_command(kTrain + kAdamW));
+  for (const int workers : {1, 2, 5}) {
+    CAPTURE(workers);
+    const auto r =
+        run_command(kTrain + kAdamW + kSharded + " --workers " + std::to_string(workers));
+    CHECK(r.exit_code == 0);
+    CHECK(the_fingerprint(r) == reference);
+    // 12 vnodes on 5 workers: 3, 3, 2, 2, 2; each keeps its own and its ring neighbour's.
+    if (workers == 5) {
+      CHECK(count_matches(r.output,
+                          "worker 1 of 5 owns shards 3..5 \\(\\d+ parameters\\) and "
+                          "keeps the optimizer state of shards 0..5:") == 1);
+      CHECK(count_matches(r.output,
+                          "worker 0 of 5 owns shards 0..2 \\(\\d+ parameters\\) and "
+                          "keeps the optimizer state of shards 0..2, 10..11:") == 1);
+    }
+  }
+  // SGD with momentum (one state tensor), sharded with its owner alone.
+  const std::string sgd = kJob + kDeterministic;
+  const auto sgd_reference = the_fingerprint(run_command(kTrain + sgd));
+  const auto r =
+      run_command(kTrain + sgd + kSharded + " --set resources.shard_replicas=1 --workers 3");
+  CHECK(the_fingerprint(r) == sgd_reference);
+}
+
+namespace {
+
+// Long enough (a few seconds) for several generations to come and go while it trains.
+const std::string kLong = kAdamW + kSharded +
+                          " --set semantic.steps=1500 --set resources.timeout_s=10" +
+                          " --set output.logging.every_steps=1";
+
+/// Shell: sends `signal` to the worker that has rank `rank` now.
+std::string kill_rank(int rank, const std::string& signal) {
+  return "kill -" + signal + " $(status | sed -n 's/^rank " + std::to_string(rank) +
+         " worker .* pid //p')";
+}
+
+/// The long job's fingerprint unsharded on one worker.
+std::string long_reference() {
+  return the_fingerprint(run_command(
+      kTrain + kAdamW + " --set semantic.steps=1500 --set output.logging.every_steps=1"));
+}
+
+}  // namespace
+
+TEST_CASE(
+    "sharded optimizer state moves with its vnodes through resizes 2 -> 5 -> 3, a SIGKILL and "
+    "a failure during a resize, with nothing lost",
+    "[multiproc][shard][elastic]") {
+  const auto reference = long_reference();
+  TempDir dir;
+  const auto r = run_elastic_job(
+      dir, 2, kLong + " --set output.logging.examples=" + dir.file("examples.log"),
+      "$CTL resize $A 5; await_workers 5; "
+      "await_step $(( $(status | sed -n 's/^step //p') + 20 )); $CTL resize $A 3; "
+      "await_workers 3; await_step $(( $(status | sed -n 's/^step //p') + 20 )); " +
+          kill_rank(1, "KILL") + "; await_workers 2; $CTL resize $A 4; " + kill_rank(1, "KILL"));
+  INFO(r.output);
+  CHECK_THAT(r.output, Catch::Matchers::Contains("exit=0"));
+  CHECK_THAT(r.output, !Catch::Matchers::Contains("TIMEOUT") && !Catch::Matchers::Contains("GONE"));
+  CHECK(count_matches(r.output, "died \\(status 137\\)") == 2);
+  CHECK_THAT(r.output, Catch::Matchers::Contains("shard(s) of optimizer state moved"));
+  CHECK(fingerprints_in(r.output) == std::set<std::string>{reference});
+  CHECK(read_example_log(dir.file("examples.log")).size() == 1500 * 12);  // each once
+  CHECK(nothing_left(dir));
+}
+
+TEST_CASE("a checkpoint of sharded state written on 4 workers resumes on 3 and unsharded",
+          "[multiproc][shard]") {
+  const auto reference = long_reference();
+  TempDir dir;
+  const std::string ck = " --set output.checkpoint.dir=" + dir.path() +
+                         " --set output.checkpoint.every_steps=500 --set output.checkpoint.keep=5";
+  const auto first = run_command(kTrain + kLong + ck + " --workers 4");
+  INFO(first.output);
+  REQUIRE(first.exit_code == 0);
+  CHECK(the_fingerprint(first) == reference);
+  const auto resumed =
+      run_command(kTrain + kLong + ck + " --workers 3 --resume " + dir.file("step-00000500.pt"));
+  INFO(resumed.output);
+  CHECK(resumed.exit_code == 0);
+  CHECK_THAT(resumed.output, Catch::Matchers::Contains("resumed from"));
+  CHECK(the_fingerprint(resumed) == reference);
+  // The format is the unsharded one: an unsharded job resumes from it.
+  const auto plain = run_command(kTrain + kAdamW + " --set semantic.steps=1500" + " --resume " +
+                                 dir.file("step-00001000.pt"));
+  INFO(plain.output);
+  CHECK(the_fingerprint(plain) == reference);
+}
+
+TEST_CASE("with one home a shard's state dies with its worker, and the job says so",
+          "[multiproc][shard][elastic]") {
+  TempDir dir;
+  const auto r =
+      run_elastic_job(dir, 3, kLong + " --set resources.shard_replicas=1", kill_rank(1, "KILL"));
+  INFO(r.output);
+  CHECK_THAT(r.output, Catch::Matchers::Contains("died (status 137)"));
+  CHECK_THAT(r.output, Catch::Matchers::Contains(
+                           "the optimizer state of shard(s) 4..7 is held by no remaining worker"));
+  CHECK_THAT(r.output, !Catch::Matchers::Contains("exit=0"));
+  CHECK(nothing_left(dir));
+}
+
+TEST_CASE("a resize storm over sharded state ends with the unsharded fingerprint",
+          "[multiproc][shard][elastic]") {
+  const auto reference = long_reference();
+  TempDir dir;
+  const int port = free_port();
+  CommandResult job;
+  std::thread launcher([&] {
+    job = run_command(kTrain + kLong + " --workers 2 --port " + std::to_string(port) +
+                      " --set output.logging.examples=" + dir.file("examples.log"));
+  });
+  // A request at every step the job takes, for 40 steps, cycling through 1..4 workers:
+  // shards move while the last move's generation is still forming.
+  const int requests = resize_storm(port, 40);
+  launcher.join();
+  INFO(job.output);
+  CHECK(requests == 40);
+  CHECK(job.exit_code == 0);
+  CHECK(fingerprints_in(job.output) == std::set<std::string>{reference});
+  CHECK(read_example_log(dir.file("examples.log")).size() == 1500 * 12);
+  CHECK(nothing_left(dir));
+}
