@@ -5,6 +5,8 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <cstring>
 #include <functional>
 #include <optional>
 #include <vector>
@@ -131,18 +133,44 @@ class ShardedReducer : public Reducer {
     return out;
   }
 
-  /// Every rank's parameters become the owners' values of each rank's owned shards: one
-  /// broadcast from each owner, in place (Gloo's all-gather would copy every part twice
-  /// through buffers of its own, which a worker's peak memory then includes).
+  /// Every rank's parameters become the owners' values of each rank's owned shards. On one
+  /// host (shared memory) in one pass: each rank zeroes the others' ranges, whose values it
+  /// does not keep, and the ranks' bit patterns are or-ed, which gives each element its
+  /// owner's bits exactly (a -0.0 and a NaN included). Elsewhere one broadcast from each
+  /// owner, in place (Gloo's all-gather would copy every part twice through buffers of its
+  /// own, which a worker's peak memory then includes).
   void gather_parameters(comm::Communicator& comm) {
     if (comm.size() == 1) return;
     const auto& shards = state_.layout();
     auto flat = state_.flat_parameters();
+    if (comm.can_combine() && flat.scalar_type() == torch::kFloat32 && flat.device().is_cpu()) {
+      for (int r = 0; r < comm.size(); ++r) {
+        if (r == comm.rank()) continue;
+        const auto theirs = shards.of_vnodes(layout_[static_cast<size_t>(r)]);
+        flat.narrow(0, theirs.begin, theirs.numel()).zero_();
+      }
+      comm.allreduce_combine(flat, or_bits);
+      return;
+    }
     for (int r = 0; r < comm.size(); ++r) {
       const auto owned = shards.of_vnodes(layout_[static_cast<size_t>(r)]);
       auto part = flat.narrow(0, owned.begin, owned.numel());
       comm.broadcast(part, r);
     }
+  }
+
+  /// dst[i] = the bitwise or of the ranks' parts[r][i] (a comm::Combine).
+  static double or_bits(const float* const* parts, int ranks, float* dst, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) {
+      uint32_t bits = 0;
+      for (int r = 0; r < ranks; ++r) {
+        uint32_t b = 0;
+        std::memcpy(&b, parts[r] + i, sizeof b);
+        bits |= b;
+      }
+      std::memcpy(dst + i, &bits, sizeof bits);
+    }
+    return 0;
   }
 
   /// Moves shards so that every rank holds the shards it keeps (and rank `root`, where

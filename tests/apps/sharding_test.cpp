@@ -49,6 +49,15 @@ TEST_CASE("sharded optimizer state keeps the unsharded fingerprint on 1, 2 and 5
                           "keeps the optimizer state of shards 0..2, 10..11:") == 1);
     }
   }
+  // Through Gloo's sockets rather than shared memory: the parameters come by broadcasts.
+  const auto sockets =
+      run_command(kTrain + kAdamW + kSharded + " --set resources.shared_memory=false --workers 3");
+  CHECK(the_fingerprint(sockets) == reference);
+  // Default mode: the same sum on the same workers, and an update element by element, give
+  // the unsharded run's bits too.
+  const std::string fast = kJob + " --set semantic.optimizer='{name: adamw, lr: 0.002}'";
+  CHECK(the_fingerprint(run_command(kTrain + fast + kSharded + " --workers 3")) ==
+        the_fingerprint(run_command(kTrain + fast + " --workers 3")));
   // SGD with momentum (one state tensor), sharded with its owner alone.
   const std::string sgd = kJob + kDeterministic;
   const auto sgd_reference = the_fingerprint(run_command(kTrain + sgd));
