@@ -72,7 +72,7 @@ def hwm_kib(pid):
 
 
 def memory_run(build, model, workers, sharded, steps=2):
-    """(each worker's peak MB, each worker's kept state MB from its log line)."""
+    """(each worker's peak MB, each worker's kept state MB from its log line; 10^6 bytes)."""
     cmd = [os.path.join(build, "vflow-train"), *MODELS[model], "--set", ADAMW,
            "--set", "semantic.deterministic=true", "--set", "semantic.epochs=null",
            "--set", f"semantic.steps={steps}", "--set", "resources.threads=1",
@@ -94,7 +94,7 @@ def memory_run(build, model, workers, sharded, steps=2):
         sys.exit(f"{' '.join(cmd)} failed:\n{text[-3000:]}")
     state = [float(m) for m in re.findall(r"keeps the optimizer state of shards [^:]*: ([0-9.e+]+) MB",
                                           text)]
-    return sorted(v / 1024 for v in peaks.values()), state, text
+    return sorted(v * 1024 / 1e6 for v in peaks.values()), state, text  # MB, as the log's
 
 
 def memory(args):
