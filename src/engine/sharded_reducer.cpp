@@ -64,7 +64,7 @@ class ShardedReducer : public Reducer {
       // The step is taken on this worker (its shards are updated and cannot be undone):
       // the parameters of the others' shards are gathered again from their holders when
       // the group regroups, which the failed peer forces at the next collective.
-      spdlog::warn("[shards] the parameters' all-gather failed: {}", e.what());
+      spdlog::warn("[shards] the parameters' gather failed: {}", e.what());
       params_incomplete_ = true;
     }
     return norm;

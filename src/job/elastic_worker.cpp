@@ -300,10 +300,11 @@ std::shared_ptr<comm::Communicator> ElasticWorker::regroup(const Generation& g, 
 }
 
 void ElasticWorker::hand_off(const Generation& g, int64_t next_id) {
-  const auto next = control_.generation(next_id);
-  std::vector<int> next_rank;
-  for (const auto& m : g.members) next_rank.push_back(next.rank_of(m));
+  if (!spec_.resources.shard_optimizer) return;  // every member holds the whole state
   try {
+    const auto next = control_.generation(next_id);
+    std::vector<int> next_rank;
+    for (const auto& m : g.members) next_rank.push_back(next.rank_of(m));
     trainer_->hand_off_state(next_rank, static_cast<int>(next.members.size()), next.vnodes);
   } catch (const comm::PeerFailure& e) {
     // The next generation finds out what is left (and says what is lost).
