@@ -134,20 +134,22 @@ class ShardedReducer : public Reducer {
   }
 
   /// Every rank's parameters become the owners' values of each rank's owned shards. On one
-  /// host (shared memory) in one pass: each rank zeroes the others' ranges, whose values it
-  /// does not keep, and the ranks' bit patterns are or-ed, which gives each element its
-  /// owner's bits exactly (a -0.0 and a NaN included). Elsewhere one broadcast from each
-  /// owner, in place (Gloo's all-gather would copy every part twice through buffers of its
-  /// own, which a worker's peak memory then includes).
+  /// host (shared memory) in one pass: each rank zeroes the shards it does not hold, whose
+  /// values it did not update, and the ranks' bit patterns are or-ed, which gives each
+  /// element the bits of the ranks that hold it (its owner's, and its second home's, which
+  /// are the same), a -0.0 and a NaN included. A rank whose pass fails thus still has every
+  /// held shard's values, from which the next group's first step sends them. Elsewhere one
+  /// broadcast from each owner, in place (Gloo's all-gather would copy every part twice
+  /// through buffers of its own, which a worker's peak memory then includes).
   void gather_parameters(comm::Communicator& comm) {
     if (comm.size() == 1) return;
     const auto& shards = state_.layout();
     auto flat = state_.flat_parameters();
     if (comm.can_combine() && flat.scalar_type() == torch::kFloat32 && flat.device().is_cpu()) {
-      for (int r = 0; r < comm.size(); ++r) {
-        if (r == comm.rank()) continue;
-        const auto theirs = shards.of_vnodes(layout_[static_cast<size_t>(r)]);
-        flat.narrow(0, theirs.begin, theirs.numel()).zero_();
+      const auto held = state_.held();
+      for (int64_t s = 0; s < shards.shards(); ++s) {
+        if (std::binary_search(held.begin(), held.end(), s)) continue;
+        flat.narrow(0, shards.shard(s).begin, shards.shard(s).numel()).zero_();
       }
       comm.allreduce_combine(flat, or_bits);
       return;
