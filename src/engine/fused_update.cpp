@@ -432,9 +432,9 @@ class FusedSgd final : public FusedOptimizer<torch::optim::SGD, torch::optim::SG
                        steps_ == 0};
     if (cpu_float(p) && gradient.on_cpu()) {
       float* pp = p.data_ptr<float>();
-      float* bp = s.use_momentum ? state[0].data_ptr<float>() - lo : nullptr;
+      float* bp = s.use_momentum ? state[0].data_ptr<float>() : nullptr;  // from element lo
       gradient.for_runs(lo, hi, [&](int64_t b, int64_t e, auto g) {
-        sgd_kernel(pp + b, g, bp ? bp + b : nullptr, e - b, s);
+        sgd_kernel(pp + b, g, bp ? bp + (b - lo) : nullptr, e - b, s);
       });
       return;
     }
@@ -498,10 +498,10 @@ class FusedAdamW final : public FusedOptimizer<torch::optim::AdamW, torch::optim
                            static_cast<float>(-step_size),
                            o.weight_decay() != 0};
       float* pp = p.data_ptr<float>();
-      float* mp = m.data_ptr<float>() - lo;  // indexed by the flat buffer's element
-      float* vp = v.data_ptr<float>() - lo;
+      float* mp = m.data_ptr<float>();  // from element lo
+      float* vp = v.data_ptr<float>();
       gradient.for_runs(lo, hi, [&](int64_t b, int64_t e, auto g) {
-        adamw_kernel(pp + b, g, mp + b, vp + b, e - b, s);
+        adamw_kernel(pp + b, g, mp + (b - lo), vp + (b - lo), e - b, s);
       });
       return;
     }
