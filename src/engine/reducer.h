@@ -101,8 +101,8 @@ class Reducer {
   /// Whether the optimizer's state is part of the state sent to a joining worker (a sharded
   /// reducer sends shards itself).
   virtual bool transfers_optimizer() const { return true; }
-  /// The model's state was replaced by a transferred one, the optimizer's
-  /// not (transfers_optimizer() false); `moved`: of another step than this worker's.
+  /// The model's state was replaced by a transferred one (with the optimizer's only where
+  /// transfers_optimizer()); `moved`: of another step than this worker's.
   virtual void state_transferred(bool moved) {}
 
  protected:

@@ -36,6 +36,18 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+/// Every rank's vnodes when `workers` workers hold `counts` consecutive vnodes each, or an
+/// even split of `virtual_nodes` where `counts` is empty.
+std::vector<vnode::VnodeRange> layout_of(int64_t virtual_nodes, int64_t workers,
+                                         const std::vector<int64_t>& counts) {
+  std::vector<vnode::VnodeRange> layout;
+  for (int64_t r = 0; r < workers; ++r) {
+    layout.push_back(counts.empty() ? vnode::vnodes_of(virtual_nodes, workers, r)
+                                    : vnode::vnodes_of(counts, r));
+  }
+  return layout;
+}
+
 }  // namespace
 
 struct Trainer::Impl {
@@ -662,7 +674,7 @@ void Trainer::load_state_bytes(const std::string& bytes) {
   auto& im = *impl_;
   const int64_t before = im.step;
   im.load(bytes, "transferred state", im.transfer_parts());
-  if (!im.reducer->transfers_optimizer()) im.reducer->state_transferred(im.step != before);
+  im.reducer->state_transferred(im.step != before);
 }
 
 void Trainer::load_checkpoint(const std::string& path) {
@@ -733,13 +745,8 @@ void Trainer::state_donated() {
 void Trainer::hand_off_state(const std::vector<int>& next_rank, int next_size,
                              const std::vector<int64_t>& next_counts) {
   auto& im = *impl_;
-  std::vector<vnode::VnodeRange> next_layout;
-  for (int r = 0; r < next_size; ++r) {
-    next_layout.push_back(next_counts.empty()
-                              ? vnode::vnodes_of(im.plan.virtual_nodes(), next_size, r)
-                              : vnode::vnodes_of(next_counts, r));
-  }
-  im.reducer->hand_off(*im.comm, next_rank, next_layout);
+  im.reducer->hand_off(*im.comm, next_rank,
+                       layout_of(im.plan.virtual_nodes(), next_size, next_counts));
 }
 
 int Trainer::rank() const { return impl_->comm->rank(); }
@@ -760,10 +767,7 @@ void Trainer::set_communicator(std::shared_ptr<comm::Communicator> communicator)
   im.comm = std::move(next);
   im.held = vnode::vnodes_of(im.plan.virtual_nodes(), workers, im.comm->rank());
   im.batches.hold(im.held);
-  im.layout.clear();
-  for (int64_t r = 0; r < workers; ++r) {
-    im.layout.push_back(vnode::vnodes_of(im.plan.virtual_nodes(), workers, r));
-  }
+  im.layout = layout_of(im.plan.virtual_nodes(), workers, {});
   if (im.checks) im.checks->forget();
   if (im.reducer) im.reducer->set_layout(im.layout, im.comm->rank());
 }
@@ -781,9 +785,7 @@ void Trainer::set_communicator(std::shared_ptr<comm::Communicator> communicator,
   }
   im.held = vnode::vnodes_of(counts, im.comm->rank());
   im.batches.hold(im.held);
-  for (size_t r = 0; r < counts.size(); ++r) {
-    im.layout[r] = vnode::vnodes_of(counts, static_cast<int64_t>(r));
-  }
+  im.layout = layout_of(im.plan.virtual_nodes(), im.comm->size(), counts);
   if (im.reducer) im.reducer->set_layout(im.layout, im.comm->rank());
 }
 void Trainer::set_stop_flag(const std::atomic<bool>* flag) { impl_->stop_flag = flag; }
