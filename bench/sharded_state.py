@@ -13,8 +13,10 @@ keeps against state x replicas / K.
 Speed: the default job (ConvNet on Fashion-MNIST, B 256 as 8 vnodes) with AdamW on K = 2
 and 4 workers, unsharded and sharded, the two alternating within each repeat; median
 examples/s over the timed steps and the ratio sharded / unsharded of each repeat (median,
-min-max over repeats), and the median of each run's mean update time (the optimizer step
-and, sharded, the parameters' gather).
+min-max over repeats), the median of each run's mean update time (the optimizer step
+and, sharded, the parameters' gather), and the bytes rank 0 read of its peers' data a step
+in the sums and the gather through shared memory (the metrics' received_mb): the sharded
+job's reduce-scatter and gather move what the unsharded job's one allreduce moves.
 
     bench/sharded_state.py [--build build] [--repeats 5] [--steps 100] [--memory-only]
                            [--speed-only] [--models resnet50,bert-base] [--workers 1,2,4]
@@ -118,11 +120,13 @@ def memory(args):
 
 def speed(args):
     print("\n| K | unsharded examples/s | sharded examples/s | ratio sharded / unsharded "
-          "| update ms unsharded | update ms sharded |")
-    print("|---|---|---|---|---|---|")
+          "| update ms unsharded | update ms sharded | received MB/step unsharded "
+          "| received MB/step sharded |")
+    print("|---|---|---|---|---|---|---|---|")
     for k in (2, 4):
         runs = {False: [], True: []}
         update = {False: [], True: []}  # the update and, sharded, the parameters' gather
+        received = {False: [], True: []}  # rank 0's bytes read of its peers' data a step
         ratio = []
         for r in range(args.repeats):
             order = [False, True] if r % 2 == 0 else [True, False]
@@ -134,12 +138,14 @@ def speed(args):
                 summary = vflow_runs.summary(steps)
                 runs[sharded].append(summary["examples_per_second"])
                 update[sharded].append(summary["update_ms"])
+                received[sharded].append(statistics.mean(r.get("received_mb", -1) for r in steps))
             ratio.append(runs[True][-1] / runs[False][-1])
         a, b = runs[False], runs[True]
         print(f"| {k} | {statistics.median(a):.0f} ({min(a):.0f}-{max(a):.0f}) "
               f"| {statistics.median(b):.0f} ({min(b):.0f}-{max(b):.0f}) "
               f"| {statistics.median(ratio):.3f} ({min(ratio):.3f}-{max(ratio):.3f}) "
-              f"| {statistics.median(update[False]):.2f} | {statistics.median(update[True]):.2f} |",
+              f"| {statistics.median(update[False]):.2f} | {statistics.median(update[True]):.2f} "
+              f"| {statistics.median(received[False]):.3f} | {statistics.median(received[True]):.3f} |",
               flush=True)
 
 

@@ -6,9 +6,13 @@
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <array>
+#include <deque>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <utility>
 
 #include "comm/host_memory.h"
 #include "comm/store.h"
@@ -121,6 +125,61 @@ class GlooCommunicator final : public Communicator {
     }
   }
 
+  // LibTorch 1.13's Gloo has no reduce-scatter: point-to-point sends and receives. In
+  // rounds, each rank sends every owner its values of the next chunk of the owner's share,
+  // and the owner adds the ranks' values in rank order (the bits of the shared-memory sum);
+  // then each owner sends every rank the sums it wants. A rank thus receives each element
+  // it does not own once, as one allreduce brings it.
+  void reduce_scatter_sum(torch::Tensor& tensor, const Shares& shares) override {
+    const auto type = tensor.scalar_type();
+    if (!tensor.is_cpu() || !tensor.is_contiguous() ||
+        (type != torch::kFloat && type != torch::kDouble && type != torch::kInt &&
+         type != torch::kLong)) {
+      return allreduce_sum(tensor);
+    }
+    check(shares);
+    const auto& bounds = shares.bounds;
+    const int64_t chunk = kChunkBytes / tensor.element_size();
+    int64_t longest = 0;
+    for (int k = 0; k < size_; ++k) longest = std::max(longest, bounds[k + 1] - bounds[k]);
+    std::vector<torch::Tensor> inbox(static_cast<size_t>(size_));
+    for (int k = 0; k < size_; ++k) {
+      if (k != rank_) inbox[k] = torch::empty({std::min(chunk, longest)}, tensor.options());
+    }
+    for (int64_t done = 0; done < longest; done += chunk) {
+      const auto begin = [&](int k) { return std::min(bounds[k] + done, bounds[k + 1]); };
+      const auto count = [&](int k) {
+        return std::min(bounds[k] + done + chunk, bounds[k + 1]) - begin(k);
+      };
+      // Message (from, to) is number from * size + to.
+      Exchange exchange(*this, "reduce-scatter", int64_t{size_} * size_);
+      for (int k = 0; k < size_; ++k) {
+        if (k == rank_ || count(k) == 0) continue;
+        exchange.send(tensor.narrow(0, begin(k), count(k)), k, int64_t{rank_} * size_ + k);
+      }
+      const int64_t mine = count(rank_);
+      for (int k = 0; k < size_; ++k) {
+        if (k == rank_ || mine == 0) continue;
+        exchange.receive(inbox[k].narrow(0, 0, mine), k, int64_t{k} * size_ + rank_);
+      }
+      exchange.wait();
+      if (mine == 0) continue;
+      auto own = tensor.narrow(0, begin(rank_), mine);
+      auto total = (rank_ == 0 ? own : inbox[0].narrow(0, 0, mine)).clone();
+      for (int k = 1; k < size_; ++k) total.add_(k == rank_ ? own : inbox[k].narrow(0, 0, mine));
+      own.copy_(total);
+    }
+    deliver(tensor, shares, "reduce-scatter");
+  }
+
+  void gather_shares(torch::Tensor& tensor, const Shares& shares) override {
+    if (!tensor.is_cpu() || !tensor.is_contiguous()) {
+      return Communicator::gather_shares(tensor, shares);
+    }
+    check(shares);
+    deliver(tensor, shares, "gather");
+  }
+
   bool asynchronous() const override { return true; }
   std::chrono::milliseconds timeout() const override { return timeout_; }
 
@@ -175,11 +234,88 @@ class GlooCommunicator final : public Communicator {
     return fmt::format("[comm] {} failed on rank {} of {}", what, rank_, size_);
   }
 
+  /// The largest message of a reduce-scatter's rounds, per peer.
+  static constexpr int64_t kChunkBytes = int64_t{4} << 20;
+
+  void check(const Shares& shares) const {
+    VFLOW_ASSERT(static_cast<int>(shares.bounds.size()) == size_ + 1 &&
+                     static_cast<int>(shares.wanted.size()) == size_,
+                 "shares of another group");
+  }
+
+  /// Point-to-point messages in flight together. Message i of an exchange of n has tag
+  /// (the communicator's count of messages so far + i), which every rank numbers alike;
+  /// waited for up to the timeout.
+  class Exchange {
+   public:
+    Exchange(GlooCommunicator& comm, const char* what, int64_t messages)
+        : comm_(comm), what_(what), base_(comm.tag_) {
+      comm.tag_ += static_cast<uint64_t>(messages);
+    }
+    void send(const torch::Tensor& part, int to, int64_t message) {
+      start(part, to, message, true);
+    }
+    void receive(const torch::Tensor& part, int from, int64_t message) {
+      start(part, from, message, false);
+    }
+    void wait() {
+      try {
+        for (auto& w : works_) w->wait(comm_.timeout_);
+      } catch (const std::exception& e) {
+        throw peer_failure(comm_.failed(what_), e);
+      }
+    }
+
+   private:
+    void start(const torch::Tensor& part, int peer, int64_t message, bool sending) {
+      const int tag = static_cast<int>((base_ + static_cast<uint64_t>(message)) & 0x3fffffff);
+      auto& tensors = parts_.emplace_back(std::vector<torch::Tensor>{part});
+      try {
+        works_.push_back(sending ? comm_.group_->send(tensors, peer, tag)
+                                 : comm_.group_->recv(tensors, peer, tag));
+      } catch (const std::exception& e) {
+        throw peer_failure(comm_.failed(what_), e);
+      }
+    }
+    GlooCommunicator& comm_;
+    const char* what_;
+    uint64_t base_;
+    std::deque<std::vector<torch::Tensor>> parts_;  // alive until waited for
+    std::vector<decltype(std::declval<c10d::ProcessGroupGloo&>().send(
+        std::declval<std::vector<torch::Tensor>&>(), 0, 0))>
+        works_;
+  };
+
+  /// Each owner sends every other rank the parts of its share that rank wants, which the
+  /// rank receives in place.
+  void deliver(torch::Tensor& tensor, const Shares& shares, const char* what) {
+    // (owner, rank, begin, end) of every message, in the same order on every rank.
+    std::vector<std::array<int64_t, 4>> messages;
+    for (int k = 0; k < size_; ++k) {
+      for (int j = 0; j < size_; ++j) {
+        for (const auto& [from, to] : shares.wanted[j]) {
+          const int64_t lo = std::max(from, shares.bounds[k]);
+          const int64_t hi = std::min(to, shares.bounds[k + 1]);
+          if (j != k && hi > lo) messages.push_back({k, j, lo, hi});
+        }
+      }
+    }
+    Exchange exchange(*this, what, static_cast<int64_t>(messages.size()));
+    for (size_t i = 0; i < messages.size(); ++i) {
+      const auto [k, j, lo, hi] = messages[i];
+      auto part = tensor.narrow(0, lo, hi - lo);
+      if (rank_ == k) exchange.send(part, static_cast<int>(j), static_cast<int64_t>(i));
+      if (rank_ == j) exchange.receive(part, static_cast<int>(k), static_cast<int64_t>(i));
+    }
+    exchange.wait();
+  }
+
   int rank_;
   int size_;
   std::chrono::milliseconds timeout_;
   c10::intrusive_ptr<c10d::Store> store_;
   c10::intrusive_ptr<c10d::ProcessGroupGloo> group_;
+  uint64_t tag_ = 0;  // point-to-point messages so far (their tags)
 };
 
 class LocalCommunicator final : public Communicator {
@@ -196,6 +332,30 @@ class LocalCommunicator final : public Communicator {
 
 double Communicator::allreduce_combine(torch::Tensor&, const Combine&) {
   throw InternalError("[comm] this communicator cannot combine tensors element by element");
+}
+
+Shares Shares::around(int64_t before, int64_t after) const {
+  Shares out;
+  for (size_t k = 0; k < bounds.size(); ++k) {
+    out.bounds.push_back(k == 0 ? 0 : bounds[k] + before + (k + 1 == bounds.size() ? after : 0));
+  }
+  const int64_t end = bounds.back() + before;
+  for (const auto& ranges : wanted) {
+    auto& into = out.wanted.emplace_back();
+    if (before > 0) into.emplace_back(0, before);
+    for (const auto& [b, e] : ranges) into.emplace_back(b + before, e + before);
+    if (after > 0) into.emplace_back(end, end + after);
+  }
+  return out;
+}
+
+void Communicator::gather_shares(torch::Tensor& tensor, const Shares& shares) {
+  VFLOW_ASSERT(static_cast<int>(shares.bounds.size()) == size() + 1, "shares of another group");
+  for (int r = 0; r < size(); ++r) {
+    const int64_t begin = shares.bounds[r];
+    auto part = tensor.narrow(0, begin, shares.bounds[r + 1] - begin);
+    broadcast(part, r);
+  }
 }
 
 std::unique_ptr<PendingWork> Communicator::start_allreduce_sum(torch::Tensor& tensor) {

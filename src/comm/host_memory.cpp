@@ -210,16 +210,20 @@ class HostMemoryCommunicator final : public Communicator {
   // Every rank must take the same path whatever its tensor's device and layout (a job
   // may mix CPU and CUDA workers): only the element type decides.
   void allreduce_sum(torch::Tensor& tensor) override {
+    reduce_scatter_sum(tensor, whole(tensor.numel()));
+  }
+
+  void reduce_scatter_sum(torch::Tensor& tensor, const Shares& shares) override {
     const auto type = tensor.scalar_type();
     if (type != torch::kFloat && type != torch::kDouble && type != torch::kInt &&
         type != torch::kLong) {
       return guarded([&] { base_->allreduce_sum(tensor); });
     }
     on_host(tensor, [&](torch::Tensor& host) {
-      if (type == torch::kFloat) sum(host.data_ptr<float>(), host.numel());
-      if (type == torch::kDouble) sum(host.data_ptr<double>(), host.numel());
-      if (type == torch::kInt) sum(host.data_ptr<int32_t>(), host.numel());
-      if (type == torch::kLong) sum(host.data_ptr<int64_t>(), host.numel());
+      if (type == torch::kFloat) sum(host.data_ptr<float>(), shares);
+      if (type == torch::kDouble) sum(host.data_ptr<double>(), shares);
+      if (type == torch::kInt) sum(host.data_ptr<int32_t>(), shares);
+      if (type == torch::kLong) sum(host.data_ptr<int64_t>(), shares);
       return 0.0;
     });
   }
@@ -227,14 +231,33 @@ class HostMemoryCommunicator final : public Communicator {
   bool can_combine() const override { return true; }
 
   double allreduce_combine(torch::Tensor& tensor, const Combine& combine) override {
+    return reduce_scatter_combine(tensor, combine, whole(tensor.numel()));
+  }
+
+  double reduce_scatter_combine(torch::Tensor& tensor, const Combine& combine,
+                                const Shares& shares) override {
     VFLOW_ASSERT(tensor.scalar_type() == torch::kFloat, "only float tensors are combined");
     return on_host(tensor, [&](torch::Tensor& host) {
-      return reduce(host.data_ptr<float>(), host.numel(),
-                    [&](float* dst, const float* const* parts, int64_t count) {
-                      return combine(parts, size_, dst, count);
-                    });
+      return exchange(host.data_ptr<float>(), shares, true,
+                      [&](float* dst, const float* const* parts, int64_t count) {
+                        return combine(parts, size_, dst, count);
+                      });
     });
   }
+
+  void gather_shares(torch::Tensor& tensor, const Shares& shares) override {
+    const auto bytes = static_cast<int64_t>(tensor.element_size());
+    if (bytes != 4 && bytes != 8) return Communicator::gather_shares(tensor, shares);
+    on_host(tensor, [&](torch::Tensor& host) {
+      // The bits are copied as they are, whatever the element type.
+      const auto no_part = [](auto*, auto, int64_t) { return 0.0; };
+      if (bytes == 4) exchange(static_cast<uint32_t*>(host.data_ptr()), shares, false, no_part);
+      if (bytes == 8) exchange(static_cast<uint64_t*>(host.data_ptr()), shares, false, no_part);
+      return 0.0;
+    });
+  }
+
+  int64_t received_bytes() const override { return received_; }
 
   std::unique_ptr<PendingWork> start_allreduce_sum(torch::Tensor& tensor) override {
     return guarded([&] { return base_->start_allreduce_sum(tensor); });
@@ -354,59 +377,99 @@ class HostMemoryCommunicator final : public Communicator {
     }
   }
 
-  /// The sum of `n` elements at `x` over all ranks (ranks in order).
+  /// The shares of an allreduce of `n` elements: balanced, 16-element aligned, every
+  /// element wanted.
+  Shares whole(int64_t n) const {
+    Shares shares;
+    const int64_t share = ((n + size_ - 1) / size_ + 15) & ~int64_t{15};
+    for (int k = 0; k <= size_; ++k) shares.bounds.push_back(std::min(n, k * share));
+    shares.wanted.assign(static_cast<size_t>(size_), {{0, n}});
+    return shares;
+  }
+
+  /// The sum of `n` elements at `x` over all ranks (ranks in order), where `shares` says.
   template <typename T>
-  void sum(T* x, int64_t n) {
-    reduce(x, n, [&](T* dst, const T* const* sources, int64_t count) {
+  void sum(T* x, const Shares& shares) {
+    exchange(x, shares, true, [&](T* dst, const T* const* sources, int64_t count) {
       sum_parts(dst, sources, size_, count);
       return 0.0;
     });
   }
 
-  /// `n` elements at `x` become reduce_part of every rank's, in pieces of half a slot:
-  /// each rank publishes the parts the others reduce, reduces its own part and takes the
-  /// others' reduced parts. reduce_part(dst, sources, count) writes dst from the ranks'
-  /// sources (in rank order) and returns a figure; the largest over every rank's parts
-  /// (NaN if any) is returned on every rank.
+  /// Rank k's share [bounds[k], bounds[k + 1]) of the elements at `x` becomes
+  /// reduce_part of every rank's values there, computed by rank k, and each rank copies
+  /// out the others' reduced values its wanted ranges cover. In rounds, each of which
+  /// takes the next chunk of every share: each rank publishes its values of the others'
+  /// chunks in its slot (unless `publish` is false: a gather, where each owner's values
+  /// are taken as they are and reduce_part is not called), reduces its own chunk into `x`
+  /// and its slot, and after a barrier takes what it wants of the others'. Halves of the
+  /// slots alternate by round, so that a round's last reads never race the writes of the
+  /// round after next (docs/design.md, "Ranks on one host"). reduce_part(dst, sources,
+  /// count) writes dst from the ranks' sources (in rank order) and returns a figure; the
+  /// largest over every rank's parts (NaN if any) is returned on every rank.
   template <typename T, typename ReducePart>
-  double reduce(T* x, int64_t n, ReducePart reduce_part) {
-    const int64_t piece = static_cast<int64_t>(slot_ / 2 / sizeof(T));
+  double exchange(T* x, const Shares& shares, bool publish, ReducePart reduce_part) {
+    const auto& bounds = shares.bounds;
+    VFLOW_ASSERT(static_cast<int>(bounds.size()) == size_ + 1 && bounds.front() == 0 &&
+                     static_cast<int>(shares.wanted.size()) == size_,
+                 "shares of another group");
+    // A published round holds one chunk for every rank in each slot, a gather only the
+    // owner's.
+    const auto region_bytes = slot_ / 2 / (publish ? static_cast<size_t>(size_) : 1);
+    const int64_t chunk = std::max<int64_t>(16, (region_bytes / sizeof(T)) & ~size_t{15});
+    const auto region = [&](int k, int owner, uint64_t half) {
+      return part<T>(k, half) + (publish ? static_cast<size_t>(owner) * chunk : 0);
+    };
+    int64_t longest = 0;
+    for (int k = 0; k < size_; ++k) {
+      VFLOW_ASSERT(bounds[k + 1] >= bounds[k], "shares out of order");
+      longest = std::max(longest, bounds[k + 1] - bounds[k]);
+    }
+    if (longest == 0) return 0;
     std::vector<const T*> sources(static_cast<size_t>(size_));
     double figure = 0;
-    for (int64_t offset = 0; offset < n; offset += piece) {
-      const int64_t len = std::min(piece, n - offset);
-      const int64_t share = ((len + size_ - 1) / size_ + 15) & ~int64_t{15};
-      const auto begin = [&](int k) { return std::min(len, k * share); };
-      const auto count = [&](int k) { return begin(k + 1) - begin(k); };
+    for (int64_t done = 0; done < longest; done += chunk) {
+      const auto begin = [&](int k) { return std::min(bounds[k] + done, bounds[k + 1]); };
+      const auto end = [&](int k) { return std::min(bounds[k] + done + chunk, bounds[k + 1]); };
       const uint64_t half = pieces_++ % 2;
-      T* mine = part<T>(rank_, half);
-      T* here = x + offset;
-      for (int k = 0; k < size_; ++k) {
-        if (k != rank_ && count(k) > 0) {
-          std::memcpy(mine + begin(k), here + begin(k), sizeof(T) * count(k));
+      if (publish) {
+        for (int k = 0; k < size_; ++k) {
+          if (k != rank_ && end(k) > begin(k)) {
+            std::memcpy(region(rank_, k, half), x + begin(k), sizeof(T) * (end(k) - begin(k)));
+          }
         }
+        arrive_and_wait();
       }
-      arrive_and_wait();
-      for (int k = 0; k < size_; ++k) {
-        sources[k] = (k == rank_ ? here : part<T>(k, half)) + begin(rank_);
-      }
-      if (count(rank_) > 0) {
-        figure = larger(figure, reduce_part(mine + begin(rank_), sources.data(), count(rank_)));
-        std::memcpy(here + begin(rank_), mine + begin(rank_), sizeof(T) * count(rank_));
+      const int64_t mine = end(rank_) - begin(rank_);
+      T* out = region(rank_, rank_, half);
+      if (mine > 0 && publish) {
+        for (int k = 0; k < size_; ++k) {
+          sources[k] = k == rank_ ? x + begin(rank_) : region(k, rank_, half);
+        }
+        figure = larger(figure, reduce_part(out, sources.data(), mine));
+        std::memcpy(x + begin(rank_), out, sizeof(T) * mine);
+        received_ += static_cast<int64_t>(sizeof(T)) * mine * (size_ - 1);
+      } else if (mine > 0) {
+        std::memcpy(out, x + begin(rank_), sizeof(T) * mine);
       }
       // Published before the barrier, which orders it for the readers after it; rewritten
-      // only after the next sum's first barrier, which every reader has passed by then.
-      __atomic_store_n(figure_of(rank_), as_bits(figure), __ATOMIC_RELAXED);
+      // only after the next published round's first barrier, which every reader has passed
+      // by then (a gather, whose one barrier follows its writes, publishes none).
+      if (publish) __atomic_store_n(figure_of(rank_), as_bits(figure), __ATOMIC_RELAXED);
       arrive_and_wait();
       for (int k = 0; k < size_; ++k) {
-        if (k != rank_ && count(k) > 0) {
-          std::memcpy(here + begin(k), part<T>(k, half) + begin(k), sizeof(T) * count(k));
+        if (k == rank_) continue;
+        for (const auto& [from, to] : shares.wanted[static_cast<size_t>(rank_)]) {
+          const int64_t b = std::max(from, begin(k));
+          const int64_t e = std::min(to, end(k));
+          if (e <= b) continue;
+          std::memcpy(x + b, region(k, k, half) + (b - begin(k)), sizeof(T) * (e - b));
+          received_ += static_cast<int64_t>(sizeof(T)) * (e - b);
         }
       }
     }
-    if (n == 0) return 0;
     double all = 0;
-    for (int k = 0; k < size_; ++k) {
+    for (int k = 0; k < size_ && publish; ++k) {
       all = larger(all, as_double(__atomic_load_n(figure_of(k), __ATOMIC_RELAXED)));
     }
     return all;
@@ -423,6 +486,7 @@ class HostMemoryCommunicator final : public Communicator {
   size_t header_;
   uint64_t phase_ = 0;
   uint64_t pieces_ = 0;
+  int64_t received_ = 0;  // bytes copied out of the peers' slots
 };
 
 }  // namespace

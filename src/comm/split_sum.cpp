@@ -81,10 +81,14 @@ torch::Tensor SplitSum::dense(int world) {
 }
 
 SplitSum::Listed SplitSum::reduce(Communicator& comm, const torch::Tensor& index,
-                                  const torch::Tensor& value) {
+                                  const torch::Tensor& value, const Shares* dense) {
   list(comm.rank(), index, value);
   auto whole = carrier_part(0, numel_);
-  comm.allreduce_sum(whole);
+  if (dense != nullptr) {
+    comm.reduce_scatter_sum(whole, dense->around(world_ * region_size(capacity_), 0));
+  } else {
+    comm.allreduce_sum(whole);
+  }
   return merge(comm);
 }
 

@@ -111,14 +111,16 @@ class ExactReducer : public Reducer {
       // One vnode a worker, on one host: the exact sum is formed inside the reduction,
       // each element converted once, and every rank checks the range of all the parts.
       VFLOW_ASSERT(sum_.empty(), "a worker of one vnode absorbed none before the reduction");
-      check_range(comm.allreduce_combine(flat, vnode::FixedPointSum::sum_rounded));
+      check_range(
+          shares_ ? comm.reduce_scatter_combine(flat, vnode::FixedPointSum::sum_rounded, *shares_)
+                  : comm.allreduce_combine(flat, vnode::FixedPointSum::sum_rounded));
       sum_.clear();
       return;
     }
     auto dense = split_.dense(world);
     torch::Tensor index, value;
     check_range(sum_.split(flat, comm::SplitSum::dense_limit(world), dense, index, value));
-    take_sums(dense, split_.reduce(comm, index, value));
+    take_sums(dense, split_.reduce(comm, index, value, shares_ ? &*shares_ : nullptr));
   }
 
   std::optional<double> update() override {
@@ -133,6 +135,10 @@ class ExactReducer : public Reducer {
       optimizer_.step();
     }
     return norm;
+  }
+
+  void scatter_sums(const comm::Shares* gradients) override {
+    shares_ = packet_shares(packet_, gradients);
   }
 
   void abandon() override {
@@ -205,6 +211,8 @@ class ExactReducer : public Reducer {
   std::vector<torch::Tensor> bucket_index_, bucket_value_;
   /// The summed gradient for this step's fused update, read where it lies.
   std::optional<vnode::FixedPointSum::Reduced> reduced_;
+  /// Where the sums are needed (scatter_sums), as shares of the packet.
+  std::optional<comm::Shares> shares_;
   /// Or: this step's fused update rounds one worker's only vnode's gradients as it reads them.
   bool rounding_ = false;
 };

@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "engine/reducer.h"
+#include "vflow/comm/communicator.h"
 
 namespace vflow::engine {
 
@@ -22,5 +23,10 @@ std::unique_ptr<Reducer> make_exact_reducer(vnode::StepPacket& packet,
 /// semantic.clip on the packet's reduced gradient; returns its norm before clipping, or
 /// nothing where clipping is off.
 std::optional<double> clip_gradients(vnode::StepPacket& packet, const ClipSpec& clip);
+
+/// Reducer::scatter_sums's `gradients` as shares of the whole packet (its gradients, then
+/// the rest, which every rank wants), or nothing where `gradients` is null.
+std::optional<comm::Shares> packet_shares(const vnode::StepPacket& packet,
+                                          const comm::Shares* gradients);
 
 }  // namespace vflow::engine

@@ -528,7 +528,9 @@ const SpecSchema<LoggingSpec>& logging_schema() {
         "`grad_norm` before clipping, and `replaced`, the corrupt examples the writing worker has "
         "replaced so far under `data.on_corrupt: skip`, and `optimizer_state_mb`, the optimizer "
         "state the writing worker holds (sgd, adamw; its shards' with "
-        "`resources.shard_optimizer`)), `eval` records (accuracy, loss; "
+        "`resources.shard_optimizer`), and `received_mb`, the mean bytes per step it read of "
+        "its peers' data in the sums and gathers through shared memory), `eval` records (accuracy, "
+        "loss; "
         "per token for sequence models) and one `end` record (fingerprint); a non-finite "
         "loss is written as `null`");
     s.text("tensorboard", &L::tensorboard,

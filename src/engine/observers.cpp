@@ -162,12 +162,14 @@ void MetricsObserver::on_step_end(Trainer& trainer, const StepInfo& info) {
   window_.compute += info.compute_seconds;
   window_.sync += info.sync_seconds;
   window_.update += info.update_seconds;
+  if (info.received_bytes >= 0)
+    window_.received = std::max<int64_t>(window_.received, 0) + info.received_bytes;
   const int64_t done = info.step + 1;
   if (done % every_steps_ != 0 && done != info.total_steps) return;
   const double steps = static_cast<double>(window_.steps);
   write(fmt::format(
       R"({{"event":"step","step":{},"epoch":{},"loss":{},"lr":{},"examples_per_second":{:.1f},)"
-      R"("compute_ms":{:.3f},"sync_ms":{:.3f},"update_ms":{:.3f},"workers":{},"time":{:.6f}{}{}{}}})",
+      R"("compute_ms":{:.3f},"sync_ms":{:.3f},"update_ms":{:.3f},"workers":{},"time":{:.6f}{}{}{}{}}})",
       done, info.epoch, json_number(info.loss), json_number(info.lr),
       window_.seconds > 0 ? static_cast<double>(window_.examples) / window_.seconds : 0.0,
       1e3 * window_.compute / steps, 1e3 * window_.sync / steps, 1e3 * window_.update / steps,
@@ -176,7 +178,10 @@ void MetricsObserver::on_step_end(Trainer& trainer, const StepInfo& info) {
       info.replaced_examples > 0 ? fmt::format(R"(,"replaced":{})", info.replaced_examples) : "",
       info.optimizer_state_bytes >= 0
           ? fmt::format(R"(,"optimizer_state_mb":{:.3f})", info.optimizer_state_bytes / 1e6)
-          : ""));
+          : "",
+      window_.received >= 0 ? fmt::format(R"(,"received_mb":{:.3f})",
+                                          static_cast<double>(window_.received) / 1e6 / steps)
+                            : ""));
   window_ = Window{};
 }
 

@@ -27,6 +27,12 @@ std::optional<double> clip_gradients(vnode::StepPacket& packet, const ClipSpec& 
   return norm;
 }
 
+std::optional<comm::Shares> packet_shares(const vnode::StepPacket& packet,
+                                          const comm::Shares* gradients) {
+  if (gradients == nullptr) return std::nullopt;
+  return gradients->around(0, packet.numel() - gradients->bounds.back());
+}
+
 namespace {
 
 /// One sum-allreduce of the whole packet after the last backward pass.
@@ -41,7 +47,14 @@ class AllreduceReducer : public Reducer {
     comm_ = &comm;
   }
 
-  void finish() override { comm_->allreduce_sum(packet_.flat()); }
+  void finish() override {
+    if (shares_) return comm_->reduce_scatter_sum(packet_.flat(), *shares_);
+    comm_->allreduce_sum(packet_.flat());
+  }
+
+  void scatter_sums(const comm::Shares* gradients) override {
+    shares_ = packet_shares(packet_, gradients);
+  }
 
   std::optional<double> update() override {
     const auto norm = clip_gradients(packet_, clip_);
@@ -59,6 +72,7 @@ class AllreduceReducer : public Reducer {
   torch::optim::Optimizer& optimizer_;
   const ClipSpec clip_;
   comm::Communicator* comm_ = nullptr;  // the step's, from begin_step on
+  std::optional<comm::Shares> shares_;  // scatter_sums'
 };
 
 /// The packet's sum in buckets that start during the last backward pass, as each

@@ -32,7 +32,8 @@ class Optimizer;
 }
 namespace vflow::comm {
 class Communicator;
-}
+struct Shares;
+}  // namespace vflow::comm
 namespace vflow::vnode {
 class StepPacket;
 }
@@ -79,6 +80,14 @@ class Reducer {
   /// The step failed (a collective, a data error, memory): a sum in flight is abandoned and
   /// nothing of the step is kept, so it can be redone. Safe to call more than once.
   virtual void abandon() = 0;
+
+  /// From the next step on, this worker needs the reduced gradients only where `gradients`
+  /// says (shares of the packet's gradients by owner, and the ranges this worker wants;
+  /// nullptr: everywhere): the sum may leave the rest unspecified, and moves fewer bytes
+  /// where the communicator can (comm::Communicator::reduce_scatter_sum). The rest of the
+  /// packet is summed everywhere. Every rank of the group sets it alike. A reducer that
+  /// sums in buckets on the backend's own threads ignores it.
+  virtual void scatter_sums(const comm::Shares* gradients) {}
 
   // ---- the state a reducer keeps (a sharded reducer: the optimizer's shards) ----
   /// The group's vnodes changed: `layout` holds every rank's, in rank order, and this

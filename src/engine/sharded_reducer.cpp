@@ -5,13 +5,14 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <csignal>
 #include <cstdint>
-#include <cstring>
 #include <functional>
 #include <optional>
 #include <vector>
 
 #include "engine/fused_update.h"
+#include "engine/verification.h"
 #include "vflow/comm/communicator.h"
 #include "vflow/core/error.h"
 #include "vflow/vnode/shards.h"
@@ -26,15 +27,20 @@ constexpr int64_t kHeader = 2;
 
 class ShardedReducer : public Reducer {
  public:
-  ShardedReducer(std::unique_ptr<Reducer> inner, ShardedState& state, int64_t replicas)
-      : inner_(std::move(inner)), state_(state), replicas_(replicas) {}
+  ShardedReducer(std::unique_ptr<Reducer> inner, ShardedState& state, int64_t replicas,
+                 bool scatter)
+      : inner_(std::move(inner)), state_(state), replicas_(replicas), scatter_(scatter) {
+    if (const auto fault = injected_fault(); fault && fault->dies_in_gather) dies_at_ = fault->step;
+  }
 
   void begin_step(comm::Communicator& comm, int64_t step, bool overlap) override {
     comm_ = &comm;
+    step_ = step;
     if (params_incomplete_ || moved_) {
       // Before the step's sums: the shards go where the group's layout wants them.
       redistribute(comm, /*root=*/-1);
       moved_ = false;
+      set_shares(comm);
     }
     if (!logged_) {
       const auto& shards = state_.layout();
@@ -58,6 +64,7 @@ class ShardedReducer : public Reducer {
     // home's bitwise alike: the same reduced gradient and state); the owners' parameters
     // are then gathered by every rank.
     const auto norm = inner_->update();
+    if (step_ == dies_at_) raise(SIGKILL);  // VFLOW_INJECT_FAULT=STEP:MEMBER:gather
     try {
       gather_parameters(*comm_);
     } catch (const PeerFailure& e) {
@@ -133,46 +140,47 @@ class ShardedReducer : public Reducer {
     return out;
   }
 
-  /// Every rank's parameters become the owners' values of each rank's owned shards. On one
-  /// host (shared memory) in one pass: each rank zeroes the shards it does not hold, whose
-  /// values it did not update, and the ranks' bit patterns are or-ed, which gives each
-  /// element the bits of the ranks that hold it (its owner's, and its second home's, which
-  /// are the same), a -0.0 and a NaN included. A rank whose pass fails thus still has every
-  /// held shard's values, from which the next group's first step sends them. Elsewhere one
-  /// broadcast from each owner, in place (Gloo's all-gather would copy every part twice
-  /// through buffers of its own, which a worker's peak memory then includes).
-  void gather_parameters(comm::Communicator& comm) {
-    if (comm.size() == 1) return;
+  /// The step's shares (after the shards moved): each rank owns its vnodes' shards; it
+  /// needs the reduced gradients of the shards it keeps (the inner reducer's sum leaves the
+  /// rest unspecified where scatter_), and the parameters of the others from their owners.
+  /// So a worker receives the sum of its own shards, the sums of those it keeps for its
+  /// ring neighbour, and the parameters of the rest: what one allreduce brings it.
+  void set_shares(comm::Communicator& comm) {
     const auto& shards = state_.layout();
-    auto flat = state_.flat_parameters();
-    if (comm.can_combine() && flat.scalar_type() == torch::kFloat32 && flat.device().is_cpu()) {
-      const auto held = state_.held();
-      for (int64_t s = 0; s < shards.shards(); ++s) {
-        if (std::binary_search(held.begin(), held.end(), s)) continue;
-        flat.narrow(0, shards.shard(s).begin, shards.shard(s).numel()).zero_();
-      }
-      comm.allreduce_combine(flat, or_bits);
-      return;
-    }
+    comm::Shares gradients;
     for (int r = 0; r < comm.size(); ++r) {
-      const auto owned = shards.of_vnodes(layout_[static_cast<size_t>(r)]);
-      auto part = flat.narrow(0, owned.begin, owned.numel());
-      comm.broadcast(part, r);
+      gradients.bounds.push_back(shards.of_vnodes(layout_[static_cast<size_t>(r)]).begin);
     }
+    gradients.bounds.push_back(shards.numel());
+    parameters_ = gradients;
+    for (int r = 0; r < comm.size(); ++r) {
+      const auto kept = vnode::ShardLayout::kept_by(layout_, r, replicas_);
+      auto& sums = gradients.wanted.emplace_back();
+      auto& values = parameters_.wanted.emplace_back();
+      for (int64_t s = 0; s < shards.shards(); ++s) {
+        const auto range = shards.shard(s);
+        auto& into = std::binary_search(kept.begin(), kept.end(), s) ? sums : values;
+        if (!into.empty() && into.back().second == range.begin) {
+          into.back().second = range.end;
+        } else {
+          into.emplace_back(range.begin, range.end);
+        }
+      }
+    }
+    const bool scatter = scatter_ && comm.size() > 1;
+    inner_->scatter_sums(scatter ? &gradients : nullptr);
   }
 
-  /// dst[i] = the bitwise or of the ranks' parts[r][i] (a comm::Combine).
-  static double or_bits(const float* const* parts, int ranks, float* dst, int64_t n) {
-    for (int64_t i = 0; i < n; ++i) {
-      uint32_t bits = 0;
-      for (int r = 0; r < ranks; ++r) {
-        uint32_t b = 0;
-        std::memcpy(&b, parts[r] + i, sizeof b);
-        bits |= b;
-      }
-      std::memcpy(dst + i, &bits, sizeof bits);
-    }
-    return 0;
+  /// Every rank's parameters become the owners' values of each rank's owned shards,
+  /// copied only into the shards it does not keep (a rank whose gather fails thus still has
+  /// every held shard's values, from which the next group's first step sends them): on one
+  /// host through shared memory, elsewhere by one broadcast from each owner, in place
+  /// (Gloo's all-gather would copy every part twice through buffers of its own, which a
+  /// worker's peak memory then includes).
+  void gather_parameters(comm::Communicator& comm) {
+    if (comm.size() == 1) return;
+    auto flat = state_.flat_parameters();
+    comm.gather_shares(flat, parameters_);
   }
 
   /// Moves shards so that every rank holds the shards it keeps (and rank `root`, where
@@ -267,7 +275,11 @@ class ShardedReducer : public Reducer {
   std::unique_ptr<Reducer> inner_;
   ShardedState& state_;
   const int64_t replicas_;
+  const bool scatter_;  // the inner reducer's sums may leave out the shards not kept
   comm::Communicator* comm_ = nullptr;
+  comm::Shares parameters_;  // the parameters' gather: by owner, wanted where not held
+  int64_t step_ = -1;        // the step begun last
+  int64_t dies_at_ = -1;     // the step whose gather this worker dies in (a test switch)
   std::vector<vnode::VnodeRange> layout_;
   int rank_ = 0;
   bool moved_ = false;              // the layout or the state changed: shards move first
@@ -278,8 +290,8 @@ class ShardedReducer : public Reducer {
 }  // namespace
 
 std::unique_ptr<Reducer> make_sharded_reducer(std::unique_ptr<Reducer> inner, ShardedState& state,
-                                              int64_t replicas) {
-  return std::make_unique<ShardedReducer>(std::move(inner), state, replicas);
+                                              int64_t replicas, bool scatter) {
+  return std::make_unique<ShardedReducer>(std::move(inner), state, replicas, scatter);
 }
 
 }  // namespace vflow::engine

@@ -1,6 +1,7 @@
 // The sharded reducer (docs/design.md, "Optimizer state sharded by vnode"): another
-// reducer's sum, then an update of the shards this worker keeps and an all-gather of the
-// parameters from their owners; shards move with their vnodes when the group changes.
+// reducer's sum, left where the shards are kept, then an update of the shards this worker
+// keeps and a gather of the parameters from their owners; shards move with their vnodes when the
+// group changes.
 #pragma once
 
 #include <memory>
@@ -13,7 +14,9 @@ class ShardedState;
 
 /// `inner`'s reduction with the optimizer state kept by canonical shard in `state` (the
 /// optimizer `inner` steps, which must outlive it), each shard by `replicas` workers.
+/// `scatter`: a worker needs the reduced gradients of the shards it keeps only (false
+/// where clipping takes the norm of the whole gradient).
 std::unique_ptr<Reducer> make_sharded_reducer(std::unique_ptr<Reducer> inner, ShardedState& state,
-                                              int64_t replicas);
+                                              int64_t replicas, bool scatter);
 
 }  // namespace vflow::engine

@@ -167,7 +167,7 @@ struct Trainer::Impl {
   /// the injected fault where this worker has one for step `s`.
   void backward_vnode(int64_t s, const torch::Tensor& loss, int64_t examples, int64_t batch_size) {
     (loss * (static_cast<double>(examples) / static_cast<double>(batch_size))).backward();
-    if (fault && fault->step == s) flip_largest_gradient(fault->bit);
+    if (fault && fault->step == s && !fault->dies_in_gather) flip_largest_gradient(fault->bit);
   }
 
   /// VFLOW_INJECT_FAULT: flips bit `bit` of the largest gradient in the packet, as a
@@ -335,6 +335,7 @@ struct Trainer::Impl {
     const auto check = plan_check(s, batch);
     // A cross-checked step reduces after the backward passes: the owner writes its hash
     // after its vnode's, which may be its last.
+    const int64_t received = comm->received_bytes();
     reducer->begin_step(*comm, s, /*overlap=*/!check);
     int64_t ran = 0;
     try {
@@ -367,6 +368,7 @@ struct Trainer::Impl {
     if (const auto* state = dynamic_cast<const ShardedState*>(optimizer.get())) {
       info.optimizer_state_bytes = state->held_bytes();
     }
+    if (received >= 0) info.received_bytes = comm->received_bytes() - received;
     ++step;
     if (!ema.empty() && step % spec.semantic.ema.every_steps == 0) update_ema();
 
@@ -538,7 +540,8 @@ Trainer::Trainer(JobSpec spec, std::shared_ptr<models::Model> model, data::DataS
     VFLOW_ASSERT(sharded != nullptr, "resources.shard_optimizer with an optimizer of no shards");
     sharded->shard_by(
         vnode::ShardLayout(impl_->packet->gradients().numel(), impl_->plan.virtual_nodes()));
-    impl_->reducer = make_sharded_reducer(std::move(impl_->reducer), *sharded, res.shard_replicas);
+    impl_->reducer = make_sharded_reducer(std::move(impl_->reducer), *sharded, res.shard_replicas,
+                                          /*scatter=*/!impl_->spec.semantic.clip.enabled());
     impl_->reducer->set_layout(impl_->layout, impl_->comm->rank());
   }
   if (impl_->spec.semantic.ema.enabled()) {

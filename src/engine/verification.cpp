@@ -198,8 +198,9 @@ std::optional<InjectedFault> injected_fault() {
   const std::string value = text;
   const auto bad = [&value](const std::string& why) {
     return SpecError(
-        fmt::format("VFLOW_INJECT_FAULT='{}': {} (expected STEP:MEMBER[:BIT], a test "
-                    "switch that corrupts one worker's gradients)",
+        fmt::format("VFLOW_INJECT_FAULT='{}': {} (expected STEP:MEMBER[:BIT] or "
+                    "STEP:MEMBER:gather, a test switch that corrupts one worker's gradients or "
+                    "kills it in a sharded job's gather)",
                     value, why));
   };
   const auto first = value.find(':');
@@ -212,7 +213,9 @@ std::optional<InjectedFault> injected_fault() {
     size_t used = 0;
     fault.step = std::stoll(value.substr(0, first), &used);
     if (used != first || fault.step < 0) throw bad("the step is not a number of 0 or more");
-    if (second != std::string::npos) {
+    if (second != std::string::npos && value.substr(second + 1) == "gather") {
+      fault.dies_in_gather = true;
+    } else if (second != std::string::npos) {
       const std::string bit = value.substr(second + 1);
       fault.bit = std::stoi(bit, &used);
       if (used != bit.size() || fault.bit < 0 || fault.bit > 31) throw bad("the bit is not 0..31");
@@ -222,10 +225,17 @@ std::optional<InjectedFault> injected_fault() {
   }
   const char* me = std::getenv("VFLOW_MEMBER");
   if (me == nullptr || member != me) return std::nullopt;
-  spdlog::warn(
-      "[verify] VFLOW_INJECT_FAULT: this worker (member {}) corrupts its gradients in "
-      "step {} (bit {})",
-      member, fault.step, fault.bit);
+  if (fault.dies_in_gather) {
+    spdlog::warn(
+        "VFLOW_INJECT_FAULT: this worker (member {}) dies in the parameters' gather "
+        "of step {}",
+        member, fault.step);
+  } else {
+    spdlog::warn(
+        "[verify] VFLOW_INJECT_FAULT: this worker (member {}) corrupts its gradients in "
+        "step {} (bit {})",
+        member, fault.step, fault.bit);
+  }
   return fault;
 }
 

@@ -71,10 +71,13 @@ class CrossChecks {
 
 /// A fault injected for tests (VFLOW_INJECT_FAULT=STEP:MEMBER[:BIT]): in step STEP, the
 /// worker whose VFLOW_MEMBER is MEMBER flips bit BIT (default 22, the highest of the
-/// mantissa) of the largest gradient of every vnode it computes. Read in this one place.
+/// mantissa) of the largest gradient of every vnode it computes; with `gather` in place of
+/// BIT it kills itself (SIGKILL) instead, after its update and as the parameters' gather of
+/// a sharded job starts. Read in this one place.
 struct InjectedFault {
   int64_t step = -1;
   int bit = 22;
+  bool dies_in_gather = false;
 };
 std::optional<InjectedFault> injected_fault();
 

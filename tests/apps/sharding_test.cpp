@@ -166,3 +166,20 @@ TEST_CASE("a resize storm over sharded state ends with the unsharded fingerprint
   CHECK(read_example_log(dir.file("examples.log")).size() == 1500 * 12);
   CHECK(nothing_left(dir));
 }
+
+TEST_CASE(
+    "a worker killed in the parameters' gather loses nothing: the survivors take the "
+    "shards' parameters from their other homes",
+    "[multiproc][shard][elastic]") {
+  const std::string job = kAdamW + " --set semantic.steps=300";
+  const auto reference = the_fingerprint(run_command(kTrain + job));
+  // Member 2 updates its shards of step 150 and dies as the gather starts: the others fail
+  // in it after their own update, so the step is taken and their parameters incomplete.
+  const auto r = run_command("VFLOW_INJECT_FAULT=150:2:gather " + kTrain + job + kSharded +
+                             " --set resources.timeout_s=10 --workers 4");
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK(count_matches(r.output, "died \\(status 137\\)") == 1);
+  CHECK(count_matches(r.output, "the parameters' gather failed") == 3);
+  CHECK(the_fingerprint(r) == reference);
+}

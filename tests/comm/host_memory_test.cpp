@@ -240,3 +240,119 @@ TEST_CASE("ranks on one host combine their tensors element by element and agree 
       /*shared_memory=*/false);
   for (const auto& r : refused) CHECK_THAT(r, Catch::Contains("cannot combine"));
 }
+
+namespace {
+
+/// `t`'s elements in the ranges `wanted`, one after another.
+torch::Tensor in_ranges(const torch::Tensor& t,
+                        const std::vector<std::pair<int64_t, int64_t>>& wanted) {
+  std::vector<torch::Tensor> parts;
+  for (const auto& [b, e] : wanted) parts.push_back(t.narrow(0, b, e - b));
+  return torch::cat(parts);
+}
+
+}  // namespace
+
+TEST_CASE(
+    "a reduce-scatter and a gather by owner leave each rank what it wants, and move one "
+    "allreduce's bytes through shared memory",
+    "[integration]") {
+  StoreHost coordinator("127.0.0.1", 0, std::chrono::seconds(10));
+  constexpr int kRanks = 4;
+  // Uneven shares, one of them empty and one crossing many rounds; the tail past the
+  // last bound is wanted by all, as a packet's loss and table are.
+  const int64_t n = 2600000;
+  const std::vector<int64_t> bounds = {0, 1000000, 1300000, 1300000, n};
+  using Ranges = vflow::comm::Shares::Ranges;
+  // Each rank wants its ring successor's share too (a second home), and the last 1000.
+  const auto wanted_by = [&](int rank) {
+    Ranges wanted;
+    const int next = (rank + 1) % kRanks;
+    const std::pair<int64_t, int64_t> own{bounds[rank], bounds[rank + 1]};
+    const std::pair<int64_t, int64_t> theirs{bounds[next], bounds[next + 1]};
+    for (const auto& r : rank < next ? std::vector{own, theirs} : std::vector{theirs, own}) {
+      if (r.second > r.first) wanted.push_back(r);
+    }
+    if (wanted.back().second < n - 1000) wanted.emplace_back(n - 1000, n);
+    return wanted;
+  };
+  const auto not_wanted = [&](int rank) {
+    Ranges rest;
+    int64_t at = 0;
+    for (const auto& [b, e] : wanted_by(rank)) {
+      if (b > at) rest.emplace_back(at, b);
+      at = e;
+    }
+    if (at < n) rest.emplace_back(at, n);
+    return rest;
+  };
+  vflow::comm::Shares sums{bounds, {}}, values_of_owners{bounds, {}};
+  for (int k = 0; k < kRanks; ++k) {
+    sums.wanted.push_back(wanted_by(k));
+    values_of_owners.wanted.push_back(not_wanted(k));
+  }
+  const auto expected = sum_in_rank_order(kRanks, n, torch::kFloat);
+  auto owners = torch::empty({n});
+  for (int k = 0; k < kRanks; ++k) {
+    owners.narrow(0, bounds[k], bounds[k + 1] - bounds[k]).fill_(static_cast<float>(k));
+  }
+  // Through shared memory, then over Gloo's sockets (point-to-point messages): the same
+  // results, bit for bit the sum in rank order.
+  for (const bool shared_memory : {true, false}) {
+    CAPTURE(shared_memory);
+    std::vector<torch::Tensor> scattered(kRanks), gathered(kRanks);
+    std::vector<int64_t> scatter_bytes(kRanks), gather_bytes(kRanks), allreduce_bytes(kRanks);
+    const auto errors = vflow::testing::run_gloo_ranks(
+        coordinator, kRanks, shared_memory ? "scatter" : "scatter-sockets",
+        [&](int rank, Communicator& comm) {
+          auto t = values(rank, n, torch::kFloat);
+          int64_t before = comm.received_bytes();
+          comm.reduce_scatter_sum(t, sums);
+          scatter_bytes[rank] = comm.received_bytes() - before;
+          scattered[rank] = t.clone();
+          // The gather: each rank keeps what it wants and takes the rest from its owners.
+          auto g = torch::full({n}, static_cast<float>(rank));
+          before = comm.received_bytes();
+          comm.gather_shares(g, values_of_owners);
+          gather_bytes[rank] = comm.received_bytes() - before;
+          gathered[rank] = g;
+          auto whole = values(rank, n, torch::kFloat);
+          before = comm.received_bytes();
+          comm.allreduce_sum(whole);
+          allreduce_bytes[rank] = comm.received_bytes() - before;
+        },
+        shared_memory);
+    int64_t moved = 0, allreduce = 0;
+    for (int rank = 0; rank < kRanks; ++rank) {
+      CAPTURE(rank, errors[rank]);
+      REQUIRE(errors[rank].empty());
+      const auto wanted = wanted_by(rank);
+      CHECK(torch::equal(in_ranges(scattered[rank], wanted), in_ranges(expected, wanted)));
+      // Owned ranges come from their owners, the rest is untouched.
+      const auto rest = not_wanted(rank);
+      CHECK(torch::equal(in_ranges(gathered[rank], rest), in_ranges(owners, rest)));
+      CHECK((in_ranges(gathered[rank], wanted) == static_cast<float>(rank)).all().item<bool>());
+      if (!shared_memory) continue;
+      // Bytes: the others' values of its own share, the others' sums it wants, the owners'
+      // values of the rest.
+      const int64_t own = bounds[rank + 1] - bounds[rank];
+      int64_t wanted_elsewhere = -own;
+      for (const auto& [b, e] : wanted) wanted_elsewhere += e - b;
+      int64_t rest_elements = 0;
+      for (const auto& [b, e] : rest) rest_elements += e - b;
+      CHECK(scatter_bytes[rank] == 4 * ((kRanks - 1) * own + wanted_elsewhere));
+      CHECK(gather_bytes[rank] == 4 * rest_elements);
+      moved += scatter_bytes[rank] + gather_bytes[rank];
+      allreduce += allreduce_bytes[rank];
+    }
+    if (!shared_memory) {
+      CHECK(scatter_bytes == std::vector<int64_t>(kRanks, 0));  // -1 - -1: not counted
+      continue;
+    }
+    // Over the group, a reduce-scatter to each rank's shares and the gather of the rest
+    // move what one allreduce moves: a rank takes each element it does not own once, as a
+    // sum where it wants it, as its owner's value elsewhere.
+    CHECK(allreduce == int64_t{4} * 2 * (kRanks - 1) * n);
+    CHECK(moved == allreduce);
+  }
+}

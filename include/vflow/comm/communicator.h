@@ -8,6 +8,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "vflow/comm/key_value_store.h"
@@ -35,6 +36,21 @@ class PendingWork {
 /// group max-reduces. It must not depend on which rank calls it.
 using Combine = std::function<double(const float* const* parts, int ranks, float* dst, int64_t n)>;
 
+/// A tensor cut by owner, for the sums and gathers that leave each rank only what it needs
+/// (Communicator::reduce_scatter_sum, gather_shares): rank r owns the elements
+/// [bounds[r], bounds[r + 1]) and wants wanted[r] (ranges of elements, begin and end,
+/// ascending, disjoint; they may cover its own share). `bounds` has size() + 1 entries,
+/// from 0 to the tensor's numel, ascending; every rank passes the same.
+struct Shares {
+  using Ranges = std::vector<std::pair<int64_t, int64_t>>;
+  std::vector<int64_t> bounds;
+  std::vector<Ranges> wanted;
+
+  /// These shares inside a tensor with `before` more elements in front of them and `after`
+  /// more behind: those go with the first and the last share, and every rank wants them.
+  Shares around(int64_t before, int64_t after) const;
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -57,6 +73,26 @@ class Communicator {
   /// tensor, element by element. Returns the largest of combine's figures over the group
   /// (NaN when one is NaN), the same on every rank. Throws Error where !can_combine().
   virtual double allreduce_combine(torch::Tensor& tensor, const Combine& combine);
+  /// The sum over all ranks as allreduce_sum forms it, bitwise, but where only each rank's
+  /// own share and the ranges it wants must hold it afterwards (the rest of its tensor is
+  /// left unspecified): through shared memory, each owner reduces its share and the
+  /// others read back only what they want, so with the gather below the bytes moved are
+  /// one allreduce's. The default sums everything.
+  virtual void reduce_scatter_sum(torch::Tensor& tensor, const Shares& shares) {
+    allreduce_sum(tensor);
+  }
+  /// allreduce_combine, with what holds the result afterwards as in reduce_scatter_sum.
+  virtual double reduce_scatter_combine(torch::Tensor& tensor, const Combine& combine,
+                                        const Shares& shares) {
+    return allreduce_combine(tensor, combine);
+  }
+  /// Every rank's wanted ranges become the values of their owners' tensors there; the rest
+  /// of its tensor is left as it is. The default broadcasts each owner's whole share.
+  virtual void gather_shares(torch::Tensor& tensor, const Shares& shares);
+  /// Bytes this rank has read of its peers' data in its sums and gathers since it was
+  /// made, where the backend counts them (shared memory: what it copies out of the peers'
+  /// slots); -1 where it does not.
+  virtual int64_t received_bytes() const { return -1; }
   /// How long a collective may wait for a silent peer.
   virtual std::chrono::milliseconds timeout() const { return std::chrono::milliseconds(30000); }
   /// Copies `root`'s tensor into every rank's `tensor` (same shape everywhere).

@@ -17,6 +17,7 @@
 namespace vflow::comm {
 
 class Communicator;
+struct Shares;
 
 class SplitSum {
  public:
@@ -51,8 +52,11 @@ class SplitSum {
   /// Sums every rank's dense part in place and merges the lists. `index` and `value`
   /// (int64, on the CPU, distinct indices) are this rank's list. Every rank calls it
   /// together; a failed collective throws PeerFailure as the communicator does.
-  /// It is list(), one sum of carrier_part(0, numel) and merge().
-  Listed reduce(Communicator& comm, const torch::Tensor& index, const torch::Tensor& value);
+  /// It is list(), one sum of carrier_part(0, numel) and merge(). Where `dense` (shares of
+  /// the dense part) is given, the dense sum needs to hold only where it says
+  /// (Communicator::reduce_scatter_sum); the lists are merged whole.
+  Listed reduce(Communicator& comm, const torch::Tensor& index, const torch::Tensor& value,
+                const Shares* dense = nullptr);
 
   /// The same in pieces, for a reduction in buckets: list() this rank's whole list as
   /// `rank`, sum every rank's carrier_part() of each bucket with the same parts on the

@@ -69,6 +69,7 @@ class MetricsObserver final : public TrainingObserver {
     int64_t examples = 0;
     int64_t steps = 0;
     double seconds = 0, compute = 0, sync = 0, update = 0;
+    int64_t received = -1;  // bytes; -1: not counted
   } window_;
 };
 

@@ -43,6 +43,9 @@ struct StepInfo {
   /// The optimizer state this worker holds, in bytes (the fused optimizers: sgd, adamw;
   /// with resources.shard_optimizer, its kept shards'); -1 where not known.
   int64_t optimizer_state_bytes = -1;
+  /// Bytes this worker read of its peers' data in the step's sums and gathers, where its
+  /// communicator counts them (shared memory); -1 where not.
+  int64_t received_bytes = -1;
   /// The example indices of the step's vnodes, as (vnode, indices), each vnode listed as
   /// many times as workers ran it according to the step's collective (so exactly once
   /// when all is well); filled only when Trainer::record_examples(true).
