@@ -63,6 +63,12 @@ class ShardedReducer : public Reducer {
     // The kept shards' parameters and state are updated (the owner's and the second
     // home's bitwise alike: the same reduced gradient and state); the owners' parameters
     // are then gathered by every rank.
+    // The sum reached this worker only in the shards it keeps (set_shares): a shard held
+    // beyond them (rank 0's, while a checkpoint has the whole state) must be gone by now.
+    const auto held = state_.held();
+    VFLOW_ASSERT(!scatter_ || std::includes(state_.kept().begin(), state_.kept().end(),
+                                            held.begin(), held.end()),
+                 "a sharded update of shards this worker does not keep");
     const auto norm = inner_->update();
     if (step_ == dies_at_) raise(SIGKILL);  // VFLOW_INJECT_FAULT=STEP:MEMBER:gather
     try {
