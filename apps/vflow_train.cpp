@@ -56,6 +56,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> overrides;
   std::string resume;
   bool print_spec = false;
+  bool print_shards = false;
   bool check_only = false;
   bool spec_keys = false;
   int workers = 0;
@@ -70,6 +71,9 @@ int main(int argc, char** argv) {
   app.add_option("--resume", resume,
                  "resume from a checkpoint file, or 'latest' in output.checkpoint.dir");
   app.add_flag("--print-spec", print_spec, "print the effective semantic part and exit");
+  app.add_flag("--print-shards", print_shards,
+               "print the optimizer state's canonical shards and what each of the job's workers "
+               "(--workers) would own and keep of it, and exit (builds the model)");
   app.add_flag("--check", check_only, "validate the job spec and exit");
   app.add_flag("--spec-keys", spec_keys,
                "print every job-spec key with its default and meaning (markdown) and exit");
@@ -137,6 +141,10 @@ int main(int argc, char** argv) {
     spdlog::set_pattern("[%H:%M:%S] %v");
     if (print_spec) {
       std::cout << spec.semantic_yaml();
+      return vflow::kExitOk;
+    }
+    if (print_shards) {
+      std::cout << vflow::engine::describe_shards(spec, spec.resources.workers);
       return vflow::kExitOk;
     }
     if (check_only) {

@@ -3,17 +3,122 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
+#include <fstream>
+#include <string>
+#include <utility>
+#include <vector>
 
+#include "engine/fused_update.h"
 #include "vflow/core/clock.h"
 #include "vflow/core/error.h"
 #include "vflow/data/dataset.h"
 #include "vflow/engine/checkpoint.h"
 #include "vflow/engine/observers.h"
+#include "vflow/engine/optimizer.h"
 #include "vflow/engine/runtime.h"
 #include "vflow/models/registry.h"
+#include "vflow/vnode/shards.h"
 
 namespace vflow::engine {
+
+namespace {
+
+/// The job's data, prepared to load, and the builder of its model.
+std::pair<data::PreparedData, models::ModelBuilder> prepare_job(const JobSpec& spec) {
+  const auto& sem = spec.semantic;
+  const SpecNode no_name;
+  auto prepared = data::DataRegistry::global().prepare(sem.data.name, no_name, sem.data.options);
+  auto builder = models::ModelRegistry::global().prepare(
+      sem.model.name, no_name, sem.model.options,
+      models::ModelContext{prepared.info.input_shape, prepared.info.num_classes,
+                           prepared.info.vocab_size});
+  return {std::move(prepared), std::move(builder)};
+}
+
+/// MemTotal of /proc/meminfo in MB, 0 where it cannot be read.
+double host_memory_mb() {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  double kib = 0;
+  while (meminfo >> key >> kib) {
+    if (key == "MemTotal:") return kib * 1024 / 1e6;
+    meminfo.ignore(256, '\n');
+  }
+  return 0;
+}
+
+}  // namespace
+
+std::string describe_shards(const JobSpec& spec, int64_t workers) {
+  const auto& sem = spec.semantic;
+  const auto& res = spec.resources;
+  auto builder = prepare_job(spec).second;
+  seed_initialisation(sem);
+  const auto model = builder();
+  std::vector<torch::Tensor> params;
+  int64_t numel = 0;
+  for (const auto& p : model->parameters()) {
+    if (!p.requires_grad()) continue;
+    params.push_back(p);
+    numel += p.numel();
+  }
+  const auto optimizer = make_optimizer(sem.optimizer, params);
+  const auto* sharded = dynamic_cast<const ShardedState*>(optimizer.get());
+  const int64_t vnodes = sem.virtual_nodes;
+  const vnode::ShardLayout shards(numel, vnodes);
+  const auto mb = [](int64_t elements) { return static_cast<double>(elements) * 4 / 1e6; };
+  std::string out = fmt::format(
+      "{} parameters ({:.4g} MB), {} canonical shards (one per vnode) of at most {} elements\n",
+      numel, mb(numel), shards.shards(), shards.largest());
+  if (sharded == nullptr) {
+    return out + fmt::format("semantic.optimizer {} keeps no sharded state (sgd and adamw do)\n",
+                             sem.optimizer.name);
+  }
+  const int64_t rows = sharded->state_tensors();
+  std::vector<vnode::VnodeRange> layout;
+  for (int64_t r = 0; r < workers; ++r) layout.push_back(vnode::vnodes_of(vnodes, workers, r));
+  const int64_t replicas = res.shard_optimizer ? res.shard_replicas : 0;
+  out += fmt::format(
+      "{} keeps {} state tensor(s) a parameter: {:.4g} MB in all; on {} worker(s), vnodes "
+      "split evenly, {}:\n",
+      sem.optimizer.name, rows, mb(rows * numel), workers,
+      res.shard_optimizer ? fmt::format("sharded with shard_replicas {}", replicas)
+                          : "unsharded (resources.shard_optimizer: false)");
+  int64_t largest = 0;  // elements of parameters, gradients and state of a worker
+  for (int64_t r = 0; r < workers; ++r) {
+    const auto& held = layout[static_cast<size_t>(r)];
+    const auto owned = shards.of_vnodes(held);
+    int64_t kept = numel;
+    std::string kept_list = "all shards";
+    if (res.shard_optimizer) {
+      const auto ids = vnode::ShardLayout::kept_by(layout, static_cast<int>(r), replicas);
+      kept = 0;
+      for (const int64_t s : ids) kept += shards.shard(s).numel();
+      kept_list = "shards " + vnode::shard_list(ids);
+    }
+    // Vnode v's shard is shard v: one list names both.
+    std::vector<int64_t> mine;
+    for (int64_t v = held.first; v < held.last; ++v) mine.push_back(v);
+    out += fmt::format(
+        "worker {}: vnodes {}, owns their shards ({} parameters), keeps the state of {}: "
+        "{:.4g} MB; with the parameters and gradients {:.4g} MB\n",
+        r, vnode::shard_list(mine), owned.numel(), kept_list, mb(rows * kept),
+        mb(2 * numel + rows * kept));
+    largest = std::max(largest, 2 * numel + rows * kept);
+  }
+  // What cannot fit whatever else a worker needs (activations, data, code): every worker
+  // on this one host.
+  if (const double host = host_memory_mb(); host > 0 && mb(largest) * workers > host) {
+    out += fmt::format(
+        "this host has {:.0f} MB of memory: {} workers on it would need more than {:.0f} MB "
+        "for these alone; shard the state (resources.shard_optimizer), or spread the workers "
+        "over more hosts\n",
+        host, workers, mb(largest) * workers);
+  }
+  return out;
+}
 
 std::unique_ptr<Trainer> make_trainer(const JobSpec& spec,
                                       std::shared_ptr<comm::Communicator> communicator,
@@ -22,13 +127,7 @@ std::unique_ptr<Trainer> make_trainer(const JobSpec& spec,
   // observers and they act on whichever worker is rank 0 at the time.
   const bool leader = elastic || !communicator || communicator->rank() == 0;
   const auto& sem = spec.semantic;
-  const SpecNode no_name;
-  const auto prepared =
-      data::DataRegistry::global().prepare(sem.data.name, no_name, sem.data.options);
-  const auto builder = models::ModelRegistry::global().prepare(
-      sem.model.name, no_name, sem.model.options,
-      models::ModelContext{prepared.info.input_shape, prepared.info.num_classes,
-                           prepared.info.vocab_size});
+  const auto [prepared, builder] = prepare_job(spec);
   configure_runtime(spec);
 
   const auto t0 = std::chrono::steady_clock::now();

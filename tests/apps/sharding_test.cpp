@@ -183,3 +183,29 @@ TEST_CASE(
   CHECK(count_matches(r.output, "the parameters' gather failed") == 3);
   CHECK(the_fingerprint(r) == reference);
 }
+
+TEST_CASE("--print-shards shows the canonical shards and what each worker would keep",
+          "[integration][shard]") {
+  // The default job's ConvNet (8 vnodes) on 3 workers: vnodes 3, 3, 2; each keeps its own
+  // shards and its ring predecessor's.
+  const std::string adamw = " --set semantic.optimizer='{name: adamw, lr: 0.001}'";
+  const auto r = run_command(kTrain + adamw + kSharded + " --workers 3 --print-shards");
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK_THAT(r.output, Catch::Matchers::Contains(
+                           "421738 parameters (1.687 MB), 8 canonical shards (one per vnode)"));
+  CHECK_THAT(r.output, Catch::Matchers::Contains("adamw keeps 2 state tensor(s) a parameter"));
+  CHECK_THAT(r.output, Catch::Matchers::Contains("sharded with shard_replicas 2"));
+  CHECK_THAT(r.output,
+             Catch::Matchers::Contains("worker 0: vnodes 0..2, owns their shards (158144 "
+                                       "parameters), keeps the state of shards 0..2, 6..7"));
+  CHECK_THAT(r.output, Catch::Matchers::Contains("worker 2: vnodes 6..7, owns their shards "
+                                                 "(105450 parameters), keeps the state of "
+                                                 "shards 3..7"));
+  // Unsharded, every worker keeps everything; LAMB keeps no sharded state.
+  const auto plain = run_command(kTrain + adamw + " --workers 2 --print-shards");
+  CHECK_THAT(plain.output, Catch::Matchers::Contains("keeps the state of all shards: 3.374 MB"));
+  const auto lamb = run_command(
+      kTrain + kJob + " --set semantic.optimizer='{name: lamb, lr: 0.01}' --print-shards");
+  CHECK_THAT(lamb.output, Catch::Matchers::Contains("lamb keeps no sharded state"));
+}

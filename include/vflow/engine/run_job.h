@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <functional>
+#include <string>
 
 #include "vflow/engine/job_spec.h"
 #include "vflow/engine/trainer.h"
@@ -30,6 +31,12 @@ TrainResult run_job(const JobSpec& spec, const JobRunOptions& options = {});
 std::unique_ptr<Trainer> make_trainer(const JobSpec& spec,
                                       std::shared_ptr<comm::Communicator> communicator = nullptr,
                                       bool elastic = false);
+
+/// The job's canonical shards and what each of `workers` workers (the vnodes split evenly)
+/// would own and keep of the optimizer state, in MB, with and without
+/// resources.shard_optimizer as the spec says: what `vflow-train --print-shards` prints.
+/// Builds the model (not the data).
+std::string describe_shards(const JobSpec& spec, int64_t workers);
 
 /// Recomputes vnode `vnode` of step `step` of a deterministic job on this process alone,
 /// from `checkpoint` (of step `step` or an earlier one, trained forward to it): the hash a
