@@ -184,7 +184,7 @@ TEST_CASE(
   CHECK(the_fingerprint(r) == reference);
 }
 
-TEST_CASE("--print-shards shows the canonical shards and what each worker would keep",
+TEST_CASE("vflow-train --print-shards shows the canonical shards and what each worker would keep",
           "[integration][shard]") {
   // The default job's ConvNet (8 vnodes) on 3 workers: vnodes 3, 3, 2; each keeps its own
   // shards and its ring predecessor's.
