@@ -77,13 +77,22 @@ std::string describe_shards(const JobSpec& spec, int64_t workers) {
                              sem.optimizer.name);
   }
   const int64_t rows = sharded->state_tensors();
+  // A planned layout's vnode counts where it names these workers, else an even split.
+  std::vector<int64_t> counts;
+  if (static_cast<int64_t>(res.layout.size()) == workers) {
+    for (const auto& w : res.layout) counts.push_back(w.vnodes);
+  }
   std::vector<vnode::VnodeRange> layout;
-  for (int64_t r = 0; r < workers; ++r) layout.push_back(vnode::vnodes_of(vnodes, workers, r));
+  for (int64_t r = 0; r < workers; ++r) {
+    layout.push_back(counts.empty() ? vnode::vnodes_of(vnodes, workers, r)
+                                    : vnode::vnodes_of(counts, r));
+  }
   const int64_t replicas = res.shard_optimizer ? res.shard_replicas : 0;
   out += fmt::format(
       "{} keeps {} state tensor(s) a parameter: {:.4g} MB in all; on {} worker(s), vnodes "
-      "split evenly, {}:\n",
+      "{}, {}:\n",
       sem.optimizer.name, rows, mb(rows * numel), workers,
+      counts.empty() ? "split evenly" : "as resources.layout plans them",
       res.shard_optimizer ? fmt::format("sharded with shard_replicas {}", replicas)
                           : "unsharded (resources.shard_optimizer: false)");
   int64_t largest = 0;  // elements of parameters, gradients and state of a worker

@@ -202,6 +202,16 @@ TEST_CASE("vflow-train --print-shards shows the canonical shards and what each w
   CHECK_THAT(r.output, Catch::Matchers::Contains("worker 2: vnodes 6..7, owns their shards "
                                                  "(105450 parameters), keeps the state of "
                                                  "shards 3..7"));
+  // A planned layout's counts: 4, 2, 2.
+  const auto planned =
+      run_command(kTrain + adamw + kSharded +
+                  " --workers 3 --set 'resources.layout=[{vnodes: 4}, {vnodes: 2}, {vnodes: 2}]'"
+                  " --print-shards");
+  INFO(planned.output);
+  CHECK_THAT(planned.output, Catch::Matchers::Contains("vnodes as resources.layout plans them"));
+  CHECK_THAT(planned.output,
+             Catch::Matchers::Contains("worker 1: vnodes 4..5, owns their shards (105424 "
+                                       "parameters), keeps the state of shards 0..5"));
   // Unsharded, every worker keeps everything; LAMB keeps no sharded state.
   const auto plain = run_command(kTrain + adamw + " --workers 2 --print-shards");
   CHECK_THAT(plain.output, Catch::Matchers::Contains("keeps the state of all shards: 3.374 MB"));

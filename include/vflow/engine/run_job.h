@@ -32,8 +32,9 @@ std::unique_ptr<Trainer> make_trainer(const JobSpec& spec,
                                       std::shared_ptr<comm::Communicator> communicator = nullptr,
                                       bool elastic = false);
 
-/// The job's canonical shards and what each of `workers` workers (the vnodes split evenly)
-/// would own and keep of the optimizer state, in MB, with and without
+/// The job's canonical shards and what each of `workers` workers (the vnodes split as
+/// resources.layout plans them where it has that many entries, else evenly) would own and
+/// keep of the optimizer state, in MB, with and without
 /// resources.shard_optimizer as the spec says: what `vflow-train --print-shards` prints.
 /// Builds the model (not the data).
 std::string describe_shards(const JobSpec& spec, int64_t workers);
