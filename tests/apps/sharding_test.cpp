@@ -30,7 +30,7 @@ std::string the_fingerprint(const CommandResult& r) {
 
 }  // namespace
 
-TEST_CASE("sharded optimizer state keeps the unsharded fingerprint on 1, 2 and 5 workers",
+TEST_CASE("sharded optimizer state keeps the unsharded fingerprint on 1, 2, 3 and 5 workers",
           "[multiproc][shard]") {
   const auto reference = the_fingerprint(run_command(kTrain + kAdamW));
   for (const int workers : {1, 2, 5}) {
@@ -49,10 +49,21 @@ TEST_CASE("sharded optimizer state keeps the unsharded fingerprint on 1, 2 and 5
                           "keeps the optimizer state of shards 0..2, 10..11:") == 1);
     }
   }
-  // Through Gloo's sockets rather than shared memory: the parameters come by broadcasts.
+  // A planned, uneven layout (as vflow-plan gives a fast and two slow devices): the fast
+  // worker owns more shards, and the fingerprint stays.
+  const auto planned =
+      run_command(kTrain + kAdamW + kSharded +
+                  " --workers 3 --set 'resources.layout=[{vnodes: 7}, {vnodes: 3}, {vnodes: 2}]'");
+  CHECK(the_fingerprint(planned) == reference);
+  CHECK(count_matches(planned.output,
+                      "worker 0 of 3 owns shards 0..6 \\(\\d+ parameters\\) and keeps the "
+                      "optimizer state of shards 0..6, 10..11:") == 1);
+  // Through Gloo's sockets rather than shared memory: the sum is reduce-scattered and the
+  // parameters gathered by point-to-point messages.
   const auto sockets =
       run_command(kTrain + kAdamW + kSharded + " --set resources.shared_memory=false --workers 3");
   CHECK(the_fingerprint(sockets) == reference);
+  CHECK(count_matches(sockets.output, "worker 2 of 3 owns shards 8..11") == 1);
   // Default mode: the same sum on the same workers, and an update element by element, give
   // the unsharded run's bits too.
   const std::string fast = kJob + " --set semantic.optimizer='{name: adamw, lr: 0.002}'";
