@@ -186,13 +186,19 @@ TEST_CASE(
   const auto reference = the_fingerprint(run_command(kTrain + job));
   // Member 2 updates its shards of step 150 and dies as the gather starts: the others fail
   // in it after their own update, so the step is taken and their parameters incomplete.
-  const auto r = run_command("VFLOW_INJECT_FAULT=150:2:gather " + kTrain + job + kSharded +
-                             " --set resources.timeout_s=10 --workers 4");
-  INFO(r.output);
-  CHECK(r.exit_code == 0);
-  CHECK(count_matches(r.output, "died \\(status 137\\)") == 1);
-  CHECK(count_matches(r.output, "the parameters' gather failed") == 3);
-  CHECK(the_fingerprint(r) == reference);
+  // Through shared memory, then over Gloo's point-to-point messages.
+  for (const bool shared_memory : {true, false}) {
+    CAPTURE(shared_memory);
+    const auto r =
+        run_command("VFLOW_INJECT_FAULT=150:2:gather " + kTrain + job + kSharded +
+                    " --set resources.timeout_s=10 --workers 4 --set resources.shared_memory=" +
+                    (shared_memory ? "true" : "false"));
+    INFO(r.output);
+    CHECK(r.exit_code == 0);
+    CHECK(count_matches(r.output, "died \\(status 137\\)") == 1);
+    CHECK(count_matches(r.output, "the parameters' gather failed") == 3);
+    CHECK(the_fingerprint(r) == reference);
+  }
 }
 
 TEST_CASE("vflow-train --print-shards shows the canonical shards and what each worker would keep",
