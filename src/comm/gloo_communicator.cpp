@@ -137,7 +137,7 @@ class GlooCommunicator final : public Communicator {
          type != torch::kLong)) {
       return allreduce_sum(tensor);
     }
-    check(shares);
+    shares.check(size_);
     const auto& bounds = shares.bounds;
     const int64_t chunk = kChunkBytes / tensor.element_size();
     int64_t longest = 0;
@@ -176,7 +176,7 @@ class GlooCommunicator final : public Communicator {
     if (!tensor.is_cpu() || !tensor.is_contiguous()) {
       return Communicator::gather_shares(tensor, shares);
     }
-    check(shares);
+    shares.check(size_);
     deliver(tensor, shares, "gather");
   }
 
@@ -236,12 +236,6 @@ class GlooCommunicator final : public Communicator {
 
   /// The largest message of a reduce-scatter's rounds, per peer.
   static constexpr int64_t kChunkBytes = int64_t{4} << 20;
-
-  void check(const Shares& shares) const {
-    VFLOW_ASSERT(static_cast<int>(shares.bounds.size()) == size_ + 1 &&
-                     static_cast<int>(shares.wanted.size()) == size_,
-                 "shares of another group");
-  }
 
   /// Point-to-point messages in flight together. Message i of an exchange of n has tag
   /// (the communicator's count of messages so far + i), which every rank numbers alike;
@@ -349,8 +343,15 @@ Shares Shares::around(int64_t before, int64_t after) const {
   return out;
 }
 
+void Shares::check(int ranks) const {
+  VFLOW_ASSERT(static_cast<int>(bounds.size()) == ranks + 1 && bounds.front() == 0 &&
+                   static_cast<int>(wanted.size()) == ranks &&
+                   std::is_sorted(bounds.begin(), bounds.end()),
+               "shares of another group, or out of order");
+}
+
 void Communicator::gather_shares(torch::Tensor& tensor, const Shares& shares) {
-  VFLOW_ASSERT(static_cast<int>(shares.bounds.size()) == size() + 1, "shares of another group");
+  shares.check(size());
   for (int r = 0; r < size(); ++r) {
     const int64_t begin = shares.bounds[r];
     auto part = tensor.narrow(0, begin, shares.bounds[r + 1] - begin);

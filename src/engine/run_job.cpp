@@ -82,11 +82,7 @@ std::string describe_shards(const JobSpec& spec, int64_t workers) {
   if (static_cast<int64_t>(res.layout.size()) == workers) {
     for (const auto& w : res.layout) counts.push_back(w.vnodes);
   }
-  std::vector<vnode::VnodeRange> layout;
-  for (int64_t r = 0; r < workers; ++r) {
-    layout.push_back(counts.empty() ? vnode::vnodes_of(vnodes, workers, r)
-                                    : vnode::vnodes_of(counts, r));
-  }
+  const auto layout = vnode::layout_of(vnodes, workers, counts);
   const int64_t replicas = res.shard_optimizer ? res.shard_replicas : 0;
   out += fmt::format(
       "{} keeps {} state tensor(s) a parameter: {:.4g} MB in all; on {} worker(s), vnodes "

@@ -36,18 +36,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-/// Every rank's vnodes when `workers` workers hold `counts` consecutive vnodes each, or an
-/// even split of `virtual_nodes` where `counts` is empty.
-std::vector<vnode::VnodeRange> layout_of(int64_t virtual_nodes, int64_t workers,
-                                         const std::vector<int64_t>& counts) {
-  std::vector<vnode::VnodeRange> layout;
-  for (int64_t r = 0; r < workers; ++r) {
-    layout.push_back(counts.empty() ? vnode::vnodes_of(virtual_nodes, workers, r)
-                                    : vnode::vnodes_of(counts, r));
-  }
-  return layout;
-}
-
 }  // namespace
 
 struct Trainer::Impl {
@@ -749,7 +737,7 @@ void Trainer::hand_off_state(const std::vector<int>& next_rank, int next_size,
                              const std::vector<int64_t>& next_counts) {
   auto& im = *impl_;
   im.reducer->hand_off(*im.comm, next_rank,
-                       layout_of(im.plan.virtual_nodes(), next_size, next_counts));
+                       vnode::layout_of(im.plan.virtual_nodes(), next_size, next_counts));
 }
 
 int Trainer::rank() const { return impl_->comm->rank(); }
@@ -770,7 +758,7 @@ void Trainer::set_communicator(std::shared_ptr<comm::Communicator> communicator)
   im.comm = std::move(next);
   im.held = vnode::vnodes_of(im.plan.virtual_nodes(), workers, im.comm->rank());
   im.batches.hold(im.held);
-  im.layout = layout_of(im.plan.virtual_nodes(), workers, {});
+  im.layout = vnode::layout_of(im.plan.virtual_nodes(), workers, {});
   if (im.checks) im.checks->forget();
   if (im.reducer) im.reducer->set_layout(im.layout, im.comm->rank());
 }
@@ -788,7 +776,7 @@ void Trainer::set_communicator(std::shared_ptr<comm::Communicator> communicator,
   }
   im.held = vnode::vnodes_of(counts, im.comm->rank());
   im.batches.hold(im.held);
-  im.layout = layout_of(im.plan.virtual_nodes(), im.comm->size(), counts);
+  im.layout = vnode::layout_of(im.plan.virtual_nodes(), im.comm->size(), counts);
   if (im.reducer) im.reducer->set_layout(im.layout, im.comm->rank());
 }
 void Trainer::set_stop_flag(const std::atomic<bool>* flag) { impl_->stop_flag = flag; }

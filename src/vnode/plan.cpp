@@ -58,6 +58,15 @@ VnodeRange vnodes_of(int64_t virtual_nodes, int64_t workers, int64_t rank) {
   return VnodeRange{first, first + q + (rank < extra ? 1 : 0)};
 }
 
+std::vector<VnodeRange> layout_of(int64_t virtual_nodes, int64_t workers,
+                                  const std::vector<int64_t>& counts) {
+  std::vector<VnodeRange> layout;
+  for (int64_t r = 0; r < workers; ++r) {
+    layout.push_back(counts.empty() ? vnodes_of(virtual_nodes, workers, r) : vnodes_of(counts, r));
+  }
+  return layout;
+}
+
 Slice VirtualNodePlan::slice(int64_t v, int64_t batch_size) const {
   VFLOW_ASSERT(v >= 0 && v < virtual_nodes_, fmt::format("vnode {} out of range", v));
   VFLOW_ASSERT(batch_size >= 0 && batch_size <= global_batch_, "batch larger than global_batch");

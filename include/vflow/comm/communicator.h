@@ -49,6 +49,9 @@ struct Shares {
   /// These shares inside a tensor with `before` more elements in front of them and `after`
   /// more behind: those go with the first and the last share, and every rank wants them.
   Shares around(int64_t before, int64_t after) const;
+  /// Asserts that these are shares of a group of `ranks`: bounds from 0, ascending, and
+  /// every rank's wanted ranges.
+  void check(int ranks) const;
 };
 
 class Communicator {

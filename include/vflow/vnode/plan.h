@@ -82,6 +82,10 @@ VnodeRange vnodes_of(int64_t virtual_nodes, int64_t workers, int64_t rank);
 /// The block of `rank` when worker w holds counts[w] consecutive vnodes (an uneven,
 /// planned split; the counts sum to the number of vnodes).
 VnodeRange vnodes_of(const std::vector<int64_t>& counts, int64_t rank);
+/// Every rank's vnodes when `workers` workers hold `counts` consecutive vnodes each, or an
+/// even split of `virtual_nodes` where `counts` is empty.
+std::vector<VnodeRange> layout_of(int64_t virtual_nodes, int64_t workers,
+                                  const std::vector<int64_t>& counts);
 
 /// A well-mixed 64-bit value from a seed and two coordinates (splitmix64 finaliser chain).
 /// Used for every derived seed: permutations per (seed, epoch), dropout per (seed, step, vnode).
