@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Memory and speed of the optimizer state sharded by vnode (resources.shard_optimizer).
 
-Memory: AdamW on the largest zoo models that fit this machine, ResNet-50 (CIFAR stem,
+Memory: AdamW (or --optimizer lamb, lars) on the largest zoo models that fit this machine, ResNet-50 (CIFAR stem,
 synthetic 3x32x32 images, B 32 as 4 vnodes) and BERT-base (byte tokens, the fortunes
 language-identification data, B 8 as 4 vnodes), deterministic, one intra-op thread per
 worker, on K = 1, 2, 4 workers, unsharded and sharded with 2 replicas. Each worker's
@@ -10,7 +10,8 @@ state it keeps (its "[shards]" log line) are recorded; the table gives the large
 worker's peak and its ratio to the unsharded run's at the same K, and the state a worker
 keeps against state x replicas / K.
 
-Speed: the default job (ConvNet on Fashion-MNIST, B 256 as 8 vnodes) with AdamW on K = 2
+Speed: the default job (ConvNet on Fashion-MNIST, B 256 as 8 vnodes) with AdamW (or
+--optimizer's) on K = 2
 and 4 workers, unsharded and sharded, the two alternating within each repeat; median
 examples/s over the timed steps and the ratio sharded / unsharded of each repeat (median,
 min-max over repeats), the median of each run's mean update time (the optimizer step
@@ -20,6 +21,7 @@ job's reduce-scatter and gather move what the unsharded job's one allreduce move
 
     bench/sharded_state.py [--build build] [--repeats 5] [--steps 100] [--memory-only]
                            [--speed-only] [--models resnet50,bert-base] [--workers 1,2,4]
+                           [--optimizer adamw|lamb|lars]
 """
 import argparse
 import os
@@ -34,7 +36,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import vflow_runs  # noqa: E402
 
-ADAMW = "semantic.optimizer={name: adamw, lr: 0.001, weight_decay: 0.01}"
+OPTIMIZERS = {  # --optimizer: the state sharded
+    "adamw": "semantic.optimizer={name: adamw, lr: 0.001, weight_decay: 0.01}",
+    "lamb": "semantic.optimizer={name: lamb, lr: 0.001, weight_decay: 0.01}",
+    "lars": "semantic.optimizer={name: lars, lr: 0.1, trust_coefficient: 0.001}",
+}
 MODELS = {
     "resnet50": ["--set", "semantic.model={name: resnet, options: {depth: 50, stem: cifar}}",
                  "--set", "semantic.data={name: synthetic, options: {train_size: 256, "
@@ -73,9 +79,9 @@ def hwm_kib(pid):
     return None
 
 
-def memory_run(build, model, workers, sharded, steps=2):
+def memory_run(build, model, workers, sharded, optimizer, steps=2):
     """(each worker's peak MB, each worker's kept state MB from its log line; 10^6 bytes)."""
-    cmd = [os.path.join(build, "vflow-train"), *MODELS[model], "--set", ADAMW,
+    cmd = [os.path.join(build, "vflow-train"), *MODELS[model], "--set", OPTIMIZERS[optimizer],
            "--set", "semantic.deterministic=true", "--set", "semantic.epochs=null",
            "--set", f"semantic.steps={steps}", "--set", "resources.threads=1",
            "--set", "output.evaluation.enabled=false", "--set", "output.logging.progress=off",
@@ -106,10 +112,10 @@ def memory(args):
     for model in args.models.split(","):
         full_state = None
         for k in (int(c) for c in args.workers.split(",")):
-            plain, _, _ = memory_run(args.build, model, k, False)
-            sharded, state, text = memory_run(args.build, model, k, True)
+            plain, _, _ = memory_run(args.build, model, k, False, args.optimizer)
+            sharded, state, text = memory_run(args.build, model, k, True, args.optimizer)
             if full_state is None:
-                # AdamW: two float32 moments of every parameter, kept by min(2, K) of K.
+                # The state of every parameter, kept by min(2, K) of K.
                 full_state = state[0] * k / min(2, k)
             expected = full_state * min(2, k) / k if full_state else float("nan")
             print(f"| {model} | {k} | {max(plain):.0f} ({', '.join(f'{v:.0f}' for v in plain)}) "
@@ -132,7 +138,7 @@ def speed(args):
             order = [False, True] if r % 2 == 0 else [True, False]
             for sharded in order:
                 steps = vflow_runs.timed_steps(
-                    args.build, ["--workers", str(k), "--set", ADAMW,
+                    args.build, ["--workers", str(k), "--set", OPTIMIZERS[args.optimizer],
                                  "--set", f"resources.shard_optimizer={'true' if sharded else 'false'}"],
                     args.steps, 3, 1)
                 summary = vflow_runs.summary(steps)
@@ -156,6 +162,7 @@ def main():
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--models", default="resnet50,bert-base")
     parser.add_argument("--workers", default="1,2,4", help="the worker counts of the memory runs")
+    parser.add_argument("--optimizer", choices=sorted(OPTIMIZERS), default="adamw")
     parser.add_argument("--memory-only", action="store_true")
     parser.add_argument("--speed-only", action="store_true")
     args = parser.parse_args()

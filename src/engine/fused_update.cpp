@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <map>
 #include <optional>
@@ -33,6 +34,13 @@ bool cpu_float(const torch::Tensor& t) {
   return t.device().is_cpu() && t.scalar_type() == torch::kFloat32 && t.is_contiguous();
 }
 
+/// n gradients from a source of Gradient::runs, written out as floats.
+void read_into(float* out, const float* g, int64_t n) { std::copy_n(g, n, out); }
+template <typename Source>
+void read_into(float* out, Source g, int64_t n) {
+  read_gradients(out, g, n);
+}
+
 /// A step's gradient: flat floats, or deterministic mode's reduced sum.
 struct Gradient {
   torch::Tensor values;  // when reduced is null
@@ -49,34 +57,47 @@ struct Gradient {
   /// a `const float*` to its float.
   template <typename F>
   void for_runs(int64_t lo, int64_t hi, F f) const {
+    VFLOW_ASSERT(reduced == nullptr || hi <= reduced->numel, "a reduced gradient of another size");
+    for_chunks(lo, hi, [&](int64_t b, int64_t e) { runs(b, e, f); });
+  }
+
+  /// for_runs over [b, e) in this thread, as one chunk.
+  template <typename F>
+  void runs(int64_t b, int64_t e, F f) const {
     if (reduced == nullptr) {
       const float* g = values.data_ptr<float>();
-      for_chunks(lo, hi, [&](int64_t b, int64_t e) {
-        if (rounding) {
-          f(b, e, RoundedGradients{g + b});
-        } else {
-          f(b, e, g + b);
-        }
-      });
+      if (rounding) {
+        f(b, e, RoundedGradients{g + b});
+      } else {
+        f(b, e, g + b);
+      }
       return;
     }
     const auto& r = *reduced;
-    VFLOW_ASSERT(hi <= r.numel, "a reduced gradient of another size");
     const auto dense = [&](int64_t at) {
       return ReducedGradients{r.dense + at, vnode::FixedPointSum::Reduced::kUnit};
     };
-    for_chunks(lo, hi, [&](int64_t b, int64_t e) {
-      auto k = static_cast<size_t>(std::lower_bound(r.index.begin(), r.index.end(), b) -
-                                   r.index.begin());
-      int64_t at = b;
-      for (; k < r.index.size() && r.index[k] < e; ++k) {
-        const int64_t i = r.index[k];
-        if (at < i) f(at, i, dense(at));
-        f(i, i + 1, &r.listed[k]);
-        at = i + 1;
-      }
-      if (at < e) f(at, e, dense(at));
+    auto k =
+        static_cast<size_t>(std::lower_bound(r.index.begin(), r.index.end(), b) - r.index.begin());
+    int64_t at = b;
+    for (; k < r.index.size() && r.index[k] < e; ++k) {
+      const int64_t i = r.index[k];
+      if (at < i) f(at, i, dense(at));
+      f(i, i + 1, &r.listed[k]);
+      at = i + 1;
+    }
+    if (at < e) f(at, e, dense(at));
+  }
+
+  /// The float gradients of [b, e) as the kernels read them: in place where they are
+  /// plain floats, else written into `scratch`.
+  const float* floats(int64_t b, int64_t e, std::vector<float>& scratch) const {
+    if (reduced == nullptr && !rounding) return values.data_ptr<float>() + b;
+    scratch.resize(static_cast<size_t>(e - b));
+    runs(b, e, [&](int64_t rb, int64_t re, auto source) {
+      read_into(scratch.data() + (rb - b), source, re - rb);
     });
+    return scratch.data();
   }
 };
 
@@ -219,24 +240,10 @@ class FusedOptimizer : public torch::optim::Optimizer, public FixedPointStep, pu
   }
 
   void load(torch::serialize::InputArchive& archive) override {
-    steps_ = 0;
-    if (layout_) {
-      shards_.clear();
-      start_fresh();
-    } else {
-      allocate_flat();
-      for (auto& s : state_) s.zero_();
-    }
+    reset_state();
     // The archive lists every parameter; the update holds the trainable ones.
     const auto& trainable = flat_.params();
-    std::vector<int64_t> place(all_params_.size(), -1);
-    for (size_t i = 0; i < trainable.size(); ++i) {
-      for (size_t j = 0; j < all_params_.size(); ++j) {
-        if (all_params_[j].unsafeGetTensorImpl() == trainable[i].unsafeGetTensorImpl()) {
-          place[j] = static_cast<int64_t>(i);
-        }
-      }
-    }
+    const auto place = places();
     std::vector<bool> restored(trainable.size(), false);
     bool any = false;  // a state was restored
     for_each_saved_state(
@@ -313,12 +320,21 @@ class FusedOptimizer : public torch::optim::Optimizer, public FixedPointStep, pu
     flat_.bind();
     return flat_.flat();
   }
+  void set_owned(std::vector<int64_t> owned) override { owned_ = std::move(owned); }
+  void set_exchange(Exchange exchange) override { exchange_ = std::move(exchange); }
 
  protected:
-  /// The update of the flat parameters' range [lo, hi): `p` and `g` are flat, each of
-  /// `state` covers [lo, hi); steps_ updates were applied before this one.
-  virtual void update(torch::Tensor& p, const Gradient& g, double lr, int64_t lo, int64_t hi,
-                      std::vector<torch::Tensor>& state) = 0;
+  /// A range [lo, hi) of the flat parameters that a step updates, with its state: each
+  /// of `state` covers [lo, hi).
+  struct Part {
+    int64_t lo = 0;
+    int64_t hi = 0;
+    std::vector<torch::Tensor> state;
+  };
+  /// The update of `parts` (every element, or the held shards'): `p` and `g` are flat;
+  /// steps_ updates were applied before this one.
+  virtual void update_parts(torch::Tensor& p, const Gradient& g, double lr,
+                            std::vector<Part>& parts) = 0;
   /// Parameter i's state as LibTorch's optimizer keeps it.
   virtual std::unique_ptr<torch::optim::OptimizerParamState> saved_state(size_t i) const = 0;
   /// Copies LibTorch's state of parameter i into the state; returns its step count.
@@ -357,6 +373,39 @@ class FusedOptimizer : public torch::optim::Optimizer, public FixedPointStep, pu
     });
   }
 
+  /// No state, at step 0: the kept shards' state zero where sharded (a load starts so).
+  void reset_state() {
+    steps_ = 0;
+    if (layout_) {
+      shards_.clear();
+      start_fresh();
+    } else {
+      allocate_flat();
+      for (auto& s : state_) s.zero_();
+    }
+  }
+  /// For each parameter the optimizer was given, its index among the trainable ones
+  /// (which the update holds), -1 for one that is not trainable.
+  std::vector<int64_t> places() const {
+    const auto& trainable = flat_.params();
+    std::vector<int64_t> place(all_params_.size(), -1);
+    for (size_t i = 0; i < trainable.size(); ++i) {
+      for (size_t j = 0; j < all_params_.size(); ++j) {
+        if (all_params_[j].unsafeGetTensorImpl() == trainable[i].unsafeGetTensorImpl()) {
+          place[j] = static_cast<int64_t>(i);
+        }
+      }
+    }
+    return place;
+  }
+  const std::vector<torch::Tensor>& all_params() const { return all_params_; }
+  const std::vector<torch::Tensor>& trainable() const { return flat_.params(); }
+  vnode::FlatRange range_of(size_t i) const { return flat_.range(i); }
+  /// The canonical shards, where the state is kept by them.
+  const std::optional<vnode::ShardLayout>& sharded() const { return layout_; }
+  const std::vector<int64_t>& owned() const { return owned_; }
+  const Exchange& exchange() const { return exchange_; }
+
   int64_t steps_ = 0;
 
  private:
@@ -373,20 +422,21 @@ class FusedOptimizer : public torch::optim::Optimizer, public FixedPointStep, pu
   /// One step over every element this worker updates: all of them, or the held shards'.
   void update_all(const Gradient& g, double lr) {
     auto& p = flat_.flat();
+    std::vector<Part> parts;
     if (!layout_) {
       allocate_flat();
-      update(p, g, lr, 0, p.numel(), state_);
+      parts.push_back({0, p.numel(), state_});
     } else {
       // Before the first step every shard's state is zero (made here, after the first
       // backward pass, as the flat state is, rather than beside its activations).
       if (steps_ == 0 && shards_.empty()) start_fresh();
-      std::vector<torch::Tensor> rows(static_cast<size_t>(state_tensors_));
       for (auto& [s, packed] : shards_) {
         const auto r = layout_->shard(s);
-        for (int k = 0; k < state_tensors_; ++k) rows[k] = packed[k];
-        update(p, g, lr, r.begin, r.end, rows);
+        auto& part = parts.emplace_back(Part{r.begin, r.end, {}});
+        for (int k = 0; k < state_tensors_; ++k) part.state.push_back(packed[k]);
       }
     }
+    update_parts(p, g, lr, parts);
     ++steps_;
   }
 
@@ -410,6 +460,8 @@ class FusedOptimizer : public torch::optim::Optimizer, public FixedPointStep, pu
   std::map<int64_t, torch::Tensor> shards_;   // sharded: the held shards' state, by shard
   std::vector<torch::Tensor> all_params_;
   FlatParameters flat_;
+  std::vector<int64_t> owned_;  // sharded: the shards this worker owns, ascending
+  Exchange exchange_;           // sharded: how the per-shard norms reach every worker
 };
 
 class FusedSgd final : public FusedOptimizer<torch::optim::SGD, torch::optim::SGDOptions,
@@ -419,8 +471,27 @@ class FusedSgd final : public FusedOptimizer<torch::optim::SGD, torch::optim::SG
       : FusedOptimizer(params, options, /*state_tensors=*/options.momentum() != 0 ? 1 : 0) {}
 
  protected:
+  void update_parts(torch::Tensor& p, const Gradient& g, double lr,
+                    std::vector<Part>& parts) override {
+    for (auto& part : parts) update(p, g, lr, part.lo, part.hi, part.state);
+  }
+
+  std::unique_ptr<torch::optim::OptimizerParamState> saved_state(size_t i) const override {
+    auto s = std::make_unique<torch::optim::SGDParamState>();
+    s->momentum_buffer(state_of(i, 0));
+    return s;
+  }
+
+  int64_t restore_state(size_t i, const torch::optim::OptimizerParamState& state) override {
+    restore(i, 0, static_cast<const torch::optim::SGDParamState&>(state).momentum_buffer(),
+            "momentum_buffer");
+    return 1;  // LibTorch's SGD counts no steps: any state means the first step is past
+  }
+
+ private:
+  /// The update of the flat range [lo, hi), whose state `state` covers.
   void update(torch::Tensor& p, const Gradient& gradient, double lr, int64_t lo, int64_t hi,
-              std::vector<torch::Tensor>& state) override {
+              std::vector<torch::Tensor>& state) {
     const auto& o = options();
     const SgdScalars s{static_cast<float>(-lr),
                        static_cast<float>(o.weight_decay()),
@@ -453,18 +524,6 @@ class FusedSgd final : public FusedOptimizer<torch::optim::SGD, torch::optim::SG
     }
     range.add_(d, -lr);
   }
-
-  std::unique_ptr<torch::optim::OptimizerParamState> saved_state(size_t i) const override {
-    auto s = std::make_unique<torch::optim::SGDParamState>();
-    s->momentum_buffer(state_of(i, 0));
-    return s;
-  }
-
-  int64_t restore_state(size_t i, const torch::optim::OptimizerParamState& state) override {
-    restore(i, 0, static_cast<const torch::optim::SGDParamState&>(state).momentum_buffer(),
-            "momentum_buffer");
-    return 1;  // LibTorch's SGD counts no steps: any state means the first step is past
-  }
 };
 
 class FusedAdamW final : public FusedOptimizer<torch::optim::AdamW, torch::optim::AdamWOptions,
@@ -476,8 +535,30 @@ class FusedAdamW final : public FusedOptimizer<torch::optim::AdamW, torch::optim
   }
 
  protected:
+  void update_parts(torch::Tensor& p, const Gradient& g, double lr,
+                    std::vector<Part>& parts) override {
+    for (auto& part : parts) update(p, g, lr, part.lo, part.hi, part.state);
+  }
+
+  std::unique_ptr<torch::optim::OptimizerParamState> saved_state(size_t i) const override {
+    auto s = std::make_unique<torch::optim::AdamWParamState>();
+    s->step(steps_);
+    s->exp_avg(state_of(i, 0));
+    s->exp_avg_sq(state_of(i, 1));
+    return s;
+  }
+
+  int64_t restore_state(size_t i, const torch::optim::OptimizerParamState& state) override {
+    const auto& s = static_cast<const torch::optim::AdamWParamState&>(state);
+    restore(i, 0, s.exp_avg(), "exp_avg");
+    restore(i, 1, s.exp_avg_sq(), "exp_avg_sq");
+    return s.step();
+  }
+
+ private:
+  /// The update of the flat range [lo, hi), whose state `state` covers.
   void update(torch::Tensor& p, const Gradient& gradient, double lr, int64_t lo, int64_t hi,
-              std::vector<torch::Tensor>& state) override {
+              std::vector<torch::Tensor>& state) {
     const auto& o = options();
     const double beta1 = std::get<0>(o.betas());
     const double beta2 = std::get<1>(o.betas());
@@ -513,27 +594,283 @@ class FusedAdamW final : public FusedOptimizer<torch::optim::AdamW, torch::optim
     const auto denom = (v.sqrt() / std::sqrt(correction2)).add_(o.eps());
     range.addcdiv_(m, denom, -step_size);
   }
+};
 
-  std::unique_ptr<torch::optim::OptimizerParamState> saved_state(size_t i) const override {
-    auto s = std::make_unique<torch::optim::AdamWParamState>();
-    s->step(steps_);
-    s->exp_avg(state_of(i, 0));
-    s->exp_avg_sq(state_of(i, 1));
-    return s;
+// ---- LAMB and LARS: trust ratios by canonical shard ------------------------------------
+
+/// An optimizer whose step scales each parameter's update by a ratio of norms (LAMB's and
+/// LARS's trust ratios), over flat buffers as the others. The norms' squares are summed
+/// by piece, a parameter's part of one canonical shard, in blocks of kChunk elements from
+/// the piece's start (each block in update_kernels' lanes), the blocks and then a
+/// parameter's pieces added in flat order. A worker holding every shard and workers each
+/// holding some (their pieces' sums exchanged) thus form the same ratios, bitwise, on any
+/// worker count (docs/design.md, "Optimizer state sharded by vnode").
+///
+/// Checkpoints keep the format of the engine's LibTorch-operation LAMB and LARS:
+/// "steps", then "<state name>.<parameter index>" for every parameter once a step is taken.
+class FusedLayerwise : public FusedOptimizer<torch::optim::SGD, torch::optim::SGDOptions,
+                                             torch::optim::SGDParamState> {
+ public:
+  FusedLayerwise(const std::vector<torch::Tensor>& params, const OptimizerSpec& spec,
+                 std::vector<std::string> state_names, int64_t canonical_shards)
+      : FusedOptimizer(params, torch::optim::SGDOptions(spec.lr),
+                       static_cast<int>(state_names.size())),
+        spec_(spec),
+        names_(std::move(state_names)),
+        canonical_(flat_parameters().numel(), canonical_shards) {
+    // The pieces: each trainable parameter cut by the canonical shards, in flat order.
+    for (size_t i = 0; i < trainable().size(); ++i) {
+      const auto r = range_of(i);
+      for (int64_t s = 0; s < canonical_.shards(); ++s) {
+        const auto sh = canonical_.shard(s);
+        const int64_t b = std::max(r.begin, sh.begin);
+        const int64_t e = std::min(r.end, sh.end);
+        if (b < e) pieces_.push_back({{b, e}, i, s});
+      }
+    }
+    std::sort(pieces_.begin(), pieces_.end(),
+              [](const Piece& a, const Piece& b) { return a.at.begin < b.at.begin; });
   }
 
-  int64_t restore_state(size_t i, const torch::optim::OptimizerParamState& state) override {
-    const auto& s = static_cast<const torch::optim::AdamWParamState&>(state);
-    restore(i, 0, s.exp_avg(), "exp_avg");
-    restore(i, 1, s.exp_avg_sq(), "exp_avg_sq");
-    return s.step();
+  void shard_by(const vnode::ShardLayout& layout) override {
+    VFLOW_ASSERT(layout.numel() == canonical_.numel() && layout.shards() == canonical_.shards(),
+                 "LAMB or LARS sharded by other shards than it sums its norms by");
+    FusedOptimizer::shard_by(layout);
   }
+
+  void save(torch::serialize::OutputArchive& archive) const override {
+    archive.write("steps", c10::IValue(steps_));
+    if (steps_ == 0) return;
+    if (sharded()) {
+      VFLOW_ASSERT(static_cast<int64_t>(held().size()) == sharded()->shards(),
+                   "a sharded optimizer state saved before it was gathered whole");
+    }
+    const auto place = places();
+    for (size_t j = 0; j < place.size(); ++j) {
+      for (size_t k = 0; k < names_.size(); ++k) {
+        // A parameter that is not trainable never moves: its state stays zero.
+        const auto t = place[j] >= 0 ? state_of(static_cast<size_t>(place[j]), static_cast<int>(k))
+                                     : torch::zeros_like(all_params()[j]);
+        archive.write(fmt::format("{}.{}", names_[k], j), t, /*is_buffer=*/true);
+      }
+    }
+  }
+
+  void load(torch::serialize::InputArchive& archive) override {
+    reset_state();
+    c10::IValue steps;
+    archive.read("steps", steps);
+    if (steps.toInt() == 0) return;
+    const auto place = places();
+    for (size_t j = 0; j < place.size(); ++j) {
+      if (place[j] < 0) continue;
+      for (size_t k = 0; k < names_.size(); ++k) {
+        const auto name = fmt::format("{}.{}", names_[k], j);
+        torch::Tensor t;
+        if (!archive.try_read(name, t, /*is_buffer=*/true)) {
+          throw CheckpointError("the optimizer state has no entry " + name);
+        }
+        restore(static_cast<size_t>(place[j]), static_cast<int>(k), t, names_[k].c_str());
+      }
+    }
+    steps_ = steps.toInt();
+  }
+
+ protected:
+  /// out[0] = Σp², out[1] = Σx² over n elements, x the other norm's vector; `state` the
+  /// state rows at the first element.
+  virtual void norms(const float* p, const float* g, float* const* state, int64_t n,
+                     double out[2]) const = 0;
+  /// Parameter i's factor of its update from its sums of squares (LAMB: −lr · ratio;
+  /// LARS: its rate).
+  virtual double factor(size_t i, double p2, double x2, double lr) const = 0;
+  /// The step of n elements of parameter i with its factor.
+  virtual void apply(float* p, const float* g, float* const* state, int64_t n, size_t i,
+                     double factor) const = 0;
+
+  void update_parts(torch::Tensor& p, const Gradient& g, double lr,
+                    std::vector<Part>& parts) override {
+    VFLOW_ASSERT(cpu_float(p) && g.on_cpu(),
+                 "the fused LAMB and LARS take float32 parameters and gradients on the CPU");
+    // The blocks of every piece in the parts, in flat order.
+    std::vector<Block> blocks;
+    for (size_t k = 0; k < parts.size(); ++k) {
+      const auto& part = parts[k];
+      auto it = std::lower_bound(pieces_.begin(), pieces_.end(), part.lo,
+                                 [](const Piece& a, int64_t at) { return a.at.begin < at; });
+      for (; it != pieces_.end() && it->at.begin < part.hi; ++it) {
+        for (int64_t b = it->at.begin; b < it->at.end; b += kChunk) {
+          blocks.push_back(
+              {static_cast<size_t>(it - pieces_.begin()), k, b, std::min(it->at.end, b + kChunk)});
+        }
+      }
+    }
+    float* pp = p.data_ptr<float>();
+    const auto each_block = [&](auto f) {
+      at::parallel_for(0, static_cast<int64_t>(blocks.size()), 1, [&](int64_t first, int64_t last) {
+        std::vector<float> scratch;
+        for (int64_t t = first; t < last; ++t) {
+          const auto& b = blocks[static_cast<size_t>(t)];
+          const auto& part = parts[b.part];
+          std::array<float*, 2> rows{};
+          for (size_t r = 0; r < part.state.size(); ++r) {
+            rows[r] = part.state[r].data_ptr<float>() + (b.begin - part.lo);
+          }
+          f(t, b, pp + b.begin, g.floats(b.begin, b.end, scratch), rows.data());
+        }
+      });
+    };
+    std::vector<double> sums(2 * blocks.size());
+    each_block([&](int64_t t, const Block& b, float* pb, const float* gb, float* const* rows) {
+      norms(pb, gb, rows, b.end - b.begin, &sums[static_cast<size_t>(2 * t)]);
+    });
+    // By piece: its blocks added in order; negative where this worker holds it not.
+    auto mine = torch::full({static_cast<int64_t>(2 * pieces_.size())}, -1.0, torch::kFloat64);
+    auto* m = mine.data_ptr<double>();
+    for (size_t t = 0; t < blocks.size(); ++t) {
+      const auto& b = blocks[t];
+      const bool first = b.begin == pieces_[b.piece].at.begin;
+      for (int q = 0; q < 2; ++q) {
+        auto& x = m[2 * b.piece + q];
+        x = first ? sums[2 * t + q] : x + sums[2 * t + q];
+      }
+    }
+    const auto every = by_piece(mine);
+    factors_.assign(trainable().size(), 0.0);
+    std::vector<double> p2(trainable().size(), 0.0);
+    std::vector<double> x2(trainable().size(), 0.0);
+    for (size_t k = 0; k < pieces_.size(); ++k) {
+      p2[pieces_[k].param] += every[2 * k];
+      x2[pieces_[k].param] += every[2 * k + 1];
+    }
+    for (size_t i = 0; i < factors_.size(); ++i) factors_[i] = factor(i, p2[i], x2[i], lr);
+    each_block([&](int64_t, const Block& b, float* pb, const float* gb, float* const* rows) {
+      const size_t i = pieces_[b.piece].param;
+      apply(pb, gb, rows, b.end - b.begin, i, factors_[i]);
+    });
+  }
+
+  std::unique_ptr<torch::optim::OptimizerParamState> saved_state(size_t) const override {
+    VFLOW_ASSERT(false, "LAMB and LARS save in a format of their own");
+    return nullptr;
+  }
+  int64_t restore_state(size_t, const torch::optim::OptimizerParamState&) override {
+    VFLOW_ASSERT(false, "LAMB and LARS load a format of their own");
+    return 0;
+  }
+
+  const OptimizerSpec spec_;
+
+ private:
+  struct Piece {
+    vnode::FlatRange at;
+    size_t param = 0;
+    int64_t shard = 0;
+  };
+  struct Block {
+    size_t piece = 0;
+    size_t part = 0;
+    int64_t begin = 0;
+    int64_t end = 0;
+  };
+
+  /// Every piece's two sums: this worker's where it holds them all, else their sum over
+  /// the workers, each giving those of the shards it owns (and zeros): exactly the owner's.
+  std::vector<double> by_piece(torch::Tensor mine) const {
+    auto* m = mine.data_ptr<double>();
+    if (!sharded()) return {m, m + mine.numel()};
+    VFLOW_ASSERT(static_cast<bool>(exchange()), "a sharded LAMB or LARS with no exchange");
+    for (size_t k = 0; k < pieces_.size(); ++k) {
+      if (std::binary_search(owned().begin(), owned().end(), pieces_[k].shard)) {
+        VFLOW_ASSERT(m[2 * k] >= 0, "a shard this worker owns and does not hold");
+      } else {
+        m[2 * k] = m[2 * k + 1] = 0;
+      }
+    }
+    exchange()(mine);
+    const auto host = mine.to(torch::kCPU).contiguous();
+    return {host.data_ptr<double>(), host.data_ptr<double>() + host.numel()};
+  }
+
+  std::vector<std::string> names_;
+  vnode::ShardLayout canonical_;
+  std::vector<Piece> pieces_;    // ascending
+  std::vector<double> factors_;  // by trainable parameter, this step's
+};
+
+/// LAMB (You et al. 2019, "Large Batch Optimization for Deep Learning", Algorithm 2):
+/// Adam's bias-corrected direction u = m̂ / (√v̂ + ε), plus decoupled weight decay λw,
+/// scaled per layer by ‖w‖ / ‖u‖ (1 where either is 0: a fresh zero layer, or no gradient).
+class FusedLamb final : public FusedLayerwise {
+ public:
+  FusedLamb(const std::vector<torch::Tensor>& params, const OptimizerSpec& spec, int64_t shards)
+      : FusedLayerwise(params, spec, {"exp_avg", "exp_avg_sq"}, shards) {}
+
+ protected:
+  void norms(const float* p, const float* g, float* const* state, int64_t n,
+             double out[2]) const override {
+    lamb_norms(p, g, state[0], state[1], n, scalars(), out);
+  }
+  double factor(size_t, double p2, double u2, double lr) const override {
+    const double ratio = p2 > 0 && u2 > 0 ? std::sqrt(p2) / std::sqrt(u2) : 1.0;
+    return -lr * ratio;
+  }
+  void apply(float* p, const float* g, float* const* state, int64_t n, size_t,
+             double factor) const override {
+    lamb_kernel(p, g, state[0], state[1], n, scalars(), static_cast<float>(factor));
+  }
+
+ private:
+  LambScalars scalars() const {
+    const auto t = static_cast<double>(steps_ + 1);
+    return {static_cast<float>(spec_.beta1),
+            static_cast<float>(1 - spec_.beta1),
+            static_cast<float>(spec_.beta2),
+            static_cast<float>(1 - spec_.beta2),
+            static_cast<float>(1 - std::pow(spec_.beta1, t)),
+            static_cast<float>(1 - std::pow(spec_.beta2, t)),
+            static_cast<float>(spec_.eps),
+            static_cast<float>(spec_.weight_decay),
+            spec_.weight_decay > 0};
+  }
+};
+
+/// LARS (You et al. 2017, "Large Batch Training of Convolutional Networks", Algorithm 1):
+/// a layer's rate is lr × η‖w‖ / (‖∇w‖ + β‖w‖); v = m·v + rate · (∇w + βw); w −= v.
+/// Parameters of one dimension (biases, normalization weights) are, by default, left out
+/// of both the trust ratio and the weight decay, as common practice does.
+class FusedLars final : public FusedLayerwise {
+ public:
+  FusedLars(const std::vector<torch::Tensor>& params, const OptimizerSpec& spec, int64_t shards)
+      : FusedLayerwise(params, spec, {"momentum_buffer"}, shards) {}
+
+ protected:
+  void norms(const float* p, const float* g, float* const*, int64_t n,
+             double out[2]) const override {
+    square_sums(p, g, n, out);
+  }
+  double factor(size_t i, double p2, double g2, double lr) const override {
+    if (excluded(i)) return lr;
+    const double wn = std::sqrt(p2);
+    const double gn = std::sqrt(g2);
+    return wn > 0 && gn > 0 ? lr * spec_.trust_coefficient * wn / (gn + spec_.weight_decay * wn)
+                            : lr;
+  }
+  void apply(float* p, const float* g, float* const* state, int64_t n, size_t i,
+             double factor) const override {
+    const LarsScalars s{static_cast<float>(factor), static_cast<float>(spec_.weight_decay),
+                        static_cast<float>(spec_.momentum), spec_.weight_decay > 0 && !excluded(i)};
+    lars_kernel(p, g, state[0], n, s);
+  }
+
+ private:
+  bool excluded(size_t i) const { return spec_.exclude_bias_and_norm && trainable()[i].dim() <= 1; }
 };
 
 }  // namespace
 
 std::unique_ptr<torch::optim::Optimizer> make_fused_optimizer(
-    const OptimizerSpec& spec, const std::vector<torch::Tensor>& params) {
+    const OptimizerSpec& spec, const std::vector<torch::Tensor>& params, int64_t canonical_shards) {
   if (spec.name == "sgd") {
     return std::make_unique<FusedSgd>(params, torch::optim::SGDOptions(spec.lr)
                                                   .momentum(spec.momentum)
@@ -547,6 +884,14 @@ std::unique_ptr<torch::optim::Optimizer> make_fused_optimizer(
                                                     .eps(spec.eps)
                                                     .weight_decay(spec.weight_decay));
   }
+  // LAMB and LARS: the CPU's float32 parameters (elsewhere LibTorch's operations).
+  const bool cpu = std::all_of(params.begin(), params.end(), [](const torch::Tensor& p) {
+    return !p.requires_grad() || (p.device().is_cpu() && p.scalar_type() == torch::kFloat32);
+  });
+  if (spec.name == "lamb" && cpu)
+    return std::make_unique<FusedLamb>(params, spec, canonical_shards);
+  if (spec.name == "lars" && cpu)
+    return std::make_unique<FusedLars>(params, spec, canonical_shards);
   return nullptr;
 }
 

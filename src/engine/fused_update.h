@@ -10,6 +10,7 @@
 
 #include <torch/optim/optimizer.h>
 
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -82,14 +83,28 @@ class ShardedState {
   /// The flat parameters (the parameters are views into it), for gathering.
   virtual torch::Tensor flat_parameters() = 0;
 
+  /// The shards this worker owns (its vnodes'), of which it gives the figures every worker
+  /// needs (LAMB's and LARS's sums of squares, from which the trust ratios are formed).
+  virtual void set_owned(std::vector<int64_t> owned) = 0;
+  /// A sum of a float64 tensor over every worker, in place, in an order that does not
+  /// depend on the tensor's values (a collective, called by every worker at every step of
+  /// LAMB and LARS): each figure is given by its shard's owner and is zero elsewhere, so
+  /// the sum is that figure exactly.
+  using Exchange = std::function<void(torch::Tensor&)>;
+  virtual void set_exchange(Exchange exchange) = 0;
+
  protected:
   ~ShardedState() = default;
 };
 
-/// The fused optimizer for `spec` (sgd or adamw) over `params`, nullptr for the others.
-/// Every parameter that requires a gradient must have one at every step (as the engine's
-/// gradient buffer provides); one without is an internal error.
+/// The fused optimizer for `spec` (sgd, adamw, lamb or lars) over `params`, nullptr for
+/// the others. LAMB's and LARS's norms are summed by the `canonical_shards` canonical
+/// shards of the trainable parameters (vnode::ShardLayout; the job's vnodes), then added in
+/// shard order, so that a sharded job forms the same trust ratios. Every parameter that
+/// requires a gradient must have one at every step (as the engine's gradient buffer
+/// provides); one without is an internal error.
 std::unique_ptr<torch::optim::Optimizer> make_fused_optimizer(
-    const OptimizerSpec& spec, const std::vector<torch::Tensor>& params);
+    const OptimizerSpec& spec, const std::vector<torch::Tensor>& params,
+    int64_t canonical_shards = 1);
 
 }  // namespace vflow::engine

@@ -424,13 +424,15 @@ const SpecSchema<ResourcesSpec>& resources_schema() {
              "as if it had failed, and the step is redone without it (with no third worker: "
              "`stop`)");
     s.boolean("shard_optimizer", &R::shard_optimizer,
-              "cut the optimizer state (sgd's momentum, adamw's two moments) into one canonical "
+              "cut the optimizer state (sgd's and lars's momentum, adamw's and lamb's two "
+              "moments) into one canonical "
               "shard per vnode, contiguous ranges of the parameters balanced by size: each worker "
               "keeps and updates only the shards of the vnodes it holds (and, with "
               "`shard_replicas: 2`, its ring neighbour's), then the workers all-gather the "
               "updated parameters. Shards move with their vnodes on a resize; checkpoints hold "
-              "the whole state, as without sharding. The same result bit for bit; sgd and adamw "
-              "only (docs/design.md, \"Optimizer state sharded by vnode\")");
+              "the whole state, as without sharding. The same result bit for bit (lamb's and "
+              "lars's trust ratios are summed by canonical shard, sharded or not); sgd, adamw, "
+              "lamb and lars (docs/design.md, \"Optimizer state sharded by vnode\")");
     s.integer("shard_replicas", &R::shard_replicas, 1, 2,
               "with `shard_optimizer`: how many workers keep each shard's state, 2 = its owner "
               "and the next worker in rank order (a second home, so that a worker that dies "
@@ -669,11 +671,10 @@ void parse_resources(const SpecNode& node, ResourcesSpec& res, const SemanticSpe
            "cross-checks compare bits, which only deterministic mode makes a function of the "
            "job: set semantic.deterministic: true, or verify_every_steps: 0");
   }
-  if (res.shard_optimizer && s.optimizer.name != "sgd" && s.optimizer.name != "adamw") {
+  if (res.shard_optimizer && s.optimizer.name == "adam") {
     r.fail("shard_optimizer",
-           fmt::format("the optimizer state is sharded for sgd and adamw only, whose update is "
-                       "element by element; semantic.optimizer.name is {}",
-                       s.optimizer.name));
+           "the optimizer state is sharded for sgd, adamw, lamb and lars, whose update is "
+           "element by element or by norms summed per shard; semantic.optimizer.name is adam");
   }
   check_layout(r, res, s);
   check_backend(r, res);

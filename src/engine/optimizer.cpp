@@ -16,7 +16,8 @@ namespace {
 
 /// An optimizer whose per-parameter state is a few tensors per parameter, kept in
 /// parameter order and saved under "<name>.<index>": no dependence on how a LibTorch
-/// version keys its own state map.
+/// version keys its own state map. LAMB and LARS of LibTorch's operations, for parameters
+/// other than the CPU's float32 (the fused ones read and write the same format).
 class LayerwiseOptimizer : public torch::optim::Optimizer {
  public:
   LayerwiseOptimizer(const std::vector<torch::Tensor>& params, double lr,
@@ -182,9 +183,11 @@ class Adam final : public torch::optim::Adam {
 }  // namespace
 
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimizerSpec& spec,
-                                                        const std::vector<torch::Tensor>& params) {
-  // SGD and AdamW: one pass over flat buffers, with LibTorch's arithmetic and format.
-  if (auto fused = make_fused_optimizer(spec, params)) return fused;
+                                                        const std::vector<torch::Tensor>& params,
+                                                        int64_t canonical_shards) {
+  // SGD and AdamW (LibTorch's arithmetic and format), and LAMB and LARS on the CPU: one
+  // pass over flat buffers.
+  if (auto fused = make_fused_optimizer(spec, params, canonical_shards)) return fused;
   if (spec.name == "adam") {
     auto options = torch::optim::AdamOptions(spec.lr)
                        .betas({spec.beta1, spec.beta2})

@@ -64,7 +64,7 @@ std::string describe_shards(const JobSpec& spec, int64_t workers) {
     params.push_back(p);
     numel += p.numel();
   }
-  const auto optimizer = make_optimizer(sem.optimizer, params);
+  const auto optimizer = make_optimizer(sem.optimizer, params, sem.virtual_nodes);
   const auto* sharded = dynamic_cast<const ShardedState*>(optimizer.get());
   const int64_t vnodes = sem.virtual_nodes;
   const vnode::ShardLayout shards(numel, vnodes);
@@ -73,8 +73,10 @@ std::string describe_shards(const JobSpec& spec, int64_t workers) {
       "{} parameters ({:.4g} MB), {} canonical shards (one per vnode) of at most {} elements\n",
       numel, mb(numel), shards.shards(), shards.largest());
   if (sharded == nullptr) {
-    return out + fmt::format("semantic.optimizer {} keeps no sharded state (sgd and adamw do)\n",
-                             sem.optimizer.name);
+    return out +
+           fmt::format(
+               "semantic.optimizer {} keeps no sharded state (sgd, adamw, lamb and lars do)\n",
+               sem.optimizer.name);
   }
   const int64_t rows = sharded->state_tensors();
   // A planned layout's vnode counts where it names these workers, else an even split.

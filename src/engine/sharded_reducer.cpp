@@ -31,6 +31,14 @@ class ShardedReducer : public Reducer {
                  bool scatter)
       : inner_(std::move(inner)), state_(state), replicas_(replicas), scatter_(scatter) {
     if (const auto fault = injected_fault(); fault && fault->dies_in_gather) dies_at_ = fault->step;
+    // LAMB's and LARS's per-shard norms, summed inside the update over the step's group
+    // (set by begin_step): through shared memory where the workers share a host.
+    state_.set_exchange([this](torch::Tensor& figures) {
+      if (comm_->size() == 1) return;
+      auto on_device = figures.to(comm_device());
+      comm_->allreduce_sum(on_device);
+      if (!on_device.is_same(figures)) figures.copy_(on_device);
+    });
   }
 
   void begin_step(comm::Communicator& comm, int64_t step, bool overlap) override {
@@ -89,6 +97,7 @@ class ShardedReducer : public Reducer {
     layout_ = layout;
     rank_ = rank;
     state_.set_kept(vnode::ShardLayout::kept_by(layout_, rank_, replicas_));
+    state_.set_owned(owned_shards());
     moved_ = true;
     logged_ = false;
   }

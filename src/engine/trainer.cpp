@@ -512,7 +512,8 @@ Trainer::Trainer(JobSpec spec, std::shared_ptr<models::Model> model, data::DataS
   if (verify) impl_->checks.emplace(res.verify_every_steps);
   impl_->fault = injected_fault();
   impl_->kernels->bind_table(impl_->packet->table());
-  impl_->optimizer = make_optimizer(impl_->spec.semantic.optimizer, m.parameters());
+  impl_->optimizer =
+      make_optimizer(impl_->spec.semantic.optimizer, m.parameters(), impl_->plan.virtual_nodes());
   ReducerOptions reduction;
   reduction.device = impl_->device;
   reduction.exact = impl_->spec.semantic.deterministic;
@@ -525,7 +526,13 @@ Trainer::Trainer(JobSpec spec, std::shared_ptr<models::Model> model, data::DataS
   if (res.shard_optimizer) {
     // The fused optimizers keep their state by canonical shard (the spec allows no other).
     auto* sharded = dynamic_cast<ShardedState*>(impl_->optimizer.get());
-    VFLOW_ASSERT(sharded != nullptr, "resources.shard_optimizer with an optimizer of no shards");
+    if (sharded == nullptr) {
+      throw SpecError(fmt::format(
+          "resources.shard_optimizer: {} keeps its state by canonical shard for float32 "
+          "parameters on the CPU only; this worker's are {} on {}",
+          impl_->spec.semantic.optimizer.name, c10::toString(m.parameters().front().scalar_type()),
+          m.parameters().front().device().str()));
+    }
     sharded->shard_by(
         vnode::ShardLayout(impl_->packet->gradients().numel(), impl_->plan.virtual_nodes()));
     impl_->reducer = make_sharded_reducer(std::move(impl_->reducer), *sharded, res.shard_replicas,

@@ -81,7 +81,101 @@ VFLOW_BODY void adamw_body(float* __restrict p, G g, float* __restrict m, float*
   }
 }
 
+/// LAMB's direction of one element, with the moments m' and v' after gradient gi.
+VFLOW_BODY float lamb_direction(float w, float gi, float& mi, float& vi, const LambScalars& s) {
+  mi = mi * s.beta1 + s.one_minus_beta1 * gi;  // exp_avg.mul_(β1).add_(grad, 1 − β1)
+  vi = vi * s.beta2 +
+       s.one_minus_beta2 * gi * gi;  // exp_avg_sq.mul_(β2).addcmul_(grad, grad, 1 − β2)
+  float u = (mi / s.correction1) / (std::sqrt(vi / s.correction2) + s.eps);
+  if (s.decay) u = u + s.weight_decay * w;  // u.add_(p, λ)
+  return u;
+}
+
+/// Σa², Σb² over n elements, where a(i) and b(i) give element i's floats: in 8 double
+/// lanes (element i in lane i mod 8, so that a vectorised loop adds in each lane's order),
+/// the lanes then added in order.
+template <typename A, typename B>
+VFLOW_BODY void lane_sums(int64_t n, A a, B b, double out[2]) {
+  constexpr int kLanes = 8;
+  double sa[kLanes] = {};
+  double sb[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int j = 0; j < kLanes; ++j) {
+      const double x = a(i + j);
+      const double y = b(i + j);
+      sa[j] += x * x;
+      sb[j] += y * y;
+    }
+  }
+  for (int j = 0; i < n; ++i, ++j) {
+    const double x = a(i);
+    const double y = b(i);
+    sa[j] += x * x;
+    sb[j] += y * y;
+  }
+  out[0] = sa[0];
+  out[1] = sb[0];
+  for (int j = 1; j < kLanes; ++j) {
+    out[0] += sa[j];
+    out[1] += sb[j];
+  }
+}
+
 }  // namespace
+
+VFLOW_KERNEL void lamb_norms(const float* __restrict p, const float* __restrict g,
+                             const float* __restrict m, const float* __restrict v, int64_t n,
+                             const LambScalars& s, double out[2]) {
+  lane_sums(
+      n, [&](int64_t i) { return p[i]; },
+      [&](int64_t i) {
+        float mi = m[i];
+        float vi = v[i];
+        return lamb_direction(p[i], g[i], mi, vi, s);
+      },
+      out);
+}
+
+VFLOW_KERNEL void lamb_kernel(float* __restrict p, const float* __restrict g, float* __restrict m,
+                              float* __restrict v, int64_t n, const LambScalars& s,
+                              float minus_rate) {
+  for (int64_t i = 0; i < n; ++i) {
+    float mi = m[i];
+    float vi = v[i];
+    const float u = lamb_direction(p[i], g[i], mi, vi, s);
+    m[i] = mi;
+    v[i] = vi;
+    p[i] = p[i] + minus_rate * u;  // p.add_(u, −lr · ratio)
+  }
+}
+
+VFLOW_KERNEL void square_sums(const float* __restrict p, const float* __restrict g, int64_t n,
+                              double out[2]) {
+  lane_sums(
+      n, [&](int64_t i) { return p[i]; }, [&](int64_t i) { return g[i]; }, out);
+}
+
+VFLOW_KERNEL void lars_kernel(float* __restrict p, const float* __restrict g, float* __restrict buf,
+                              int64_t n, const LarsScalars& s) {
+  for (int64_t i = 0; i < n; ++i) {
+    float d = g[i];
+    if (s.decay) d = d + s.weight_decay * p[i];        // grad.add(p, λ)
+    const float b = buf[i] * s.momentum + s.rate * d;  // buffer.mul_(momentum).add_(d, rate)
+    buf[i] = b;
+    p[i] = p[i] - b;  // p.sub_(buffer)
+  }
+}
+
+void read_gradients(float* __restrict out, ReducedGradients g, int64_t n) {
+  const FixedGradients r{g.q, g.unit};
+  for (int64_t i = 0; i < n; ++i) out[i] = r[i];
+}
+
+void read_gradients(float* __restrict out, RoundedGradients g, int64_t n) {
+  const RoundedFloatGradients r{g.g};
+  for (int64_t i = 0; i < n; ++i) out[i] = r[i];
+}
 
 VFLOW_KERNEL void sgd_kernel(float* __restrict p, const float* __restrict g, float* __restrict buf,
                              int64_t n, const SgdScalars& s) {

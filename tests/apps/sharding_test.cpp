@@ -77,6 +77,40 @@ TEST_CASE("sharded optimizer state keeps the unsharded fingerprint on 1, 2, 3 an
   CHECK(the_fingerprint(r) == sgd_reference);
 }
 
+TEST_CASE(
+    "sharded LAMB and LARS keep the unsharded fingerprint: their trust ratios are summed by "
+    "canonical shard and exchanged",
+    "[multiproc][shard]") {
+  // LAMB with decay, LARS with every parameter's ratio spanning shards, and LAMB with
+  // clipping (the whole sum kept, the norms still exchanged).
+  const std::vector<std::string> optimizers{
+      " --set semantic.optimizer='{name: lamb, lr: 0.01, weight_decay: 0.02}'",
+      " --set semantic.optimizer='{name: lars, lr: 1.0, trust_coefficient: 0.01, "
+      "exclude_bias_and_norm: false}'",
+      " --set semantic.optimizer='{name: lamb, lr: 0.01}' --set semantic.clip.max_norm=0.5"};
+  for (const auto& optimizer : optimizers) {
+    CAPTURE(optimizer);
+    const std::string job = kJob + kDeterministic + optimizer;
+    const auto reference = the_fingerprint(run_command(kTrain + job));
+    // Shared memory on 3 workers, an uneven planned layout, Gloo's sockets on 5.
+    for (const std::string workers :
+         {" --workers 3",
+          " --workers 3 --set 'resources.layout=[{vnodes: 7}, {vnodes: 3}, "
+          "{vnodes: 2}]'",
+          " --workers 5 --set resources.shared_memory=false"}) {
+      CAPTURE(workers);
+      const auto r = run_command(kTrain + job + kSharded + workers);
+      INFO(r.output);
+      CHECK(r.exit_code == 0);
+      CHECK(the_fingerprint(r) == reference);
+    }
+  }
+  // Default mode: the same sums on the same workers give the unsharded run's bits too.
+  const std::string fast = kJob + " --set semantic.optimizer='{name: lamb, lr: 0.01}'";
+  CHECK(the_fingerprint(run_command(kTrain + fast + kSharded + " --workers 3")) ==
+        the_fingerprint(run_command(kTrain + fast + " --workers 3")));
+}
+
 namespace {
 
 // Long enough (a few seconds) for several generations to come and go while it trains.
@@ -117,6 +151,25 @@ TEST_CASE(
   CHECK_THAT(r.output, Catch::Matchers::Contains("shard(s) of optimizer state moved"));
   CHECK(fingerprints_in(r.output) == std::set<std::string>{reference});
   CHECK(read_example_log(dir.file("examples.log")).size() == 1500 * 12);  // each once
+  CHECK(nothing_left(dir));
+}
+
+TEST_CASE("sharded LAMB's shards move through resizes 2 -> 4 -> 3 and a SIGKILL, with nothing lost",
+          "[multiproc][shard][elastic]") {
+  const std::string lamb = kJob + kDeterministic +
+                           " --set semantic.optimizer='{name: lamb, lr: 0.01}'"
+                           " --set semantic.steps=1500 --set output.logging.every_steps=1";
+  const auto reference = the_fingerprint(run_command(kTrain + lamb));
+  TempDir dir;
+  const auto r = run_elastic_job(dir, 2, lamb + kSharded + " --set resources.timeout_s=10",
+                                 "$CTL resize $A 4; await_workers 4; "
+                                 "await_step $(( $(status | sed -n 's/^step //p') + 20 )); " +
+                                     kill_rank(2, "KILL") + "; await_workers 3");
+  INFO(r.output);
+  CHECK_THAT(r.output, Catch::Matchers::Contains("exit=0"));
+  CHECK(count_matches(r.output, "died \\(status 137\\)") == 1);
+  CHECK_THAT(r.output, Catch::Matchers::Contains("shard(s) of optimizer state moved"));
+  CHECK(fingerprints_in(r.output) == std::set<std::string>{reference});
   CHECK(nothing_left(dir));
 }
 
@@ -229,10 +282,10 @@ TEST_CASE("vflow-train --print-shards shows the canonical shards and what each w
   CHECK_THAT(planned.output,
              Catch::Matchers::Contains("worker 1: vnodes 4..5, owns their shards (105424 "
                                        "parameters), keeps the state of shards 0..5"));
-  // Unsharded, every worker keeps everything; LAMB keeps no sharded state.
+  // Unsharded, every worker keeps everything; LibTorch's Adam keeps no sharded state.
   const auto plain = run_command(kTrain + adamw + " --workers 2 --print-shards");
   CHECK_THAT(plain.output, Catch::Matchers::Contains("keeps the state of all shards: 3.374 MB"));
-  const auto lamb = run_command(
-      kTrain + kJob + " --set semantic.optimizer='{name: lamb, lr: 0.01}' --print-shards");
-  CHECK_THAT(lamb.output, Catch::Matchers::Contains("lamb keeps no sharded state"));
+  const auto adam = run_command(
+      kTrain + kJob + " --set semantic.optimizer='{name: adam, lr: 0.01}' --print-shards");
+  CHECK_THAT(adam.output, Catch::Matchers::Contains("adam keeps no sharded state"));
 }

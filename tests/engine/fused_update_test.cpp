@@ -5,7 +5,10 @@
 #include <torch/torch.h>
 
 #include <catch2/catch.hpp>
+#include <condition_variable>
+#include <mutex>
 #include <sstream>
+#include <thread>
 
 #include "vflow/engine/runtime.h"
 #include "vflow/engine/trainer.h"
@@ -228,8 +231,10 @@ TEST_CASE("the fused optimizers' checkpoints are LibTorch's: each resumes the ot
 TEST_CASE(
     "a fused step from deterministic mode's reduced sum is bitwise the step after assembling it",
     "[unit]") {
-  const auto variant = GENERATE(Variant{"sgd", 5e-4, 0.9, 0, true}, Variant{"sgd", 0, 0, 0, false},
-                                Variant{"adamw", 0.01, 0, 0, false});
+  const auto variant =
+      GENERATE(Variant{"sgd", 5e-4, 0.9, 0, true}, Variant{"sgd", 0, 0, 0, false},
+               Variant{"adamw", 0.01, 0, 0, false}, Variant{"lamb", 0.01, 0, 0, false},
+               Variant{"lars", 5e-4, 0.9, 0, false});
   const int threads = GENERATE(1, 2);
   CAPTURE(variant.name, variant.momentum, threads);
   const Threads use(threads);
@@ -281,8 +286,10 @@ TEST_CASE(
     "a fused step that rounds one worker's gradients as it reads them is bitwise the step "
     "after rounding them in place",
     "[unit]") {
-  const auto variant = GENERATE(Variant{"sgd", 5e-4, 0.9, 0, true}, Variant{"sgd", 0, 0, 0, false},
-                                Variant{"adamw", 0.01, 0, 0, false});
+  const auto variant =
+      GENERATE(Variant{"sgd", 5e-4, 0.9, 0, true}, Variant{"sgd", 0, 0, 0, false},
+               Variant{"adamw", 0.01, 0, 0, false}, Variant{"lamb", 0.01, 0, 0, false},
+               Variant{"lars", 5e-4, 0.9, 0, false});
   const int threads = GENERATE(1, 2);
   CAPTURE(variant.name, variant.momentum, threads);
   const Threads use(threads);
@@ -343,16 +350,22 @@ TEST_CASE(
     "sharded fused optimizers step bitwise as unsharded ones, and their state moves by shard "
     "through the unsharded checkpoint format",
     "[unit][shard]") {
-  const std::string name = GENERATE("sgd", "adamw");
+  const std::string name = GENERATE("sgd", "adamw", "lamb", "lars");
   CAPTURE(name);
   const auto spec = spec_of(name, 1e-3);
   auto [plain_net, sharded_net] = twins();
-  auto plain = vflow::engine::make_fused_optimizer(spec, plain_net->parameters());
-  auto sharded = vflow::engine::make_fused_optimizer(spec, sharded_net->parameters());
+  // 5 canonical shards (LAMB and LARS sum their norms by them, sharded or not).
+  const auto make = [&](Net& net) {
+    return vflow::engine::make_fused_optimizer(spec, net.parameters(), 5);
+  };
+  auto plain = make(*plain_net);
+  auto sharded = make(*sharded_net);
   auto& shards = dynamic_cast<vflow::engine::ShardedState&>(*sharded);
   const int64_t numel = 37 * 64 + 64 + 64 * 10 + 10;
   shards.shard_by(vflow::vnode::ShardLayout(numel, 5));
   shards.set_kept({0, 1, 2, 3, 4});
+  shards.set_owned({0, 1, 2, 3, 4});
+  shards.set_exchange([](torch::Tensor&) {});  // one worker: its own figures are the sum
   for (int k = 0; k < 10; ++k) {
     set_gradients(*plain_net, k);
     set_gradients(*sharded_net, k);
@@ -366,8 +379,8 @@ TEST_CASE(
   // same steps (the archives' keys name the parameters' addresses, which differ).
   const auto same_state = [&](const std::string& x, const std::string& y) {
     auto [net_x, net_y] = twins();
-    auto ox = vflow::engine::make_fused_optimizer(spec, net_x->parameters());
-    auto oy = vflow::engine::make_fused_optimizer(spec, net_y->parameters());
+    auto ox = make(*net_x);
+    auto oy = make(*net_y);
     load(*ox, x);
     load(*oy, y);
     for (int k = 20; k < 23; ++k) {
@@ -387,12 +400,11 @@ TEST_CASE(
   const auto whole = saved(*plain);
   CHECK(same_state(saved(*sharded), whole));
   // An optimizer that starts fresh is not the same (the check can fail).
-  CHECK_FALSE(same_state(saved(*vflow::engine::make_fused_optimizer(spec, plain_net->parameters())),
-                         whole));
+  CHECK_FALSE(same_state(saved(*make(*plain_net)), whole));
   // Two workers' parts of the checkpoint, put together by shard, are the whole again.
   auto [net_a, net_b] = twins();
-  auto a = vflow::engine::make_fused_optimizer(spec, net_a->parameters());
-  auto b = vflow::engine::make_fused_optimizer(spec, net_b->parameters());
+  auto a = make(*net_a);
+  auto b = make(*net_b);
   auto& sa = dynamic_cast<vflow::engine::ShardedState&>(*a);
   auto& sb = dynamic_cast<vflow::engine::ShardedState&>(*b);
   sa.shard_by(vflow::vnode::ShardLayout(numel, 5));
@@ -403,7 +415,7 @@ TEST_CASE(
   load(*b, whole);
   CHECK(sa.held() == std::vector<int64_t>{1, 3});
   CHECK(sb.held() == std::vector<int64_t>{0, 2, 4});
-  CHECK(sa.steps() == (name == "adamw" ? 10 : 1));  // LibTorch's SGD counts no steps
+  CHECK(sa.steps() == (name == "sgd" ? 1 : 10));  // LibTorch's SGD counts no steps
   // A worker that holds part of the state refuses to save it as the whole.
   CHECK_THROWS_WITH(saved(*a), Catch::Contains("before it was gathered whole"));
   for (const int64_t s : sb.held()) sa.set_shard(s, sb.shard(s));
@@ -412,4 +424,111 @@ TEST_CASE(
   CHECK(sa.held() == std::vector<int64_t>{1, 3});
   CHECK(sa.held_bytes() ==
         (sa.layout().shard(1).numel() + sa.layout().shard(3).numel()) * sa.state_tensors() * 4);
+}
+
+namespace {
+
+/// Two workers' sum of per-shard figures, in one process: each hands in its tensor and
+/// gets the sum (rank 0's plus rank 1's) once both have.
+class Rendezvous {
+ public:
+  void sum(int rank, torch::Tensor& mine) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    slots_[rank] = mine.clone();
+    const int64_t round = round_;
+    if (++arrived_ == 2) {
+      done_ = slots_[0] + slots_[1];
+      arrived_ = 0;
+      ++round_;
+      changed_.notify_all();
+    } else {
+      changed_.wait(lock, [&] { return round_ != round; });
+    }
+    mine.copy_(done_);
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::vector<torch::Tensor> slots_{2};
+  torch::Tensor done_;
+  int arrived_ = 0;
+  int64_t round_ = 0;
+};
+
+}  // namespace
+
+TEST_CASE(
+    "LAMB and LARS form their trust ratios by canonical shard: two workers holding some shards "
+    "each step bitwise as one holding all, on any number of threads",
+    "[unit][shard]") {
+  const std::string name = GENERATE("lamb", "lars");
+  CAPTURE(name);
+  auto spec = spec_of(name, 0.01);
+  spec.exclude_bias_and_norm = false;  // every parameter's ratio spans shards
+  const int64_t numel = 37 * 64 + 64 + 64 * 10 + 10;
+  const vflow::vnode::ShardLayout layout(numel, 5);
+  // One worker holding every shard, with 1 and with 2 threads.
+  std::vector<std::shared_ptr<Net>> whole;
+  for (const int threads : {1, 2}) {
+    const Threads use(threads);
+    auto [net, unused] = twins();
+    auto o = vflow::engine::make_fused_optimizer(spec, net->parameters(), 5);
+    for (int k = 0; k < 8; ++k) {
+      set_gradients(*net, k);
+      o->step();
+    }
+    whole.push_back(net);
+  }
+  // Two workers: shards 0..2 and 2..4 (shard 2 on both, as a second home), each updating
+  // its own, then taking the other's parameters (the gather).
+  auto [net_a, net_b] = twins();
+  auto a = vflow::engine::make_fused_optimizer(spec, net_a->parameters(), 5);
+  auto b = vflow::engine::make_fused_optimizer(spec, net_b->parameters(), 5);
+  auto& sa = dynamic_cast<vflow::engine::ShardedState&>(*a);
+  auto& sb = dynamic_cast<vflow::engine::ShardedState&>(*b);
+  Rendezvous rendezvous;
+  sa.shard_by(layout);
+  sb.shard_by(layout);
+  sa.set_kept({0, 1, 2});
+  sb.set_kept({2, 3, 4});
+  sa.set_owned({0, 1});
+  sb.set_owned({2, 3, 4});
+  sa.set_exchange([&](torch::Tensor& t) { rendezvous.sum(0, t); });
+  sb.set_exchange([&](torch::Tensor& t) { rendezvous.sum(1, t); });
+  for (int k = 0; k < 8; ++k) {
+    set_gradients(*net_a, k);
+    set_gradients(*net_b, k);
+    std::thread other([&] { b->step(); });
+    a->step();
+    other.join();
+    auto fa = sa.flat_parameters();
+    auto fb = sb.flat_parameters();
+    for (int64_t s = 0; s < 5; ++s) {
+      const auto r = layout.shard(s);
+      const auto& from = s <= 2 ? fa : fb;
+      auto into = s <= 2 ? fb : fa;
+      into.narrow(0, r.begin, r.numel()).copy_(from.narrow(0, r.begin, r.numel()));
+    }
+  }
+  const auto p1 = whole[0]->parameters();
+  const auto p2 = whole[1]->parameters();
+  const auto pa = net_a->parameters();
+  const auto pb = net_b->parameters();
+  for (size_t i = 0; i < p1.size(); ++i) {
+    CAPTURE(i);
+    CHECK(torch::equal(p1[i], p2[i]));
+    CHECK(torch::equal(p1[i], pa[i]));
+    CHECK(torch::equal(p1[i], pb[i]));
+  }
+  // The ratios took effect (the parameters moved), and another cut of the same norms
+  // (one canonical shard) is another sum, close but not these bits: the check can fail.
+  auto [net_one, fresh] = twins();
+  CHECK_FALSE(torch::equal(p1[1], fresh->parameters()[1]));  // [0] is the frozen one
+  auto one = vflow::engine::make_fused_optimizer(spec, net_one->parameters(), 1);
+  for (int k = 0; k < 8; ++k) {
+    set_gradients(*net_one, k);
+    one->step();
+  }
+  check_close(*net_one, *whole[0]);
 }

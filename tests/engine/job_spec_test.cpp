@@ -331,9 +331,13 @@ TEST_CASE("sharded optimizer state is for the fused optimizers, with one or two 
   CHECK(error_of("semantic: {optimizer: {name: adamw}}\nresources: {shard_optimizer: true}\n") ==
         "");
   CHECK(error_of("resources: {shard_optimizer: true, shard_replicas: 1}\n") == "");
-  CHECK_THAT(error_of("semantic: {optimizer: {name: lamb}}\nresources:\n  shard_optimizer: true\n"),
+  CHECK(error_of("semantic: {optimizer: {name: lamb}}\nresources: {shard_optimizer: true}\n") ==
+        "");
+  CHECK(error_of("semantic: {optimizer: {name: lars}}\nresources: {shard_optimizer: true}\n") ==
+        "");
+  CHECK_THAT(error_of("semantic: {optimizer: {name: adam}}\nresources:\n  shard_optimizer: true\n"),
              Contains("job.yaml:3:") && Contains("resources.shard_optimizer") &&
-                 Contains("sgd and adamw only") && Contains("lamb"));
+                 Contains("sgd, adamw, lamb and lars") && Contains("adam"));
   CHECK_THAT(error_of("resources: {shard_optimizer: true, shard_replicas: 3}\n"),
              Contains("resources.shard_replicas"));
   CHECK_FALSE(load_job_spec("").resources.shard_optimizer);
