@@ -54,7 +54,18 @@ void prune_checkpoints(const std::string& dir, int64_t keep) {
   for (size_t i = 0; i + static_cast<size_t>(keep) < all.size(); ++i) {
     std::error_code ec;
     fs::remove(all[i], ec);
+    fs::remove_all(shard_directory(all[i]), ec);
   }
+}
+
+std::string shard_directory(const std::string& checkpoint) {
+  fs::path p(checkpoint);
+  if (p.extension() == ".pt") p.replace_extension();
+  return p.string() + ".shards";
+}
+
+std::string shard_file(const std::string& directory, int64_t shard) {
+  return (fs::path(directory) / fmt::format("shard-{:05d}.pt", shard)).string();
 }
 
 void check_archive(std::string_view bytes, const std::string& source) {

@@ -320,6 +320,27 @@ class FusedOptimizer : public torch::optim::Optimizer, public FixedPointStep, pu
     flat_.bind();
     return flat_.flat();
   }
+  void load_shards(const vnode::ShardLayout& layout, int64_t steps,
+                   const std::function<torch::Tensor(int64_t)>& read) override {
+    VFLOW_ASSERT(layout.numel() == flat_.flat().numel(),
+                 "a checkpoint's shards of another size than the parameters");
+    VFLOW_ASSERT(!layout_ || layout_->shards() == layout.shards(),
+                 "a checkpoint's shards of another layout than the job's");
+    reset_state();
+    if (steps == 0) return;
+    if (layout_) {
+      for (const int64_t s : kept_) set_shard(s, read(s).to(flat_.flat().options()));
+    } else {
+      for (int64_t s = 0; s < layout.shards(); ++s) {
+        const auto r = layout.shard(s);
+        const auto packed = read(s);
+        for (int k = 0; k < state_tensors_; ++k) {
+          state_[k].narrow(0, r.begin, r.numel()).copy_(packed[k]);
+        }
+      }
+    }
+    steps_ = steps;
+  }
   void set_owned(std::vector<int64_t> owned) override { owned_ = std::move(owned); }
   void set_exchange(Exchange exchange) override { exchange_ = std::move(exchange); }
 

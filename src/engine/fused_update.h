@@ -83,6 +83,11 @@ class ShardedState {
   /// The flat parameters (the parameters are views into it), for gathering.
   virtual torch::Tensor flat_parameters() = 0;
 
+  /// Replaces the state with a checkpoint's, kept by the canonical shards `layout` at
+  /// optimizer step `steps`: read(s) gives shard s's (state_tensors() x its elements).
+  /// Reads the kept shards where the state is sharded, every shard where it is not.
+  virtual void load_shards(const vnode::ShardLayout& layout, int64_t steps,
+                           const std::function<torch::Tensor(int64_t)>& read) = 0;
   /// The shards this worker owns (its vnodes'), of which it gives the figures every worker
   /// needs (LAMB's and LARS's sums of squares, from which the trust ratios are formed).
   virtual void set_owned(std::vector<int64_t> owned) = 0;

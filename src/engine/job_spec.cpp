@@ -429,8 +429,9 @@ const SpecSchema<ResourcesSpec>& resources_schema() {
               "shard per vnode, contiguous ranges of the parameters balanced by size: each worker "
               "keeps and updates only the shards of the vnodes it holds (and, with "
               "`shard_replicas: 2`, its ring neighbour's), then the workers all-gather the "
-              "updated parameters. Shards move with their vnodes on a resize; checkpoints hold "
-              "the whole state, as without sharding. The same result bit for bit (lamb's and "
+              "updated parameters. Shards move with their vnodes on a resize; a checkpoint keeps "
+              "one file per canonical shard beside it (`step-N.shards/`), which any worker count, "
+              "sharded or not, resumes from. The same result bit for bit (lamb's and "
               "lars's trust ratios are summed by canonical shard, sharded or not); sgd, adamw, "
               "lamb and lars (docs/design.md, \"Optimizer state sharded by vnode\")");
     s.integer("shard_replicas", &R::shard_replicas, 1, 2,

@@ -20,6 +20,7 @@
 #include <c10/core/Device.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -27,6 +28,9 @@
 #include "vflow/engine/job_spec.h"
 #include "vflow/vnode/plan.h"
 
+namespace at {
+class Tensor;
+}
 namespace torch::optim {
 class Optimizer;
 }
@@ -101,12 +105,13 @@ class Reducer {
   /// alone hold to members that stay. Throws PeerFailure.
   virtual void hand_off(comm::Communicator& comm, const std::vector<int>& next_rank,
                         const std::vector<vnode::VnodeRange>& next_layout) {}
-  /// Every rank calls it together: afterwards rank 0 holds the whole optimizer state, as a
-  /// checkpoint saves it, until release_whole_state. Throws PeerFailure.
-  virtual void gather_whole_state(comm::Communicator& comm) {}
-  virtual void release_whole_state() {}
-  /// Whether this worker's optimizer holds its whole state (what a checkpoint saves).
-  virtual bool holds_whole_state() const { return true; }
+  /// Every rank calls it together where a checkpoint is due and the reducer keeps the
+  /// optimizer state by canonical shard: each shard's state, in shard order, reaches
+  /// `write` on rank 0, sent there from a rank that holds it one shard at a time, so that
+  /// no rank holds the whole state (none, before the optimizer's first step). Throws
+  /// PeerFailure.
+  using ShardWriter = std::function<void(int64_t shard, const at::Tensor& state)>;
+  virtual void write_state_shards(comm::Communicator& comm, const ShardWriter& write) {}
   /// Whether the optimizer's state is part of the state sent to a joining worker (a sharded
   /// reducer sends shards itself).
   virtual bool transfers_optimizer() const { return true; }

@@ -46,7 +46,7 @@ class ShardedReducer : public Reducer {
     step_ = step;
     if (params_incomplete_ || moved_) {
       // Before the step's sums: the shards go where the group's layout wants them.
-      redistribute(comm, /*root=*/-1);
+      redistribute(comm);
       moved_ = false;
       set_shares(comm);
     }
@@ -71,8 +71,8 @@ class ShardedReducer : public Reducer {
     // The kept shards' parameters and state are updated (the owner's and the second
     // home's bitwise alike: the same reduced gradient and state); the owners' parameters
     // are then gathered by every rank.
-    // The sum reached this worker only in the shards it keeps (set_shares): a shard held
-    // beyond them (rank 0's, while a checkpoint has the whole state) must be gone by now.
+    // The sum reached this worker only in the shards it keeps (set_shares): it holds no
+    // other (shards moved to it are trimmed before the step).
     const auto held = state_.held();
     VFLOW_ASSERT(!scatter_ || std::includes(state_.kept().begin(), state_.kept().end(),
                                             held.begin(), held.end()),
@@ -128,11 +128,32 @@ class ShardedReducer : public Reducer {
     });
   }
 
-  void gather_whole_state(comm::Communicator& comm) override { redistribute(comm, /*root=*/0); }
-  void release_whole_state() override { state_.trim(); }
-  bool holds_whole_state() const override {
-    return state_.steps() == 0 ||
-           static_cast<int64_t>(state_.held().size()) == state_.layout().shards();
+  void write_state_shards(comm::Communicator& comm, const ShardWriter& write) override {
+    const auto info = holdings(comm);
+    if (info.steps == 0) return;  // no shard has state yet
+    const auto& shards = state_.layout();
+    std::vector<int64_t> lost;
+    for (int64_t s = 0; s < shards.shards(); ++s) {
+      const int source = info.first_holder(s);
+      if (source < 0) {
+        lost.push_back(s);
+        continue;
+      }
+      // From the first holder to rank 0 (a broadcast: what the group offers), one shard
+      // at a time.
+      const bool sending = comm.rank() == source;
+      auto packed = sending ? state_.shard(s)
+                            : torch::empty({state_.state_tensors(), shards.shard(s).numel()},
+                                           state_.flat_parameters().options());
+      if (source != 0) comm.broadcast(packed, source);
+      if (comm.rank() == 0) write(s, packed);
+    }
+    if (!lost.empty()) {
+      throw Error(
+          fmt::format("the optimizer state of shard(s) {} is held by no worker, so no "
+                      "checkpoint can hold it",
+                      vnode::shard_list(lost)));
+    }
   }
   bool transfers_optimizer() const override { return false; }
   void state_transferred(bool moved) override {
@@ -198,17 +219,17 @@ class ShardedReducer : public Reducer {
     comm.gather_shares(flat, parameters_);
   }
 
-  /// Moves shards so that every rank holds the shards it keeps (and rank `root`, where
-  /// >= 0, every shard); then drops those it does not keep.
-  void redistribute(comm::Communicator& comm, int root) {
+  /// Moves shards so that every rank holds the shards it keeps; then drops those it does
+  /// not keep.
+  void redistribute(comm::Communicator& comm) {
     std::vector<std::vector<int64_t>> kept;
     for (int r = 0; r < comm.size(); ++r) {
       kept.push_back(vnode::ShardLayout::kept_by(layout_, r, replicas_));
     }
     move_shards(comm, [&](int r, int64_t s) {
-      return r == root || std::binary_search(kept[r].begin(), kept[r].end(), s);
+      return std::binary_search(kept[r].begin(), kept[r].end(), s);
     });
-    if (root != comm.rank()) state_.trim();
+    state_.trim();
   }
 
   /// Every rank holds shard s where wants(rank, s), each sent by the first rank that holds
@@ -218,21 +239,10 @@ class ShardedReducer : public Reducer {
     const auto& shards = state_.layout();
     const int64_t n = shards.shards();
     const int ranks = comm.size();
-    auto mine = torch::zeros({kHeader + n}, torch::kInt64);
-    auto* m = mine.data_ptr<int64_t>();
-    m[0] = state_.steps();
-    m[1] = params_incomplete_ ? 1 : 0;
-    for (const int64_t s : state_.held()) m[kHeader + s] = 1;
-    const auto every = comm.all_gather(mine.to(comm_device()));
-    std::vector<std::vector<int64_t>> info;
-    int64_t steps = 0;
-    bool incomplete = false;
-    for (const auto& t : every) {
-      const auto host = t.to(torch::kCPU).contiguous();
-      info.emplace_back(host.data_ptr<int64_t>(), host.data_ptr<int64_t>() + host.numel());
-      steps = std::max(steps, info.back()[0]);
-      incomplete = incomplete || info.back()[1] != 0;
-    }
+    const auto every = holdings(comm);
+    const auto& info = every.ranks;
+    const int64_t steps = every.steps;
+    const bool incomplete = every.incomplete;
     const int me = comm.rank();
     auto flat = state_.flat_parameters();
     if (steps == 0) {
@@ -282,6 +292,35 @@ class ShardedReducer : public Reducer {
     if (moved > 0 && me == 0) {
       spdlog::info("[shards] {} shard(s) of optimizer state moved to their new workers", moved);
     }
+  }
+
+  /// What every rank holds (a collective): the first rank's view of each is the same.
+  struct Holdings {
+    std::vector<std::vector<int64_t>> ranks;  // per rank: kHeader values, then 1/0 per shard
+    int64_t steps = 0;                        // the largest optimizer step count
+    bool incomplete = false;                  // some rank's parameters are incomplete
+    /// The first rank that holds shard s, -1 for none.
+    int first_holder(int64_t s) const {
+      for (size_t r = 0; r < ranks.size(); ++r) {
+        if (ranks[r][kHeader + s] != 0) return static_cast<int>(r);
+      }
+      return -1;
+    }
+  };
+  Holdings holdings(comm::Communicator& comm) {
+    auto mine = torch::zeros({kHeader + state_.layout().shards()}, torch::kInt64);
+    auto* m = mine.data_ptr<int64_t>();
+    m[0] = state_.steps();
+    m[1] = params_incomplete_ ? 1 : 0;
+    for (const int64_t s : state_.held()) m[kHeader + s] = 1;
+    Holdings out;
+    for (const auto& t : comm.all_gather(mine.to(comm_device()))) {
+      const auto host = t.to(torch::kCPU).contiguous();
+      out.ranks.emplace_back(host.data_ptr<int64_t>(), host.data_ptr<int64_t>() + host.numel());
+      out.steps = std::max(out.steps, out.ranks.back()[0]);
+      out.incomplete = out.incomplete || out.ranks.back()[1] != 0;
+    }
+    return out;
   }
 
   /// Where the group's collectives take their tensors: the worker's device.

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <optional>
 
 #include "core/torch_compat.h"
@@ -78,9 +79,15 @@ struct Trainer::Impl {
   std::vector<vnode::VnodeRange> layout;  // every rank's vnodes, in rank order
   std::optional<InjectedFault> fault;     // VFLOW_INJECT_FAULT, for tests
   std::string mismatch;                   // why the job stopped after a cross-check
-  // resources.shard_optimizer: the step after which rank 0 holds the whole optimizer
-  // state for a checkpoint, -1 for none.
-  int64_t gathered_step = -1;
+  // resources.shard_optimizer: the checkpoint whose optimizer shards were written last
+  // (its path, step and optimizer step count; what failed, on rank 0), for save_checkpoint.
+  struct WrittenShards {
+    std::string path;
+    int64_t step = -1;
+    int64_t optimizer_steps = 0;
+    std::string error;
+  };
+  WrittenShards written_shards;
 
   Impl(JobSpec s, std::shared_ptr<models::Model> m, data::DataSplits d)
       : spec(std::move(s)),
@@ -446,7 +453,7 @@ struct Trainer::Impl {
   }
 
   /// Restores `bytes` (a checkpoint's or a transfer's, `source` in messages) into `parts`.
-  void load(const std::string& bytes, const std::string& source, const StateParts& parts) {
+  StateHeader load(const std::string& bytes, const std::string& source, const StateParts& parts) {
     const auto saved =
         restore_state(bytes, source, parts, spec.semantic_yaml(), total_steps, device);
     model->to(device);
@@ -457,28 +464,58 @@ struct Trainer::Impl {
           "{}: restored state has fingerprint {}, checkpoint recorded {} (corrupt file?)", source,
           fingerprint(), saved.fingerprint));
     }
+    return saved;
   }
 
-  /// After step `step` (done) every rank calls it: where a checkpoint will save the whole
-  /// state now (output.checkpoint's schedule, the end, a stop, a mismatch) and the
-  /// reducer keeps it in pieces, rank 0 gathers it.
-  bool gather_for_checkpoint() {
-    if (!spec.resources.shard_optimizer) return false;
-    if (gathered_step == step) return true;
+  /// Where the checkpoint of this step goes: output.checkpoint's directory, or where the
+  /// job keeps none, the state before a cross-check's mismatch (what `--replay` starts from).
+  std::string checkpoint_target() const {
+    const auto& dir = spec.output.checkpoint.dir;
+    return dir.empty() ? fmt::format("vflow-mismatch-step-{}.pt", step)
+                       : checkpoint_path(dir, step);
+  }
+
+  /// After step `step` (done) every rank calls it: where a checkpoint is due now
+  /// (output.checkpoint's schedule, the end, a stop, a mismatch) and the reducer keeps the
+  /// optimizer state by canonical shard, each shard is written beside it by rank 0 as it
+  /// arrives (docs/design.md, "Checkpoints by canonical shard").
+  void write_shards_for_checkpoint() {
+    if (!spec.resources.shard_optimizer) return;
     const auto& ck = spec.output.checkpoint;
     const bool due = !mismatch.empty() ||
                      (!ck.dir.empty() && ((ck.every_steps > 0 && step % ck.every_steps == 0) ||
                                           step == total_steps || stop_agreed));
-    if (!due) return false;
-    reducer->gather_whole_state(*comm);
-    gathered_step = step;
-    return true;
+    if (!due || written_shards.step == step) return;
+    WrittenShards out;
+    out.path = checkpoint_target();
+    out.step = step;
+    const auto directory = shard_directory(out.path);
+    const bool leader = comm->rank() == 0;
+    if (leader) {
+      // A directory of an earlier try at this step is replaced whole.
+      std::error_code ec;
+      std::filesystem::remove_all(directory, ec);
+      std::filesystem::create_directories(directory, ec);
+      if (ec) out.error = fmt::format("{}: cannot create: {}", directory, ec.message());
+    }
+    const auto& layout = dynamic_cast<ShardedState&>(*optimizer).layout();
+    const auto write = [&](int64_t s, const torch::Tensor& state) {
+      if (!out.error.empty()) return;  // every shard still arrives: the others go on
+      const auto range = layout.shard(s);
+      try {
+        save_shard(shard_file(directory, s),
+                   ShardRecord{s, layout.shards(), range.begin, range.end, step,
+                               out.optimizer_steps, spec.semantic.optimizer.name},
+                   state);
+      } catch (const CheckpointError& e) {
+        out.error = e.what();
+      }
+    };
+    out.optimizer_steps = dynamic_cast<ShardedState&>(*optimizer).steps();
+    reducer->write_state_shards(*comm, write);
+    written_shards = out;
   }
-  void release_whole_state() {
-    if (gathered_step < 0) return;
-    reducer->release_whole_state();
-    gathered_step = -1;
-  }
+
   StateHeader state_header() const {
     return StateHeader{step, spec.semantic_yaml(), fingerprint()};
   }
@@ -598,13 +635,12 @@ TrainResult Trainer::run() {
     examples += info.examples;
     last_loss = info.loss;
     // A checkpoint of this step, written by rank 0, saves the whole optimizer state.
-    const bool gathered = im.gather_for_checkpoint();
+    im.write_shards_for_checkpoint();
     for (auto& o : im.observers) o->on_step_end(*this, info);
     if (im.step % im.order.steps_per_epoch() == 0) {
       for (auto& o : im.observers) o->on_epoch_end(*this, info.epoch);
     }
     const bool ending = im.step >= im.total_steps || im.stop_agreed;
-    if (gathered && !ending) im.release_whole_state();  // else on_train_end saves it
   }
   TrainResult result;
   result.seconds = seconds_since(t0);
@@ -614,11 +650,11 @@ TrainResult Trainer::run() {
   result.mismatch = im.mismatch;
   // The end's checkpoint (or the mismatch's) saves the whole state; every rank decides
   // alike whether it is due.
-  if (result.next_generation == 0) im.gather_for_checkpoint();
+  if (result.next_generation == 0) im.write_shards_for_checkpoint();
   if (!im.mismatch.empty() && im.spec.output.checkpoint.dir.empty() && rank() == 0) {
     // The state before the step the workers disagreed on is kept even where the job keeps
     // no checkpoints: what `--replay` starts from.
-    const auto path = fmt::format("vflow-mismatch-step-{}.pt", im.step);
+    const auto path = im.checkpoint_target();
     save_checkpoint(path);
     spdlog::error("[verify] the state before step {} is saved in {}", im.step, path);
   }
@@ -654,14 +690,23 @@ void Trainer::publish_evaluation(const EvalResult& result) {
 const std::optional<EvalResult>& Trainer::last_evaluation() const { return impl_->last_eval; }
 
 void Trainer::save_checkpoint(const std::string& path) const {
-  if (!impl_->reducer->holds_whole_state()) {
-    throw CheckpointError(fmt::format(
-        "{}: this worker holds only its shards of the optimizer state "
-        "(resources.shard_optimizer), which the workers gather for checkpoints at the steps "
-        "output.checkpoint names",
-        path));
+  auto& im = *impl_;
+  auto parts = im.state_parts();
+  if (im.spec.resources.shard_optimizer) {
+    // The optimizer state went by canonical shard into the files beside `path`, at the
+    // steps output.checkpoint names; the checkpoint itself records that, written last.
+    const auto& written = im.written_shards;
+    if (written.step != im.step || written.path != path) {
+      throw CheckpointError(fmt::format(
+          "{}: the optimizer state is kept by shard on the workers (resources.shard_optimizer) "
+          "and is written beside a checkpoint at the steps output.checkpoint names only",
+          path));
+    }
+    if (!written.error.empty()) throw CheckpointError(written.error);
+    parts.optimizer_shards = im.plan.virtual_nodes();
+    parts.optimizer_steps = written.optimizer_steps;
   }
-  save_state(path, impl_->state_parts(), impl_->state_header());
+  save_state(path, parts, im.state_header());
 }
 
 std::string Trainer::state_bytes() const {
@@ -676,7 +721,27 @@ void Trainer::load_state_bytes(const std::string& bytes) {
 }
 
 void Trainer::load_checkpoint(const std::string& path) {
-  load_state(read_checkpoint_file(path), path);
+  auto& im = *impl_;
+  const auto header = im.load(read_checkpoint_file(path), path, im.state_parts());
+  if (header.optimizer_shards > 0) {
+    // The optimizer state is in files of canonical shards beside it: this worker reads
+    // those it keeps (sharded) or every one (not).
+    auto* state = dynamic_cast<ShardedState*>(im.optimizer.get());
+    if (state == nullptr || header.optimizer_shards != im.plan.virtual_nodes()) {
+      throw CheckpointError(fmt::format(
+          "{}: its optimizer state is kept in {} canonical shards, which {} cannot read", path,
+          header.optimizer_shards, im.spec.semantic.optimizer.name));
+    }
+    const vnode::ShardLayout layout(im.packet->gradients().numel(), header.optimizer_shards);
+    const auto directory = shard_directory(path);
+    state->load_shards(layout, header.optimizer_steps, [&](int64_t s) {
+      const auto range = layout.shard(s);
+      return load_shard(shard_file(directory, s),
+                        ShardRecord{s, layout.shards(), range.begin, range.end, header.step,
+                                    header.optimizer_steps, im.spec.semantic.optimizer.name},
+                        state->state_tensors());
+    });
+  }
   spdlog::info("[engine] resumed from {} at step {} (fingerprint {})", path, step(), fingerprint());
 }
 

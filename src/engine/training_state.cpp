@@ -78,7 +78,12 @@ void write_state(torch::serialize::OutputArchive& archive, const StateParts& par
   torch::serialize::OutputArchive model_archive;
   parts.model.save(model_archive);
   archive.write("model", model_archive);
-  if (parts.with_optimizer) {
+  if (parts.with_optimizer && parts.optimizer_shards > 0) {
+    torch::serialize::OutputArchive shards_archive;
+    shards_archive.write("shards", c10::IValue(parts.optimizer_shards));
+    shards_archive.write("steps", c10::IValue(parts.optimizer_steps));
+    archive.write("optimizer_shards", shards_archive);
+  } else if (parts.with_optimizer) {
     torch::serialize::OutputArchive optimizer_archive;
     parts.optimizer.save(optimizer_archive);
     archive.write("optimizer", optimizer_archive);
@@ -121,8 +126,17 @@ StateHeader read_state(torch::serialize::InputArchive& archive, const std::strin
     parts.model.load(model_archive);
     if (parts.with_optimizer) {
       torch::serialize::InputArchive optimizer_archive;
-      archive.read("optimizer", optimizer_archive);
-      parts.optimizer.load(optimizer_archive);
+      if (archive.try_read("optimizer", optimizer_archive)) {
+        parts.optimizer.load(optimizer_archive);
+      } else {
+        // Kept by canonical shard in files of their own: the caller reads them.
+        torch::serialize::InputArchive shards_archive;
+        if (!archive.try_read("optimizer_shards", shards_archive)) {
+          throw CheckpointError("it holds no optimizer state");
+        }
+        header.optimizer_shards = read_value(shards_archive, path, "shards").toInt();
+        header.optimizer_steps = read_value(shards_archive, path, "steps").toInt();
+      }
     }
     if (!parts.ema.empty()) {
       torch::serialize::InputArchive ema_archive;
@@ -172,6 +186,71 @@ void save_state(const std::string& path, const StateParts& parts, const StateHea
   if (const std::string error = file.commit(); !error.empty()) {
     throw CheckpointError(fmt::format("{}: cannot write checkpoint: {}", path, error));
   }
+}
+
+void save_shard(const std::string& path, const ShardRecord& r, const at::Tensor& state) {
+  core::AtomicFile file(path);
+  try {
+    torch::serialize::OutputArchive archive;
+    archive.write("vflow_shard_format", c10::IValue(kCheckpointFormat));
+    archive.write("shard", c10::IValue(r.shard));
+    archive.write("shards", c10::IValue(r.shards));
+    archive.write("begin", c10::IValue(r.begin));
+    archive.write("end", c10::IValue(r.end));
+    archive.write("step", c10::IValue(r.step));
+    archive.write("optimizer_steps", c10::IValue(r.optimizer_steps));
+    archive.write("optimizer", c10::IValue(r.optimizer));
+    archive.write("state", state.to(torch::kCPU), /*is_buffer=*/true);
+    archive.save_to([&](const void* data, size_t size) { return file.write(data, size); });
+  } catch (...) {
+    rethrow_as_checkpoint_error(path + ": cannot write the optimizer state's shard");
+  }
+  if (const std::string error = file.commit(); !error.empty()) {
+    throw CheckpointError(
+        fmt::format("{}: cannot write the optimizer state's shard: {}", path, error));
+  }
+}
+
+at::Tensor load_shard(const std::string& path, const ShardRecord& expected, int64_t rows) {
+  const std::string bytes = read_checkpoint_file(path);
+  torch::serialize::InputArchive archive;
+  torch::Tensor state;
+  ShardRecord r;
+  try {
+    archive.load_from(bytes.data(), bytes.size(), torch::kCPU);
+    auto read = [&](const char* key) { return read_value(archive, path, key); };
+    if (read("vflow_shard_format").toInt() != kCheckpointFormat) {
+      throw CheckpointError(fmt::format("{}: shard format {} is not supported", path,
+                                        read("vflow_shard_format").toInt()));
+    }
+    r = {read("shard").toInt(),          read("shards").toInt(),
+         read("begin").toInt(),          read("end").toInt(),
+         read("step").toInt(),           read("optimizer_steps").toInt(),
+         read("optimizer").toStringRef()};
+    if (!archive.try_read("state", state, /*is_buffer=*/true)) {
+      throw CheckpointError(fmt::format("{}: a shard without its state", path));
+    }
+  } catch (...) {
+    rethrow_as_checkpoint_error(path + ": cannot read the optimizer state's shard");
+  }
+  const auto describe = [](const ShardRecord& s) {
+    return fmt::format("shard {} of {} (elements {}..{}) of {} at step {} (optimizer step {})",
+                       s.shard, s.shards, s.begin, s.end, printable(s.optimizer), s.step,
+                       s.optimizer_steps);
+  };
+  if (r.shard != expected.shard || r.shards != expected.shards || r.begin != expected.begin ||
+      r.end != expected.end || r.step != expected.step ||
+      r.optimizer_steps != expected.optimizer_steps || r.optimizer != expected.optimizer) {
+    throw CheckpointError(fmt::format("{}: holds {}, where the checkpoint needs {}", path,
+                                      describe(r), describe(expected)));
+  }
+  if (state.dim() != 2 || state.size(0) != rows || state.size(1) != r.end - r.begin ||
+      state.scalar_type() != torch::kFloat32) {
+    throw CheckpointError(fmt::format("{}: its state is {} {}, not {} x {} float", path,
+                                      c10::toString(state.scalar_type()),
+                                      fmt::join(state.sizes(), "x"), rows, r.end - r.begin));
+  }
+  return state;
 }
 
 std::string read_checkpoint_file(const std::string& path) {

@@ -30,6 +30,11 @@ struct StateParts {
   /// The optimizer's state is written and read (a transfer to a joining worker leaves it
   /// out where the reducer moves it by shard).
   bool with_optimizer = true;
+  /// > 0: the optimizer's state is in this many files of canonical shards beside the
+  /// checkpoint (save_shard), at optimizer step `optimizer_steps`; the checkpoint records
+  /// only that.
+  int64_t optimizer_shards = 0;
+  int64_t optimizer_steps = 0;
 };
 
 /// What a state records about itself.
@@ -37,7 +42,30 @@ struct StateHeader {
   int64_t step = 0;         ///< steps completed
   std::string semantic;     ///< the writer's JobSpec::semantic_yaml()
   std::string fingerprint;  ///< of the model and the average, when written
+  /// > 0: the optimizer's state is in this many files of canonical shards, at optimizer
+  /// step `optimizer_steps` (the optimizer was not restored: load_shards restores it).
+  int64_t optimizer_shards = 0;
+  int64_t optimizer_steps = 0;
 };
+
+/// One canonical shard of the optimizer state, as its file holds it.
+struct ShardRecord {
+  int64_t shard = 0;   ///< its index
+  int64_t shards = 0;  ///< of how many (the job's vnodes)
+  int64_t begin = 0;   ///< its range of the flat trainable parameters
+  int64_t end = 0;
+  int64_t step = 0;  ///< the training step of the checkpoint it belongs to
+  int64_t optimizer_steps = 0;
+  std::string optimizer;  ///< semantic.optimizer.name
+};
+
+/// Writes shard `r` with its `state` (state tensors x its elements) to `path` atomically;
+/// throws CheckpointError naming the file.
+void save_shard(const std::string& path, const ShardRecord& r, const at::Tensor& state);
+/// Reads the shard file at `path`, checks that it is the shard `expected` describes, with
+/// `rows` state tensors, and returns its state. Throws CheckpointError naming the file and
+/// what is wrong.
+at::Tensor load_shard(const std::string& path, const ShardRecord& expected, int64_t rows);
 
 /// The state as bytes (the checkpoint's archive).
 std::string serialize_state(const StateParts& parts, const StateHeader& header);

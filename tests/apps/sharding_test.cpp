@@ -3,6 +3,7 @@
 // fingerprint is the unsharded job's on every worker count, through resizes, a SIGKILLed
 // worker and a checkpoint resumed on another count.
 #include <catch2/catch.hpp>
+#include <filesystem>
 #include <regex>
 #include <set>
 #include <string>
@@ -189,11 +190,43 @@ TEST_CASE("a checkpoint of sharded state written on 4 workers resumes on 3 and u
   CHECK(resumed.exit_code == 0);
   CHECK_THAT(resumed.output, Catch::Matchers::Contains("resumed from"));
   CHECK(the_fingerprint(resumed) == reference);
-  // The format is the unsharded one: an unsharded job resumes from it.
+  // The optimizer state is in one file per canonical shard beside each checkpoint, written
+  // by rank 0 as each arrives from a holder.
+  for (int s = 0; s < 12; ++s) {
+    CHECK(std::filesystem::is_regular_file(dir.file("step-00000500.shards/shard-" +
+                                                    std::string(s < 10 ? "0000" : "000") +
+                                                    std::to_string(s) + ".pt")));
+  }
+  CHECK_FALSE(std::filesystem::exists(dir.file("step-00000500.shards/shard-00012.pt")));
+  // An unsharded job resumes from it too, reading every shard.
   const auto plain = run_command(kTrain + kAdamW + " --set semantic.steps=1500" + " --resume " +
                                  dir.file("step-00001000.pt"));
   INFO(plain.output);
   CHECK(the_fingerprint(plain) == reference);
+  // A damaged or missing shard is refused, naming its file.
+  const auto shard = dir.file("step-00001000.shards/shard-00004.pt");
+  std::filesystem::resize_file(shard, std::filesystem::file_size(shard) / 2);
+  const auto damaged =
+      run_command(kTrain + kLong + " --workers 2 --resume " + dir.file("step-00001000.pt"));
+  CHECK(damaged.exit_code != 0);
+  CHECK_THAT(damaged.output, Catch::Matchers::Contains("step-00001000.shards/shard-00004.pt: "
+                                                       "not a usable checkpoint"));
+  std::filesystem::remove(shard);
+  const auto missing = run_command(kTrain + kAdamW + " --set semantic.steps=1500 --resume " +
+                                   dir.file("step-00001000.pt"));
+  CHECK(missing.exit_code != 0);
+  CHECK_THAT(missing.output, Catch::Matchers::Contains("step-00001000.shards/shard-00004.pt"));
+  // And a sharded job resumes from an unsharded job's checkpoint (the format before).
+  TempDir whole;
+  const auto unsharded = run_command(
+      kTrain + kAdamW + " --set semantic.steps=1500 --set output.checkpoint.dir=" + whole.path() +
+      " --set output.checkpoint.every_steps=500");
+  REQUIRE(unsharded.exit_code == 0);
+  CHECK_FALSE(std::filesystem::exists(whole.file("step-00001000.shards")));
+  const auto from_whole =
+      run_command(kTrain + kLong + " --workers 3 --resume " + whole.file("step-00001000.pt"));
+  INFO(from_whole.output);
+  CHECK(the_fingerprint(from_whole) == reference);
 }
 
 TEST_CASE("with one home a shard's state dies with its worker, and the job says so",
