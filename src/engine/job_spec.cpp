@@ -399,7 +399,9 @@ const SpecSchema<ResourcesSpec>& resources_schema() {
     s.integer("memory_limit_mb", &R::memory_limit_mb, 0, int64_t{1} << 30,
               "each worker's data memory (heap and anonymous mappings: the soft `RLIMIT_DATA`, "
               "which LibTorch's allocations count against) in MiB; a step that needs more ends "
-              "the job with exit code 6 naming the vnode size; 0 = no limit. It counts "
+              "the job with exit code 6 naming the vnode size (or, where the optimizer's state "
+              "made at the first update does not fit, what it keeps and how to shard it); 0 = "
+              "no limit. It counts "
               "everything the worker holds (data set, model, optimizer, one vnode's "
               "activations), so with a fixed limit a global batch that does not fit as one "
               "vnode can still be trained as several smaller ones (docs/experiments/exploration)");

@@ -145,8 +145,31 @@ std::unique_ptr<Trainer> make_trainer(const JobSpec& spec,
   if (!spec.output.evaluation.enabled) splits.test = nullptr;
 
   seed_initialisation(sem);
-  auto model = builder();
-  auto trainer = std::make_unique<Trainer>(spec, model, splits, std::move(communicator));
+  std::shared_ptr<models::Model> model;
+  std::unique_ptr<Trainer> trainer;
+  try {
+    model = builder();
+    trainer = std::make_unique<Trainer>(spec, model, splits, std::move(communicator));
+  } catch (...) {
+    if (!allocation_failed()) throw;
+    int64_t numel = 0;
+    if (model) {
+      for (const auto& p : model->parameters()) numel += p.numel();
+    }
+    const int64_t limit = spec.resources.memory_limit_mb;
+    const std::string under =
+        limit > 0 ? fmt::format(" under resources.memory_limit_mb = {}", limit) : "";
+    if (!model) {
+      throw OutOfMemory(
+          fmt::format("out of memory{} building the {} model", under, sem.model.name));
+    }
+    throw OutOfMemory(fmt::format(
+        "out of memory{} before the first step: the {} model's {} parameters ({:.4g} MB) need "
+        "as much again for their gradients and, with the fused optimizers, for the flat "
+        "buffer they train in, beside the data set; give the worker more memory or use a "
+        "smaller model",
+        under, sem.model.name, numel, static_cast<double>(numel) * 4 / 1e6));
+  }
 
   const auto& out = spec.output;
   auto attach = [&](std::shared_ptr<TrainingObserver> o) {

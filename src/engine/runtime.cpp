@@ -134,6 +134,20 @@ void release_free_memory() {
 #endif
 }
 
+bool allocation_failed() {
+  try {
+    throw;
+  } catch (const std::bad_alloc&) {
+    return true;
+  } catch (const c10::Error& e) {
+    const auto& m = e.msg();
+    return m.find("can't allocate memory") != std::string::npos ||
+           m.find("not enough memory") != std::string::npos;
+  } catch (...) {
+    return false;
+  }
+}
+
 void set_intra_op_threads(int64_t threads) {
   torch::set_num_threads(static_cast<int>(threads));
 #ifdef _OPENMP

@@ -79,6 +79,7 @@ struct Trainer::Impl {
   std::vector<vnode::VnodeRange> layout;  // every rank's vnodes, in rank order
   std::optional<InjectedFault> fault;     // VFLOW_INJECT_FAULT, for tests
   std::string mismatch;                   // why the job stopped after a cross-check
+  bool updating = false;                  // in the optimizer's update (out_of_memory)
   // resources.shard_optimizer: the checkpoint whose optimizer shards were written last
   // (its path, step and optimizer step count; what failed, on rank 0), for save_checkpoint.
   struct WrittenShards {
@@ -290,34 +291,60 @@ struct Trainer::Impl {
   StepInfo guarded_step() {
     try {
       return train_step();
-    } catch (const std::bad_alloc&) {
-      throw out_of_memory();
-    } catch (const c10::Error& e) {
-      // LibTorch's CPU allocator: "can't allocate memory" (malloc failed) or "not enough
-      // memory" (size checks); anything else is not ours to translate.
-      const auto& m = e.msg();
-      if (m.find("can't allocate memory") == std::string::npos &&
-          m.find("not enough memory") == std::string::npos) {
-        throw;
-      }
-      throw out_of_memory();
+    } catch (...) {
+      if (allocation_failed()) throw out_of_memory();
+      throw;
     }
   }
 
   OutOfMemory out_of_memory() const {
     const int64_t limit = spec.resources.memory_limit_mb;
+    const std::string under =
+        limit > 0 ? fmt::format(" under resources.memory_limit_mb = {}", limit) : "";
+    if (updating) return state_out_of_memory(under);
     return OutOfMemory(fmt::format(
         "step {}: out of memory{}: a vnode of {} examples (global batch {} as {} vnodes) needs "
         "more than this worker may use; more virtual_nodes make each vnode smaller",
-        step, limit > 0 ? fmt::format(" under resources.memory_limit_mb = {}", limit) : "",
-        spec.semantic.global_batch / spec.semantic.virtual_nodes, spec.semantic.global_batch,
-        spec.semantic.virtual_nodes));
+        step, under, spec.semantic.global_batch / spec.semantic.virtual_nodes,
+        spec.semantic.global_batch, spec.semantic.virtual_nodes));
+  }
+
+  /// The optimizer's state did not fit beside the parameters and gradients: what this
+  /// worker holds and keeps, and what would shrink it.
+  OutOfMemory state_out_of_memory(const std::string& under) const {
+    const auto mb = [](int64_t elements) { return static_cast<double>(elements) * 4 / 1e6; };
+    const int64_t numel = packet->gradients().numel();
+    const auto* state = dynamic_cast<const ShardedState*>(optimizer.get());
+    const auto& name = spec.semantic.optimizer.name;
+    std::string keeps = fmt::format("the {} state", name);
+    std::string remedy =
+        state != nullptr
+            ? "shard it (resources.shard_optimizer: true: each of K workers keeps about 2 / K "
+              "of it)"
+            : "use an optimizer whose state can be sharded (sgd, adamw, lamb, lars)";
+    if (state != nullptr && spec.resources.shard_optimizer) {
+      int64_t kept = 0;
+      for (const int64_t s : state->kept()) kept += state->layout().shard(s).numel();
+      keeps = fmt::format("the {} state of shards {}: {:.4g} MB", name,
+                          vnode::shard_list(state->kept()), mb(state->state_tensors() * kept));
+      remedy =
+          "spread the job over more workers (each keeps its vnodes' shards and one "
+          "neighbour's), or keep one home a shard (resources.shard_replicas: 1)";
+    } else if (state != nullptr) {
+      keeps += fmt::format(": {:.4g} MB", mb(state->state_tensors() * numel));
+    }
+    return OutOfMemory(fmt::format(
+        "step {}: out of memory{} making the optimizer's state: this worker holds {:.4g} MB of "
+        "parameters and {:.4g} MB of gradients, and {} does not fit beside them; {} "
+        "(`vflow-train JOB --print-shards --workers K` shows what each worker would keep)",
+        step, under, mb(numel), mb(numel), keeps, remedy));
   }
 
   /// One step: the vnode loop into the packet, the control word, the one collective,
   /// then the update.
   StepInfo train_step() {
     VFLOW_ASSERT(step < total_steps, "train_step() after the last step");
+    updating = false;
     const auto t0 = Clock::now();
     const int64_t s = step;
     const auto batch = order.batch(s % order.steps_per_epoch());
@@ -359,7 +386,11 @@ struct Trainer::Impl {
       packet->gradient_buffer().check_views();
       views_checked = true;
     }
+    // The optimizer's state is made at its first update: an allocation that fails there is
+    // the state's, not the vnode's (out_of_memory).
+    updating = true;
     info.grad_norm = reducer->update();
+    updating = false;
     if (const auto* state = dynamic_cast<const ShardedState*>(optimizer.get())) {
       info.optimizer_state_bytes = state->held_bytes();
     }

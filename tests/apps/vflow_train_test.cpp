@@ -130,6 +130,38 @@ TEST_CASE("a vnode too big for resources.memory_limit_mb fails with exit code 6,
   CHECK(small.exit_code == 0);
 }
 
+TEST_CASE(
+    "optimizer state or parameters too big for resources.memory_limit_mb fail with exit code 6, "
+    "naming what does not fit",
+    "[integration][shard]") {
+  // An MLP of 73.6 M parameters (294.5 MB; AdamW's state 589 MB) on tiny batches: what a
+  // worker holds is its parameters, their gradients and the state, made at the first update.
+  // Under 1600 MiB the parameters and gradients fit (about 1400 MiB needed here with the
+  // data set and LibTorch's own) and the state does not (about 1800 MiB); under 1000 MiB not
+  // even the parameters and gradients do.
+  const std::string job =
+      " --set semantic.data='{name: synthetic, options: {train_size: 64, test_size: 0, shape: "
+      "[1, 28, 28], classes: 10}}'"
+      " --set semantic.model='{name: mlp, options: {hidden: [8192, 8192]}}'"
+      " --set semantic.global_batch=8 --set semantic.virtual_nodes=2 --set semantic.steps=2"
+      " --set semantic.epochs=null --set resources.threads=1 --set output.evaluation.enabled=false"
+      " --set semantic.optimizer='{name: adamw, lr: 0.001}'";
+  const auto state = run_command(kTrain + job + " --set resources.memory_limit_mb=1600");
+  INFO(state.output);
+  CHECK(state.exit_code == 6);
+  CHECK_THAT(state.output,
+             Contains("step 0: out of memory under resources.memory_limit_mb = 1600 making the "
+                      "optimizer's state: this worker holds 294.5 MB of parameters and 294.5 MB of "
+                      "gradients, and the adamw state: 589 MB does not fit beside them; shard it "
+                      "(resources.shard_optimizer: true"));
+  const auto parameters = run_command(kTrain + job + " --set resources.memory_limit_mb=1000");
+  INFO(parameters.output);
+  CHECK(parameters.exit_code == 6);
+  CHECK_THAT(parameters.output, Contains("out of memory under resources.memory_limit_mb = 1000"));
+  CHECK_THAT(parameters.output, !Contains("making the optimizer's state") && !Contains("frame #") &&
+                                    !Contains("enforce fail"));
+}
+
 TEST_CASE("the example jobs are valid", "[integration]") {
   TempDir dir;
   // The TorchScript example trains convnet.pt from the working directory, the token-shard

@@ -53,6 +53,12 @@ void configure_runtime(const JobSpec& spec);
 /// worker's peak memory.
 void release_free_memory();
 
+/// Inside a catch block: whether the exception in flight is a failed allocation
+/// (std::bad_alloc, or LibTorch's CPU allocator refusing one: "can't allocate memory" when
+/// malloc failed, "not enough memory" from its size checks), which resources.memory_limit_mb
+/// makes an error the job names rather than a kill.
+bool allocation_failed();
+
 /// The device this worker trains on: resources.device, where plain "cuda" is the first
 /// device (a launched worker's job layer makes it its local rank's, job::place_on_this_host).
 /// Throws SpecError when CUDA is asked for and this LibTorch build or machine has none.
