@@ -21,7 +21,7 @@ job's reduce-scatter and gather move what the unsharded job's one allreduce move
 
     bench/sharded_state.py [--build build] [--repeats 5] [--steps 100] [--memory-only]
                            [--speed-only] [--models resnet50,bert-base] [--workers 1,2,4]
-                           [--optimizer adamw|lamb|lars]
+                           [--optimizer adamw|lamb|lars] [--checkpoint]
 """
 import argparse
 import os
@@ -79,9 +79,9 @@ def hwm_kib(pid):
     return None
 
 
-def memory_run(build, model, workers, sharded, optimizer, steps=2):
+def memory_run(build, model, workers, sharded, optimizer, steps=2, extra=()):
     """(each worker's peak MB, each worker's kept state MB from its log line; 10^6 bytes)."""
-    cmd = [os.path.join(build, "vflow-train"), *MODELS[model], "--set", OPTIMIZERS[optimizer],
+    cmd = [os.path.join(build, "vflow-train"), *MODELS[model], *extra, "--set", OPTIMIZERS[optimizer],
            "--set", "semantic.deterministic=true", "--set", "semantic.epochs=null",
            "--set", f"semantic.steps={steps}", "--set", "resources.threads=1",
            "--set", "output.evaluation.enabled=false", "--set", "output.logging.progress=off",
@@ -124,6 +124,30 @@ def memory(args):
                   f"| {', '.join(f'{v:.0f}' for v in state)} | {expected:.0f} |", flush=True)
 
 
+def checkpoint_memory(args):
+    """Rank 0 writes every shard's file of a checkpoint, each sent to it in turn: its peak
+    with a checkpoint at every step against none, sharded."""
+    print("\n| model | K | sharded peak MB, no checkpoint | with a checkpoint every step | more "
+          "| one shard's state MB |")
+    print("|---|---|---|---|---|---|")
+    for model in args.models.split(","):
+        for k in (int(c) for c in args.workers.split(",")):
+            if k < 2:
+                continue
+            plain, state, _ = memory_run(args.build, model, k, True, args.optimizer)
+            with tempfile.TemporaryDirectory() as ckpt:
+                written, _, text = memory_run(
+                    args.build, model, k, True, args.optimizer,
+                    extra=["--set", f"output.checkpoint.dir={ckpt}",
+                           "--set", "output.checkpoint.every_steps=1"])
+                if "[checkpoint] wrote" not in text:
+                    sys.exit("no checkpoint was written:\n" + text[-3000:])
+            # 4 vnodes, so 4 shards; each worker keeps 2 of them (2 replicas).
+            shard = state[0] / min(2, k) * k / 4 if k >= 2 else float("nan")
+            print(f"| {model} | {k} | {max(plain):.0f} | {max(written):.0f} "
+                  f"| {max(written) - max(plain):.0f} | {shard:.0f} |", flush=True)
+
+
 def speed(args):
     print("\n| K | unsharded examples/s | sharded examples/s | ratio sharded / unsharded "
           "| update ms unsharded | update ms sharded | received MB/step unsharded "
@@ -164,10 +188,14 @@ def main():
     parser.add_argument("--workers", default="1,2,4", help="the worker counts of the memory runs")
     parser.add_argument("--optimizer", choices=sorted(OPTIMIZERS), default="adamw")
     parser.add_argument("--memory-only", action="store_true")
+    parser.add_argument("--checkpoint", action="store_true",
+                        help="with the memory runs: rank 0's peak writing a checkpoint of shards")
     parser.add_argument("--speed-only", action="store_true")
     args = parser.parse_args()
     if not args.speed_only:
         memory(args)
+        if args.checkpoint:
+            checkpoint_memory(args)
     if not args.memory_only:
         speed(args)
 
