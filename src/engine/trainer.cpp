@@ -543,7 +543,18 @@ struct Trainer::Impl {
       }
     };
     out.optimizer_steps = dynamic_cast<ShardedState&>(*optimizer).steps();
-    reducer->write_state_shards(*comm, write);
+    try {
+      reducer->write_state_shards(*comm, write);
+    } catch (...) {
+      // A peer failed while the shards came: no checkpoint file will name this directory.
+      std::error_code ec;
+      if (leader) std::filesystem::remove_all(directory, ec);
+      throw;
+    }
+    if (leader && !out.error.empty()) {
+      std::error_code ec;
+      std::filesystem::remove_all(directory, ec);
+    }
     written_shards = out;
   }
 
