@@ -329,7 +329,9 @@ class FusedOptimizer : public torch::optim::Optimizer, public FixedPointStep, pu
     reset_state();
     if (steps == 0) return;
     if (layout_) {
-      for (const int64_t s : kept_) set_shard(s, read(s).to(flat_.flat().options()));
+      for (const int64_t s : kept_) {
+        set_shard(s, read(s).to(flat_.flat().options()).contiguous());
+      }
     } else {
       for (int64_t s = 0; s < layout.shards(); ++s) {
         const auto r = layout.shard(s);
@@ -745,9 +747,10 @@ class FusedLayerwise : public FusedOptimizer<torch::optim::SGD, torch::optim::SG
     each_block([&](int64_t t, const Block& b, float* pb, const float* gb, float* const* rows) {
       norms(pb, gb, rows, b.end - b.begin, &sums[static_cast<size_t>(2 * t)]);
     });
-    // By piece: its blocks added in order; negative where this worker holds it not.
-    auto mine = torch::full({static_cast<int64_t>(2 * pieces_.size())}, -1.0, torch::kFloat64);
+    // By piece: its blocks added in order (zero where this worker holds it not).
+    auto mine = torch::zeros({static_cast<int64_t>(2 * pieces_.size())}, torch::kFloat64);
     auto* m = mine.data_ptr<double>();
+    std::vector<char> measured(pieces_.size(), 0);
     for (size_t t = 0; t < blocks.size(); ++t) {
       const auto& b = blocks[t];
       const bool first = b.begin == pieces_[b.piece].at.begin;
@@ -755,8 +758,9 @@ class FusedLayerwise : public FusedOptimizer<torch::optim::SGD, torch::optim::SG
         auto& x = m[2 * b.piece + q];
         x = first ? sums[2 * t + q] : x + sums[2 * t + q];
       }
+      measured[b.piece] = 1;
     }
-    const auto every = by_piece(mine);
+    const auto every = by_piece(mine, measured);
     factors_.assign(trainable().size(), 0.0);
     std::vector<double> p2(trainable().size(), 0.0);
     std::vector<double> x2(trainable().size(), 0.0);
@@ -797,13 +801,19 @@ class FusedLayerwise : public FusedOptimizer<torch::optim::SGD, torch::optim::SG
 
   /// Every piece's two sums: this worker's where it holds them all, else their sum over
   /// the workers, each giving those of the shards it owns (and zeros): exactly the owner's.
-  std::vector<double> by_piece(torch::Tensor mine) const {
+  /// `measured`: the pieces this worker summed.
+  std::vector<double> by_piece(torch::Tensor mine, const std::vector<char>& measured) const {
     auto* m = mine.data_ptr<double>();
-    if (!sharded()) return {m, m + mine.numel()};
+    if (!sharded()) {
+      VFLOW_ASSERT(std::count(measured.begin(), measured.end(), 1) ==
+                       static_cast<std::ptrdiff_t>(measured.size()),
+                   "an unsharded LAMB or LARS that measured not every piece");
+      return {m, m + mine.numel()};
+    }
     VFLOW_ASSERT(static_cast<bool>(exchange()), "a sharded LAMB or LARS with no exchange");
     for (size_t k = 0; k < pieces_.size(); ++k) {
       if (std::binary_search(owned().begin(), owned().end(), pieces_[k].shard)) {
-        VFLOW_ASSERT(m[2 * k] >= 0, "a shard this worker owns and does not hold");
+        VFLOW_ASSERT(measured[k] != 0, "a shard this worker owns and does not hold");
       } else {
         m[2 * k] = m[2 * k + 1] = 0;
       }

@@ -107,11 +107,19 @@ class Reducer {
                         const std::vector<vnode::VnodeRange>& next_layout) {}
   /// Every rank calls it together where a checkpoint is due and the reducer keeps the
   /// optimizer state by canonical shard: each shard's state, in shard order, reaches
-  /// `write` on rank 0, sent there from a rank that holds it one shard at a time, so that
-  /// no rank holds the whole state (none, before the optimizer's first step). Throws
+  /// `write` on rank 0 with the group's optimizer step count, sent there from a rank that
+  /// holds it one shard at a time, so that no rank holds the whole state (none, before the
+  /// optimizer's first step). The parameters are whole on every rank first (settle).
+  /// Returns the optimizer step count. Throws PeerFailure.
+  using ShardWriter =
+      std::function<void(int64_t shard, int64_t optimizer_steps, const at::Tensor& state)>;
+  virtual int64_t write_state_shards(comm::Communicator& comm, const ShardWriter& write) {
+    return 0;
+  }
+  /// Every rank calls it together after the last step: a reducer whose gather of the
+  /// parameters failed sends them again, so that every rank's are whole. Throws
   /// PeerFailure.
-  using ShardWriter = std::function<void(int64_t shard, const at::Tensor& state)>;
-  virtual void write_state_shards(comm::Communicator& comm, const ShardWriter& write) {}
+  virtual void settle(comm::Communicator& comm) {}
   /// Whether the optimizer's state is part of the state sent to a joining worker (a sharded
   /// reducer sends shards itself).
   virtual bool transfers_optimizer() const { return true; }

@@ -128,9 +128,10 @@ class ShardedReducer : public Reducer {
     });
   }
 
-  void write_state_shards(comm::Communicator& comm, const ShardWriter& write) override {
+  int64_t write_state_shards(comm::Communicator& comm, const ShardWriter& write) override {
+    settle(comm);
     const auto info = holdings(comm);
-    if (info.steps == 0) return;  // no shard has state yet
+    if (info.steps == 0) return 0;  // no shard has state yet
     const auto& shards = state_.layout();
     std::vector<int64_t> lost;
     for (int64_t s = 0; s < shards.shards(); ++s) {
@@ -146,7 +147,7 @@ class ShardedReducer : public Reducer {
                             : torch::empty({state_.state_tensors(), shards.shard(s).numel()},
                                            state_.flat_parameters().options());
       if (source != 0) comm.broadcast(packed, source);
-      if (comm.rank() == 0) write(s, packed);
+      if (comm.rank() == 0) write(s, info.steps, packed);
     }
     if (!lost.empty()) {
       throw Error(
@@ -154,7 +155,15 @@ class ShardedReducer : public Reducer {
                       "checkpoint can hold it",
                       vnode::shard_list(lost)));
     }
+    return info.steps;
   }
+
+  void settle(comm::Communicator& comm) override {
+    // Every rank learns whether any rank's parameters are incomplete (the same answer on
+    // all); if so the shards' holders send them (move_shards), and the kept shards stay.
+    if (holdings(comm).incomplete) redistribute(comm);
+  }
+
   bool transfers_optimizer() const override { return false; }
   void state_transferred(bool moved) override {
     if (moved) state_.drop_all();  // of the step before the donor's

@@ -321,15 +321,17 @@ struct Trainer::Impl {
         state != nullptr
             ? "shard it (resources.shard_optimizer: true: each of K workers keeps about 2 / K "
               "of it)"
-            : "use an optimizer whose state can be sharded (sgd, adamw, lamb, lars)";
+            : "use an optimizer whose state can be sharded (sgd, adamw, and on the CPU lamb and "
+              "lars)";
     if (state != nullptr && spec.resources.shard_optimizer) {
       int64_t kept = 0;
       for (const int64_t s : state->kept()) kept += state->layout().shard(s).numel();
       keeps = fmt::format("the {} state of shards {}: {:.4g} MB", name,
                           vnode::shard_list(state->kept()), mb(state->state_tensors() * kept));
-      remedy =
-          "spread the job over more workers (each keeps its vnodes' shards and one "
-          "neighbour's), or keep one home a shard (resources.shard_replicas: 1)";
+      remedy = spec.resources.shard_replicas > 1
+                   ? "spread the job over more workers (each keeps its vnodes' shards and one "
+                     "neighbour's), or keep one home a shard (resources.shard_replicas: 1)"
+                   : "spread the job over more workers (each keeps its vnodes' shards)";
     } else if (state != nullptr) {
       keeps += fmt::format(": {:.4g} MB", mb(state->state_tensors() * numel));
     }
@@ -380,17 +382,20 @@ struct Trainer::Impl {
     StepInfo info;
     if (record_examples) record_use(s, info);
     kernels->apply();
-    if (tail.stop) stop_agreed = true;
-    regroup_agreed = tail.regroup;
     if (!views_checked) {
       packet->gradient_buffer().check_views();
       views_checked = true;
     }
     // The optimizer's state is made at its first update: an allocation that fails there is
     // the state's, not the vnode's (out_of_memory).
-    updating = true;
+    const auto* sharded = dynamic_cast<const ShardedState*>(optimizer.get());
+    updating = sharded != nullptr ? sharded->steps() == 0 : step == 0;
     info.grad_norm = reducer->update();
     updating = false;
+    // The step's agreed requests take effect once it is taken: an update that fails (a
+    // peer lost in LAMB's exchange) leaves the step to be redone, requests and all.
+    if (tail.stop) stop_agreed = true;
+    regroup_agreed = tail.regroup;
     if (const auto* state = dynamic_cast<const ShardedState*>(optimizer.get())) {
       info.optimizer_state_bytes = state->held_bytes();
     }
@@ -523,28 +528,30 @@ struct Trainer::Impl {
     const auto directory = shard_directory(out.path);
     const bool leader = comm->rank() == 0;
     if (leader) {
-      // A directory of an earlier try at this step is replaced whole.
+      // A checkpoint of this step written before (by a run resumed from an earlier one)
+      // goes first, its file and then its shards: no file may name shards that are not its.
       std::error_code ec;
-      std::filesystem::remove_all(directory, ec);
-      std::filesystem::create_directories(directory, ec);
-      if (ec) out.error = fmt::format("{}: cannot create: {}", directory, ec.message());
+      std::filesystem::remove(out.path, ec);
+      if (!ec) std::filesystem::remove_all(directory, ec);
+      if (!ec) std::filesystem::create_directories(directory, ec);
+      if (ec) out.error = fmt::format("{}: cannot replace: {}", directory, ec.message());
     }
     const auto& layout = dynamic_cast<ShardedState&>(*optimizer).layout();
-    const auto write = [&](int64_t s, const torch::Tensor& state) {
+    const auto write = [&](int64_t s, int64_t optimizer_steps, const torch::Tensor& state) {
+      out.optimizer_steps = optimizer_steps;
       if (!out.error.empty()) return;  // every shard still arrives: the others go on
       const auto range = layout.shard(s);
       try {
         save_shard(shard_file(directory, s),
-                   ShardRecord{s, layout.shards(), range.begin, range.end, step,
-                               out.optimizer_steps, spec.semantic.optimizer.name},
+                   ShardRecord{s, layout.shards(), range.begin, range.end, step, optimizer_steps,
+                               spec.semantic.optimizer.name},
                    state);
       } catch (const CheckpointError& e) {
         out.error = e.what();
       }
     };
-    out.optimizer_steps = dynamic_cast<ShardedState&>(*optimizer).steps();
     try {
-      reducer->write_state_shards(*comm, write);
+      out.optimizer_steps = reducer->write_state_shards(*comm, write);
     } catch (...) {
       // A peer failed while the shards came: no checkpoint file will name this directory.
       std::error_code ec;
@@ -692,7 +699,11 @@ TrainResult Trainer::run() {
   result.mismatch = im.mismatch;
   // The end's checkpoint (or the mismatch's) saves the whole state; every rank decides
   // alike whether it is due.
-  if (result.next_generation == 0) im.write_shards_for_checkpoint();
+  if (result.next_generation == 0) {
+    // A gather that failed in the last step left some parameters to be sent again.
+    im.reducer->settle(*im.comm);
+    im.write_shards_for_checkpoint();
+  }
   if (!im.mismatch.empty() && im.spec.output.checkpoint.dir.empty() && rank() == 0) {
     // The state before the step the workers disagreed on is kept even where the job keeps
     // no checkpoints: what `--replay` starts from.
@@ -769,10 +780,16 @@ void Trainer::load_checkpoint(const std::string& path) {
     // The optimizer state is in files of canonical shards beside it: this worker reads
     // those it keeps (sharded) or every one (not).
     auto* state = dynamic_cast<ShardedState*>(im.optimizer.get());
-    if (state == nullptr || header.optimizer_shards != im.plan.virtual_nodes()) {
+    if (header.optimizer_shards != im.plan.virtual_nodes()) {
       throw CheckpointError(fmt::format(
-          "{}: its optimizer state is kept in {} canonical shards, which {} cannot read", path,
-          header.optimizer_shards, im.spec.semantic.optimizer.name));
+          "{}: its optimizer state is kept in {} canonical shards, and this job has {} vnodes",
+          path, header.optimizer_shards, im.plan.virtual_nodes()));
+    }
+    if (state == nullptr) {
+      throw CheckpointError(fmt::format(
+          "{}: its optimizer state is kept by canonical shard, which {} on {} cannot read "
+          "(the fused optimizers on the CPU can)",
+          path, im.spec.semantic.optimizer.name, im.device.str()));
     }
     const vnode::ShardLayout layout(im.packet->gradients().numel(), header.optimizer_shards);
     const auto directory = shard_directory(path);
@@ -875,6 +892,9 @@ void Trainer::set_communicator(std::shared_ptr<comm::Communicator> communicator)
   im.layout = vnode::layout_of(im.plan.virtual_nodes(), workers, {});
   if (im.checks) im.checks->forget();
   if (im.reducer) im.reducer->set_layout(im.layout, im.comm->rank());
+  // Every member of the new group takes part in the next checkpoint's shards, whatever
+  // each wrote before (write_shards_for_checkpoint's guard must agree on every rank).
+  im.written_shards = {};
 }
 
 void Trainer::set_communicator(std::shared_ptr<comm::Communicator> communicator,

@@ -285,6 +285,14 @@ TEST_CASE(
     CHECK(count_matches(r.output, "the parameters' gather failed") == 3);
     CHECK(the_fingerprint(r) == reference);
   }
+  // In the last step's gather: no step follows to send the parameters again; the end of the
+  // job does (its collective fails on the dead peer, the survivors regroup and send them).
+  const auto last = run_command("VFLOW_INJECT_FAULT=299:2:gather " + kTrain + job + kSharded +
+                                " --set resources.timeout_s=10 --workers 4");
+  INFO(last.output);
+  CHECK(last.exit_code == 0);
+  CHECK(count_matches(last.output, "died \\(status 137\\)") == 1);
+  CHECK(the_fingerprint(last) == reference);
 }
 
 TEST_CASE("vflow-train --print-shards shows the canonical shards and what each worker would keep",
