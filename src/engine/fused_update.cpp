@@ -300,7 +300,15 @@ class FusedOptimizer : public torch::optim::Optimizer, public FixedPointStep, pu
                                                                      : shards_.erase(it);
     }
   }
-  void drop_all() override { shards_.clear(); }
+  void drop_all() override {
+    shards_.clear();
+    pending_ = nullptr;
+  }
+  void read_pending() override {
+    if (!pending_) return;
+    for (const int64_t s : kept_) set_shard(s, pending_(s).to(flat_.flat().options()).contiguous());
+    pending_ = nullptr;
+  }
   void start_fresh() override {
     for (const int64_t s : kept_) {
       shards_[s] =
@@ -326,13 +334,17 @@ class FusedOptimizer : public torch::optim::Optimizer, public FixedPointStep, pu
                  "a checkpoint's shards of another size than the parameters");
     VFLOW_ASSERT(!layout_ || layout_->shards() == layout.shards(),
                  "a checkpoint's shards of another layout than the job's");
+    if (layout_) {
+      // Read once the group's layout is known (read_pending): a worker that loads the
+      // checkpoint before it joins keeps every shard until then, which need not fit.
+      shards_.clear();
+      steps_ = steps;
+      pending_ = steps > 0 ? read : nullptr;
+      return;
+    }
     reset_state();
     if (steps == 0) return;
-    if (layout_) {
-      for (const int64_t s : kept_) {
-        set_shard(s, read(s).to(flat_.flat().options()).contiguous());
-      }
-    } else {
+    {
       for (int64_t s = 0; s < layout.shards(); ++s) {
         const auto r = layout.shard(s);
         const auto packed = read(s);
@@ -484,7 +496,8 @@ class FusedOptimizer : public torch::optim::Optimizer, public FixedPointStep, pu
   std::vector<torch::Tensor> all_params_;
   FlatParameters flat_;
   std::vector<int64_t> owned_;  // sharded: the shards this worker owns, ascending
-  Exchange exchange_;           // sharded: how the per-shard norms reach every worker
+  std::function<torch::Tensor(int64_t)> pending_;  // sharded: a checkpoint's shards, unread
+  Exchange exchange_;  // sharded: how the per-shard norms reach every worker
 };
 
 class FusedSgd final : public FusedOptimizer<torch::optim::SGD, torch::optim::SGDOptions,

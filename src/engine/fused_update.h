@@ -70,7 +70,8 @@ class ShardedState {
   virtual void set_shard(int64_t s, torch::Tensor packed) = 0;
   /// Drops every held shard that is not kept.
   virtual void trim() = 0;
-  /// Drops every held shard (its state is of another step than the parameters').
+  /// Drops every held shard, and a checkpoint's shards left to read (its state is of
+  /// another step than the parameters').
   virtual void drop_all() = 0;
   /// Holds the kept shards as a fresh optimizer's (zero) state.
   virtual void start_fresh() = 0;
@@ -85,9 +86,12 @@ class ShardedState {
 
   /// Replaces the state with a checkpoint's, kept by the canonical shards `layout` at
   /// optimizer step `steps`: read(s) gives shard s's (state_tensors() x its elements).
-  /// Reads the kept shards where the state is sharded, every shard where it is not.
+  /// Unsharded, it reads every shard now; sharded, the kept shards are read by
+  /// read_pending, once the group's layout is known (`read` must outlive this call).
   virtual void load_shards(const vnode::ShardLayout& layout, int64_t steps,
                            const std::function<torch::Tensor(int64_t)>& read) = 0;
+  /// Reads the kept shards of a checkpoint that load_shards left to read (if any).
+  virtual void read_pending() = 0;
   /// The shards this worker owns (its vnodes'), of which it gives the figures every worker
   /// needs (LAMB's and LARS's sums of squares, from which the trust ratios are formed).
   virtual void set_owned(std::vector<int64_t> owned) = 0;

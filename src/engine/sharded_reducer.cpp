@@ -317,6 +317,9 @@ class ShardedReducer : public Reducer {
     }
   };
   Holdings holdings(comm::Communicator& comm) {
+    // A checkpoint's shards, loaded before the group was known, are read now: this
+    // worker's kept ones, by the group's layout.
+    state_.read_pending();
     auto mine = torch::zeros({kHeader + state_.layout().shards()}, torch::kInt64);
     auto* m = mine.data_ptr<int64_t>();
     m[0] = state_.steps();

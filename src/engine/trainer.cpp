@@ -793,12 +793,28 @@ void Trainer::load_checkpoint(const std::string& path) {
     }
     const vnode::ShardLayout layout(im.packet->gradients().numel(), header.optimizer_shards);
     const auto directory = shard_directory(path);
-    state->load_shards(layout, header.optimizer_steps, [&](int64_t s) {
-      const auto range = layout.shard(s);
-      return load_shard(shard_file(directory, s),
-                        ShardRecord{s, layout.shards(), range.begin, range.end, header.step,
-                                    header.optimizer_steps, im.spec.semantic.optimizer.name},
-                        state->state_tensors());
+    // Every file is there before the job goes on (each is checked whole when it is read,
+    // by the workers that keep it, once the group is known).
+    for (int64_t s = 0; s < layout.shards(); ++s) {
+      if (!std::filesystem::is_regular_file(shard_file(directory, s))) {
+        throw CheckpointError(fmt::format("{}: its optimizer state's shard {} is missing ({})",
+                                          path, s, shard_file(directory, s)));
+      }
+    }
+    const ShardRecord base{0,
+                           layout.shards(),
+                           0,
+                           0,
+                           header.step,
+                           header.optimizer_steps,
+                           im.spec.semantic.optimizer.name};
+    const int64_t rows = state->state_tensors();
+    state->load_shards(layout, header.optimizer_steps, [layout, directory, base, rows](int64_t s) {
+      auto expected = base;
+      expected.shard = s;
+      expected.begin = layout.shard(s).begin;
+      expected.end = layout.shard(s).end;
+      return load_shard(shard_file(directory, s), expected, rows);
     });
   }
   spdlog::info("[engine] resumed from {} at step {} (fingerprint {})", path, step(), fingerprint());

@@ -424,6 +424,20 @@ TEST_CASE(
   CHECK(sa.held() == std::vector<int64_t>{1, 3});
   CHECK(sa.held_bytes() ==
         (sa.layout().shard(1).numel() + sa.layout().shard(3).numel()) * sa.state_tensors() * 4);
+  // A checkpoint's shards (here sb's and sa's own, by shard) are read only once the kept
+  // ones are known, and only those.
+  std::vector<int64_t> read;
+  sa.set_kept({0, 4});
+  sa.load_shards(sa.layout(), sa.steps(), [&](int64_t s) {
+    read.push_back(s);
+    return (s == 1 || s == 3 ? sa : sb).shard(s).clone();
+  });
+  CHECK(read.empty());
+  CHECK(sa.held().empty());
+  sa.read_pending();
+  CHECK(read == std::vector<int64_t>{0, 4});
+  CHECK(sa.held() == std::vector<int64_t>{0, 4});
+  CHECK(torch::equal(sa.shard(4), sb.shard(4)));
 }
 
 namespace {
