@@ -344,13 +344,11 @@ class FusedOptimizer : public torch::optim::Optimizer, public FixedPointStep, pu
     }
     reset_state();
     if (steps == 0) return;
-    {
-      for (int64_t s = 0; s < layout.shards(); ++s) {
-        const auto r = layout.shard(s);
-        const auto packed = read(s);
-        for (int k = 0; k < state_tensors_; ++k) {
-          state_[k].narrow(0, r.begin, r.numel()).copy_(packed[k]);
-        }
+    for (int64_t s = 0; s < layout.shards(); ++s) {
+      const auto r = layout.shard(s);
+      const auto packed = read(s);
+      for (int k = 0; k < state_tensors_; ++k) {
+        state_[k].narrow(0, r.begin, r.numel()).copy_(packed[k]);
       }
     }
     steps_ = steps;
@@ -774,17 +772,17 @@ class FusedLayerwise : public FusedOptimizer<torch::optim::SGD, torch::optim::SG
       measured[b.piece] = 1;
     }
     const auto every = by_piece(mine, measured);
-    factors_.assign(trainable().size(), 0.0);
+    std::vector<double> factors(trainable().size(), 0.0);
     std::vector<double> p2(trainable().size(), 0.0);
     std::vector<double> x2(trainable().size(), 0.0);
     for (size_t k = 0; k < pieces_.size(); ++k) {
       p2[pieces_[k].param] += every[2 * k];
       x2[pieces_[k].param] += every[2 * k + 1];
     }
-    for (size_t i = 0; i < factors_.size(); ++i) factors_[i] = factor(i, p2[i], x2[i], lr);
+    for (size_t i = 0; i < factors.size(); ++i) factors[i] = factor(i, p2[i], x2[i], lr);
     each_block([&](int64_t, const Block& b, float* pb, const float* gb, float* const* rows) {
       const size_t i = pieces_[b.piece].param;
-      apply(pb, gb, rows, b.end - b.begin, i, factors_[i]);
+      apply(pb, gb, rows, b.end - b.begin, i, factors[i]);
     });
   }
 
@@ -838,8 +836,7 @@ class FusedLayerwise : public FusedOptimizer<torch::optim::SGD, torch::optim::SG
 
   std::vector<std::string> names_;
   vnode::ShardLayout canonical_;
-  std::vector<Piece> pieces_;    // ascending
-  std::vector<double> factors_;  // by trainable parameter, this step's
+  std::vector<Piece> pieces_;  // ascending
 };
 
 /// LAMB (You et al. 2019, "Large Batch Optimization for Deep Learning", Algorithm 2):

@@ -141,12 +141,12 @@ class ShardedReducer : public Reducer {
         continue;
       }
       // From the first holder to rank 0 (a broadcast: what the group offers), one shard
-      // at a time.
-      const bool sending = comm.rank() == source;
-      auto packed = sending ? state_.shard(s)
-                            : torch::empty({state_.state_tensors(), shards.shard(s).numel()},
-                                           state_.flat_parameters().options());
-      if (source != 0) comm.broadcast(packed, source);
+      // at a time; nothing moves where rank 0 holds it.
+      if (source == 0) {
+        if (comm.rank() == 0) write(s, info.steps, state_.shard(s));
+        continue;
+      }
+      const auto packed = shard_from(comm, s, source);
       if (comm.rank() == 0) write(s, info.steps, packed);
     }
     if (!lost.empty()) {
@@ -249,7 +249,6 @@ class ShardedReducer : public Reducer {
     const int64_t n = shards.shards();
     const int ranks = comm.size();
     const auto every = holdings(comm);
-    const auto& info = every.ranks;
     const int64_t steps = every.steps;
     const bool incomplete = every.incomplete;
     const int me = comm.rank();
@@ -264,24 +263,16 @@ class ShardedReducer : public Reducer {
     std::vector<int64_t> lost;
     int64_t moved = 0;
     for (int64_t s = 0; s < n; ++s) {
-      int source = -1;
-      bool needed = false;
-      for (int r = 0; r < ranks; ++r) {
-        const bool holds = info[r][kHeader + s] != 0;
-        if (holds && source < 0) source = r;
-        needed = needed || (wants(r, s) && !holds);
-      }
+      const int source = every.first_holder(s);
       if (source < 0) {
         lost.push_back(s);
         continue;
       }
+      bool needed = false;
+      for (int r = 0; r < ranks; ++r) needed = needed || (wants(r, s) && !every.holds(r, s));
       if (needed) {
-        const bool sending = me == source;
-        auto packed = sending ? state_.shard(s)
-                              : torch::empty({state_.state_tensors(), shards.shard(s).numel()},
-                                             flat.options());
-        comm.broadcast(packed, source);
-        if (wants(me, s) && info[me][kHeader + s] == 0) state_.set_shard(s, packed);
+        const auto packed = shard_from(comm, s, source);
+        if (wants(me, s) && !every.holds(me, s)) state_.set_shard(s, packed);
         ++moved;
       }
       if (incomplete) {
@@ -308,10 +299,11 @@ class ShardedReducer : public Reducer {
     std::vector<std::vector<int64_t>> ranks;  // per rank: kHeader values, then 1/0 per shard
     int64_t steps = 0;                        // the largest optimizer step count
     bool incomplete = false;                  // some rank's parameters are incomplete
+    bool holds(int r, int64_t s) const { return ranks[static_cast<size_t>(r)][kHeader + s] != 0; }
     /// The first rank that holds shard s, -1 for none.
     int first_holder(int64_t s) const {
       for (size_t r = 0; r < ranks.size(); ++r) {
-        if (ranks[r][kHeader + s] != 0) return static_cast<int>(r);
+        if (holds(static_cast<int>(r), s)) return static_cast<int>(r);
       }
       return -1;
     }
@@ -333,6 +325,16 @@ class ShardedReducer : public Reducer {
       out.incomplete = out.incomplete || out.ranks.back()[1] != 0;
     }
     return out;
+  }
+
+  /// Shard s's state on every rank, broadcast from rank `source`, which holds it.
+  torch::Tensor shard_from(comm::Communicator& comm, int64_t s, int source) {
+    auto packed = comm.rank() == source
+                      ? state_.shard(s)
+                      : torch::empty({state_.state_tensors(), state_.layout().shard(s).numel()},
+                                     state_.flat_parameters().options());
+    comm.broadcast(packed, source);
+    return packed;
   }
 
   /// Where the group's collectives take their tensors: the worker's device.

@@ -35,6 +35,13 @@ namespace vflow::engine {
 
 namespace {
 
+/// What shard s's file of a checkpoint at training step `step` holds (besides its state).
+ShardRecord record_of(const vnode::ShardLayout& layout, int64_t s, int64_t step,
+                      int64_t optimizer_steps, const std::string& optimizer) {
+  const auto range = layout.shard(s);
+  return {s, layout.shards(), range.begin, range.end, step, optimizer_steps, optimizer};
+}
+
 using Clock = std::chrono::steady_clock;
 
 }  // namespace
@@ -388,17 +395,15 @@ struct Trainer::Impl {
     }
     // The optimizer's state is made at its first update: an allocation that fails there is
     // the state's, not the vnode's (out_of_memory).
-    const auto* sharded = dynamic_cast<const ShardedState*>(optimizer.get());
-    updating = sharded != nullptr ? sharded->steps() == 0 : step == 0;
+    const auto* state = dynamic_cast<const ShardedState*>(optimizer.get());
+    updating = state != nullptr ? state->steps() == 0 : step == 0;
     info.grad_norm = reducer->update();
     updating = false;
     // The step's agreed requests take effect once it is taken: an update that fails (a
     // peer lost in LAMB's exchange) leaves the step to be redone, requests and all.
     if (tail.stop) stop_agreed = true;
     regroup_agreed = tail.regroup;
-    if (const auto* state = dynamic_cast<const ShardedState*>(optimizer.get())) {
-      info.optimizer_state_bytes = state->held_bytes();
-    }
+    if (state != nullptr) info.optimizer_state_bytes = state->held_bytes();
     if (received >= 0) info.received_bytes = comm->received_bytes() - received;
     ++step;
     if (!ema.empty() && step % spec.semantic.ema.every_steps == 0) update_ema();
@@ -540,11 +545,9 @@ struct Trainer::Impl {
     const auto write = [&](int64_t s, int64_t optimizer_steps, const torch::Tensor& state) {
       out.optimizer_steps = optimizer_steps;
       if (!out.error.empty()) return;  // every shard still arrives: the others go on
-      const auto range = layout.shard(s);
       try {
         save_shard(shard_file(directory, s),
-                   ShardRecord{s, layout.shards(), range.begin, range.end, step, optimizer_steps,
-                               spec.semantic.optimizer.name},
+                   record_of(layout, s, step, optimizer_steps, spec.semantic.optimizer.name),
                    state);
       } catch (const CheckpointError& e) {
         out.error = e.what();
@@ -683,13 +686,12 @@ TrainResult Trainer::run() {
     if (!im.mismatch.empty()) break;  // the step was undone (resources.on_mismatch: stop)
     examples += info.examples;
     last_loss = info.loss;
-    // A checkpoint of this step, written by rank 0, saves the whole optimizer state.
+    // Where a checkpoint of this step is due, rank 0 writes the optimizer's shards first.
     im.write_shards_for_checkpoint();
     for (auto& o : im.observers) o->on_step_end(*this, info);
     if (im.step % im.order.steps_per_epoch() == 0) {
       for (auto& o : im.observers) o->on_epoch_end(*this, info.epoch);
     }
-    const bool ending = im.step >= im.total_steps || im.stop_agreed;
   }
   TrainResult result;
   result.seconds = seconds_since(t0);
@@ -697,8 +699,8 @@ TrainResult Trainer::run() {
   result.next_generation = result.completed ? 0 : im.regroup_agreed;
   im.regroup_agreed = 0;
   result.mismatch = im.mismatch;
-  // The end's checkpoint (or the mismatch's) saves the whole state; every rank decides
-  // alike whether it is due.
+  // The end's checkpoint (or the mismatch's) needs the optimizer's shards written; every
+  // rank decides alike whether it is due.
   if (result.next_generation == 0) {
     // A gather that failed in the last step left some parameters to be sent again.
     im.reducer->settle(*im.comm);
@@ -801,21 +803,14 @@ void Trainer::load_checkpoint(const std::string& path) {
                                           path, s, shard_file(directory, s)));
       }
     }
-    const ShardRecord base{0,
-                           layout.shards(),
-                           0,
-                           0,
-                           header.step,
-                           header.optimizer_steps,
-                           im.spec.semantic.optimizer.name};
     const int64_t rows = state->state_tensors();
-    state->load_shards(layout, header.optimizer_steps, [layout, directory, base, rows](int64_t s) {
-      auto expected = base;
-      expected.shard = s;
-      expected.begin = layout.shard(s).begin;
-      expected.end = layout.shard(s).end;
-      return load_shard(shard_file(directory, s), expected, rows);
-    });
+    state->load_shards(
+        layout, header.optimizer_steps,
+        [layout, directory, rows, step = header.step, optimizer_steps = header.optimizer_steps,
+         name = im.spec.semantic.optimizer.name](int64_t s) {
+          return load_shard(shard_file(directory, s),
+                            record_of(layout, s, step, optimizer_steps, name), rows);
+        });
   }
   spdlog::info("[engine] resumed from {} at step {} (fingerprint {})", path, step(), fingerprint());
 }
