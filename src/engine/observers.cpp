@@ -46,12 +46,25 @@ EvaluationObserver::EvaluationObserver(const EvaluationSpec& spec) : spec_(spec)
 
 void EvaluationObserver::evaluate(Trainer& trainer) {
   if (last_step_ == trainer.step()) return;
+  if (!trainer.parameters_complete()) {
+    // A sharded job's gather of the parameters failed in this step: they are whole again
+    // once the group regrouped, and the evaluation is taken at the first step end after.
+    if (!waiting_) {
+      spdlog::info("[eval] the evaluation due after step {} waits until the parameters are whole",
+                   trainer.step());
+    }
+    waiting_ = true;
+    return;
+  }
+  waiting_ = false;
   last_step_ = trainer.step();
   trainer.publish_evaluation(trainer.evaluate());
 }
 
 void EvaluationObserver::on_step_end(Trainer& trainer, const StepInfo& info) {
-  if (spec_.every_steps > 0 && (info.step + 1) % spec_.every_steps == 0) evaluate(trainer);
+  if (waiting_ || (spec_.every_steps > 0 && (info.step + 1) % spec_.every_steps == 0)) {
+    evaluate(trainer);
+  }
 }
 
 void EvaluationObserver::on_epoch_end(Trainer& trainer, int64_t epoch) {

@@ -120,6 +120,10 @@ class Reducer {
   /// parameters failed sends them again, so that every rank's are whole. Throws
   /// PeerFailure.
   virtual void settle(comm::Communicator& comm) {}
+  /// Whether this rank's parameters are whole: false from a failed gather of the
+  /// parameters until the next group's first step (or settle) sent them again; what reads
+  /// every parameter (the average, an evaluation) waits until then.
+  virtual bool parameters_complete() const { return true; }
   /// Whether the optimizer's state is part of the state sent to a joining worker (a sharded
   /// reducer sends shards itself).
   virtual bool transfers_optimizer() const { return true; }

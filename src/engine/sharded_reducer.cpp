@@ -164,6 +164,7 @@ class ShardedReducer : public Reducer {
     if (holdings(comm).incomplete) redistribute(comm);
   }
 
+  bool parameters_complete() const override { return !params_incomplete_; }
   bool transfers_optimizer() const override { return false; }
   void state_transferred(bool moved) override {
     if (moved) state_.drop_all();  // of the step before the donor's

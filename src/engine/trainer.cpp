@@ -63,6 +63,7 @@ struct Trainer::Impl {
   std::unique_ptr<torch::optim::Optimizer> optimizer;
   std::unique_ptr<Reducer> reducer;  // the packet's sum over workers, and the update
   std::vector<torch::Tensor> ema;    // semantic.ema: the parameters' average, in their order
+  bool ema_pending = false;          // the last update's average waits for the parameters' gather
   std::shared_ptr<comm::Communicator> comm;
   vnode::VnodeRange held;  // the vnodes this worker processes
   std::vector<std::shared_ptr<TrainingObserver>> observers;
@@ -368,6 +369,7 @@ struct Trainer::Impl {
     // after its vnode's, which may be its last.
     const int64_t received = comm->received_bytes();
     reducer->begin_step(*comm, s, /*overlap=*/!check);
+    settle_ema();  // the parameters are whole again (sent again by the new group)
     int64_t ran = 0;
     try {
       if (check && comm->rank() == check->checker) {
@@ -406,7 +408,10 @@ struct Trainer::Impl {
     if (state != nullptr) info.optimizer_state_bytes = state->held_bytes();
     if (received >= 0) info.received_bytes = comm->received_bytes() - received;
     ++step;
-    if (!ema.empty() && step % spec.semantic.ema.every_steps == 0) update_ema();
+    if (!ema.empty() && step % spec.semantic.ema.every_steps == 0) {
+      ema_pending = true;
+      settle_ema();
+    }
 
     info.step = s;
     info.workers = comm->size();
@@ -474,6 +479,15 @@ struct Trainer::Impl {
     if (wanted.next_generation > 0) packet->request_regroup(wanted.next_generation);
   }
 
+  /// The average of the last update, where it is due, once this worker's parameters are
+  /// whole: a sharded worker whose gather of them failed takes it when the next group sent
+  /// them again (settle, or the next step's begin), not from the parameters it had.
+  void settle_ema() {
+    if (!ema_pending || !reducer->parameters_complete()) return;
+    update_ema();
+    ema_pending = false;
+  }
+
   /// Every worker holds the same parameters after the update, so each keeps the same
   /// average.
   void update_ema() {
@@ -500,6 +514,7 @@ struct Trainer::Impl {
     model->to(device);
     packet->gradient_buffer().bind();
     step = saved.step;
+    ema_pending = saved.ema_pending;
     if (fingerprint() != saved.fingerprint) {
       throw CheckpointError(fmt::format(
           "{}: restored state has fingerprint {}, checkpoint recorded {} (corrupt file?)", source,
@@ -555,6 +570,7 @@ struct Trainer::Impl {
     };
     try {
       out.optimizer_steps = reducer->write_state_shards(*comm, write);
+      settle_ema();  // in the checkpoint beside them
     } catch (...) {
       // A peer failed while the shards came: no checkpoint file will name this directory.
       std::error_code ec;
@@ -704,6 +720,7 @@ TrainResult Trainer::run() {
   if (result.next_generation == 0) {
     // A gather that failed in the last step left some parameters to be sent again.
     im.reducer->settle(*im.comm);
+    im.settle_ema();
     im.write_shards_for_checkpoint();
   }
   if (!im.mismatch.empty() && im.spec.output.checkpoint.dir.empty() && rank() == 0) {
@@ -724,6 +741,8 @@ TrainResult Trainer::run() {
   result.final_loss = last_loss;
   return result;
 }
+
+bool Trainer::parameters_complete() const { return impl_->reducer->parameters_complete(); }
 
 EvalResult Trainer::evaluate() {
   auto& im = *impl_;
@@ -765,7 +784,9 @@ void Trainer::save_checkpoint(const std::string& path) const {
 }
 
 std::string Trainer::state_bytes() const {
-  return serialize_state(impl_->transfer_parts(), impl_->state_header());
+  auto header = impl_->state_header();
+  header.ema_pending = impl_->ema_pending;
+  return serialize_state(impl_->transfer_parts(), header);
 }
 
 void Trainer::load_state_bytes(const std::string& bytes) {

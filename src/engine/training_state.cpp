@@ -94,6 +94,7 @@ void write_state(torch::serialize::OutputArchive& archive, const StateParts& par
       ema_archive.write(fmt::format("p{}", i), parts.ema[i], /*is_buffer=*/true);
     }
     archive.write("ema", ema_archive);
+    if (header.ema_pending) archive.write("vflow_ema_pending", c10::IValue(true));
   }
 }
 
@@ -116,6 +117,8 @@ StateHeader read_state(torch::serialize::InputArchive& archive, const std::strin
   }
   header.step = read("vflow_step").toInt();
   header.fingerprint = read("vflow_fingerprint").toStringRef();
+  c10::IValue pending;
+  header.ema_pending = archive.try_read("vflow_ema_pending", pending) && pending.toBool();
   if (header.step < 0 || header.step > total_steps) {
     throw CheckpointError(
         fmt::format("{}: step {} is outside this job's {} steps", path, header.step, total_steps));

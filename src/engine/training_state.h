@@ -46,6 +46,9 @@ struct StateHeader {
   /// step `optimizer_steps` (the optimizer was not restored: load_shards restores it).
   int64_t optimizer_shards = 0;
   int64_t optimizer_steps = 0;
+  /// The average (semantic.ema) of the last update is still to be taken from the
+  /// parameters once they are whole (a transfer from a worker whose gather failed).
+  bool ema_pending = false;
 };
 
 /// One canonical shard of the optimizer state, as its file holds it.

@@ -268,21 +268,30 @@ TEST_CASE(
     "a worker killed in the parameters' gather loses nothing: the survivors take the "
     "shards' parameters from their other homes",
     "[multiproc][shard][elastic]") {
-  const std::string job = kAdamW + " --set semantic.steps=300";
+  // With the parameters' average, which reads every parameter after each update, and an
+  // evaluation due after the step of the kill.
+  const std::string job =
+      kAdamW +
+      " --set semantic.steps=300 --set semantic.ema.decay=0.9"
+      " --set output.evaluation.every_steps=50"
+      " --set output.logging.progress=lines --set output.logging.every_steps=50";
   const auto reference = the_fingerprint(run_command(kTrain + job));
-  // Member 2 updates its shards of step 150 and dies as the gather starts: the others fail
-  // in it after their own update, so the step is taken and their parameters incomplete.
+  // Member 2 updates its shards of step 149 and dies as the gather starts: the others fail
+  // in it after their own update, so the step is taken and their parameters incomplete;
+  // the average and the evaluation wait until the regrouped survivors sent them again.
   // Through shared memory, then over Gloo's point-to-point messages.
   for (const bool shared_memory : {true, false}) {
     CAPTURE(shared_memory);
     const auto r =
-        run_command("VFLOW_INJECT_FAULT=150:2:gather " + kTrain + job + kSharded +
+        run_command("VFLOW_INJECT_FAULT=149:2:gather " + kTrain + job + kSharded +
                     " --set resources.timeout_s=10 --workers 4 --set resources.shared_memory=" +
                     (shared_memory ? "true" : "false"));
     INFO(r.output);
     CHECK(r.exit_code == 0);
     CHECK(count_matches(r.output, "died \\(status 137\\)") == 1);
     CHECK(count_matches(r.output, "the parameters' gather failed") == 3);
+    CHECK(count_matches(r.output, "evaluation due after step 150 waits until the parameters") == 1);
+    CHECK(count_matches(r.output, "\\[eval\\] step 151: test accuracy") == 1);
     CHECK(the_fingerprint(r) == reference);
   }
   // In the last step's gather: no step follows to send the parameters again; the end of the

@@ -8,10 +8,12 @@
 #include <thread>
 
 #include "engine/copy_stream.h"
+#include "engine/training_state.h"
 #include "support.h"
 #include "vflow/core/error.h"
 #include "vflow/core/process.h"
 #include "vflow/engine/checkpoint.h"
+#include "vflow/engine/fingerprint.h"
 #include "vflow/engine/lr_schedule.h"
 #include "vflow/engine/run_job.h"
 #include "vflow/engine/runtime.h"
@@ -84,6 +86,30 @@ TEST_CASE("the weight average is part of the result, and use_ema evaluates it", 
   CHECK(evaluated.fingerprint == averaged.fingerprint);
   CHECK(evaluated.evaluation->loss != averaged.evaluation->loss);
   CHECK(averaged.evaluation->loss == plain.evaluation->loss);
+}
+
+TEST_CASE("a transferred state says whether its step's weight average is still to be taken",
+          "[unit]") {
+  // A sharded worker whose gather of the parameters failed takes the average once they are
+  // whole again; a joiner given its state must know to take it too.
+  const auto spec = small_job({"semantic.ema.decay=0.9"});
+  auto trainer = make_trainer(spec);
+  auto& model = trainer->model();
+  torch::optim::SGD sgd(model.parameters(), 0.1);
+  std::vector<at::Tensor> ema;
+  for (const auto& p : model.parameters()) ema.push_back(p.detach().clone());
+  vflow::engine::StateParts parts{model, sgd, ema};
+  parts.with_optimizer = false;
+  for (const bool pending : {false, true}) {
+    CAPTURE(pending);
+    vflow::engine::StateHeader header{0, spec.semantic_yaml(),
+                                      vflow::engine::fingerprint(model, ema, "ema")};
+    header.ema_pending = pending;
+    const auto back =
+        vflow::engine::restore_state(vflow::engine::serialize_state(parts, header), "transfer",
+                                     parts, spec.semantic_yaml(), 10, torch::kCPU);
+    CHECK(back.ema_pending == pending);
+  }
 }
 
 TEST_CASE("a small job learns its synthetic task", "[integration][numeric]") {

@@ -27,6 +27,7 @@ class EvaluationObserver final : public TrainingObserver {
   void evaluate(Trainer& trainer);
   EvaluationSpec spec_;
   int64_t last_step_ = -1;
+  bool waiting_ = false;  // a due evaluation waits for the parameters to be whole
 };
 
 /// A status line on a terminal ("bar") or periodic log lines ("lines").

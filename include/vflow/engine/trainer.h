@@ -148,6 +148,9 @@ class Trainer {
 
   /// Evaluates on the test split; throws if the job has none.
   EvalResult evaluate();
+  /// Whether this worker's parameters are whole: false after a failed gather of a sharded
+  /// job's parameters until the next group sent them again (an evaluation waits).
+  bool parameters_complete() const;
   /// Tells every observer about an evaluation and remembers it as the latest.
   void publish_evaluation(const EvalResult& result);
   const std::optional<EvalResult>& last_evaluation() const;
