@@ -335,6 +335,12 @@ TEST_CASE("vflow-train --print-shards shows the canonical shards and what each w
   // Unsharded, every worker keeps everything; LibTorch's Adam keeps no sharded state.
   const auto plain = run_command(kTrain + adamw + " --workers 2 --print-shards");
   CHECK_THAT(plain.output, Catch::Matchers::Contains("keeps the state of all shards: 3.374 MB"));
+  // A worker's memory limit the parameters, gradients and state would pass alone.
+  const auto limited =
+      run_command(kTrain + adamw + " --workers 2 --set resources.memory_limit_mb=5 --print-shards");
+  CHECK_THAT(limited.output, Catch::Matchers::Contains(
+                                 "resources.memory_limit_mb is 5: the largest worker needs more "
+                                 "than 7 MB for these alone; shard the state"));
   const auto adam = run_command(
       kTrain + kJob + " --set semantic.optimizer='{name: adam, lr: 0.01}' --print-shards");
   CHECK_THAT(adam.output, Catch::Matchers::Contains("adam keeps no sharded state"));
