@@ -90,9 +90,11 @@ TEST_CASE(
       "kill -KILL $(status | sed -n 's/^rank .* worker 2 pid //p'); await_workers 2\n"
       // Agent a2 now stops: its worker 1 leaves the job gracefully.
       "kill -TERM $a2; await_workers 1; status | grep '^step'\n"
-      // The rest of the job runs unloaded, on one worker.
+      // The rest of the job runs unloaded, on one worker: about 7300 steps, 4.6 minutes where
+      // one worker trains 26 steps a second (an AMD EPYC of this project's kind, AVX2 only,
+      // beside another test).
       "kill $h1 $h2\n"
-      "until_true 'the end' \"$CTL status loaded > /dev/null 2>&1; [ \\$? = 7 ]\" 180\n"
+      "until_true 'the end' \"$CTL status loaded > /dev/null 2>&1; [ \\$? = 7 ]\" 480\n"
       "wait $a2; echo \"a2 exit=$?\"; kill -TERM $a1; wait $a1; echo \"a1 "
       "exit=$?\"\n";
   write_file(dir.file("cluster.sh"), script);
