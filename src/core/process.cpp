@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <optional>
 #include <sstream>
@@ -119,6 +120,18 @@ double cgroup_quota_cores(const std::string& text) {
   return static_cast<double>(q) / static_cast<double>(period);
 }
 
+double cgroup_memory_bytes(const std::string& text) {
+  std::istringstream in(text);
+  std::string value;
+  std::string rest;
+  if (!(in >> value) || (in >> rest)) return 0;
+  char* end = nullptr;
+  const long long bytes = std::strtoll(value.c_str(), &end, 10);
+  // "max" (v2) and v1's largest value, rounded to a page, mean none.
+  if (end == value.c_str() || *end != '\0' || bytes <= 0 || bytes >= (1LL << 62)) return 0;
+  return static_cast<double>(bytes);
+}
+
 std::optional<std::string> cgroup_path_in_mount(const std::string& root, const std::string& path) {
   if (root == "/") return path;
   if (path.compare(0, root.size(), root) != 0) return std::nullopt;
@@ -190,22 +203,23 @@ std::vector<CgroupMount> cgroup_mounts() {
   return mounts;
 }
 
-/// The smallest CPU quota in cores along this process's cgroup and its parents, 0 = none.
-double cgroup_quota() {
+/// The smallest positive `value_of(directory, v2)` along this process's cgroup of
+/// `controller` and every cgroup above it, in each hierarchy that shows it; 0 = none.
+double smallest_along_cgroup(const std::string& controller,
+                             const std::function<double(const std::string&, bool)>& value_of) {
   const auto mounts = cgroup_mounts();
   double smallest = 0;
   const auto take = [&](const std::string& point, std::string path, bool v2) {
     while (true) {
-      const std::string dir = point + (path == "/" ? "" : path);
-      const std::string text =
-          v2 ? read_text(dir + "/cpu.max")
-             : read_text(dir + "/cpu.cfs_quota_us") + " " + read_text(dir + "/cpu.cfs_period_us");
-      const double cores = cgroup_quota_cores(text);
-      if (cores > 0 && (smallest == 0 || cores < smallest)) smallest = cores;
+      const double value = value_of(point + (path == "/" ? "" : path), v2);
+      if (value > 0 && (smallest == 0 || value < smallest)) smallest = value;
       if (path == "/" || path.empty()) return;
       const auto slash = path.find_last_of('/');
       path = slash == 0 ? "/" : path.substr(0, slash);
     }
+  };
+  const auto has = [&](const std::vector<std::string>& controllers) {
+    return std::find(controllers.begin(), controllers.end(), controller) != controllers.end();
   };
   std::ifstream self("/proc/self/cgroup");
   std::string line;
@@ -217,16 +231,10 @@ double cgroup_quota() {
     const auto controllers = split(line.substr(a + 1, b - a - 1), ',');
     const std::string path = line.substr(b + 1);
     const bool v2 = line.compare(0, a, "0") == 0 && controllers.empty();
-    if (!v2 && std::find(controllers.begin(), controllers.end(), "cpu") == controllers.end()) {
-      continue;
-    }
+    if (!v2 && !has(controllers)) continue;
     bool mounted = false;
     for (const auto& m : mounts) {
-      if (m.v2 != v2) continue;
-      if (!v2 &&
-          std::find(m.controllers.begin(), m.controllers.end(), "cpu") == m.controllers.end()) {
-        continue;
-      }
+      if (m.v2 != v2 || (!v2 && !has(m.controllers))) continue;
       mounted = true;  // where the cgroup is not below this mount's root, it is not seen here
       if (const auto below = cgroup_path_in_mount(m.root, path)) take(m.point, *below, v2);
     }
@@ -235,6 +243,15 @@ double cgroup_quota() {
     }
   }
   return smallest;
+}
+
+/// The smallest CPU quota in cores along this process's cgroup and its parents, 0 = none.
+double cgroup_quota() {
+  return smallest_along_cgroup("cpu", [](const std::string& dir, bool v2) {
+    return cgroup_quota_cores(v2 ? read_text(dir + "/cpu.max")
+                                 : read_text(dir + "/cpu.cfs_quota_us") + " " +
+                                       read_text(dir + "/cpu.cfs_period_us"));
+  });
 }
 
 /// The CPUs of this process's affinity mask, 0 when it cannot be read. The mask is sized
@@ -257,6 +274,12 @@ int64_t affinity_cpus() {
 }
 
 }  // namespace
+
+double cgroup_memory_limit() {
+  return smallest_along_cgroup("memory", [](const std::string& dir, bool v2) {
+    return cgroup_memory_bytes(read_text(dir + (v2 ? "/memory.max" : "/memory.limit_in_bytes")));
+  });
+}
 
 int64_t usable_cores() {
   int64_t cores = affinity_cpus();

@@ -13,6 +13,7 @@
 #include "engine/fused_update.h"
 #include "vflow/core/clock.h"
 #include "vflow/core/error.h"
+#include "vflow/core/process.h"
 #include "vflow/data/dataset.h"
 #include "vflow/engine/checkpoint.h"
 #include "vflow/engine/observers.h"
@@ -47,49 +48,6 @@ double host_memory_mb() {
     meminfo.ignore(256, '\n');
   }
   return 0;
-}
-
-/// The memory limit of this process's control group in MB (cgroup v2 memory.max, v1
-/// memory.limit_in_bytes; the group's own directory, else the hierarchy's root where a
-/// container mounts its own group there), 0 where none is set or none can be read. The
-/// workers this process starts on this host share it.
-double cgroup_memory_mb() {
-  std::ifstream cgroups("/proc/self/cgroup");
-  std::string line;
-  double limit = 0;
-  while (std::getline(cgroups, line)) {
-    // "ID:CONTROLLERS:PATH": v2's line has no controllers.
-    const auto first = line.find(':');
-    const auto second = line.find(':', first + 1);
-    if (first == std::string::npos || second == std::string::npos) continue;
-    const auto controllers = line.substr(first + 1, second - first - 1);
-    const auto path = line.substr(second + 1);
-    std::string root;
-    std::string file;
-    if (controllers.empty()) {
-      root = "/sys/fs/cgroup";
-      file = "memory.max";
-    } else if (controllers == "memory") {
-      root = "/sys/fs/cgroup/memory";
-      file = "memory.limit_in_bytes";
-    } else {
-      continue;
-    }
-    for (const auto& dir : {root + path, root}) {
-      std::ifstream in(dir + "/" + file);
-      std::string value;
-      if (!(in >> value)) continue;
-      // "max" (v2), or v1's page-rounded largest value: no limit.
-      double bytes = 0;
-      try {
-        bytes = value == "max" ? 0 : std::stod(value);
-      } catch (const std::exception&) {
-      }
-      if (bytes > 0 && bytes < 1e18) limit = limit > 0 ? std::min(limit, bytes / 1e6) : bytes / 1e6;
-      break;
-    }
-  }
-  return limit;
 }
 
 }  // namespace
@@ -170,7 +128,7 @@ std::string describe_shards(const JobSpec& spec, int64_t workers) {
         res.memory_limit_mb, mb(largest), remedy);
   }
   const double host = host_memory_mb();
-  const double group = cgroup_memory_mb();
+  const double group = cgroup_memory_limit() / 1e6;
   const bool grouped = group > 0 && (host <= 0 || group < host);
   if (const double room = grouped ? group : host; room > 0 && mb(largest) * workers > room) {
     out += fmt::format(

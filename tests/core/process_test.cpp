@@ -67,6 +67,20 @@ TEST_CASE("a spawned process can lead a group of its own and is reported like a 
   CHECK(run(missing).first == 127);
 }
 
+TEST_CASE("a cgroup's memory limit reads as bytes, and no limit as none", "[unit]") {
+  using vflow::cgroup_memory_bytes;
+  CHECK(cgroup_memory_bytes("1073741824\n") == 1073741824.0);  // v2 memory.max, v1 alike
+  CHECK(cgroup_memory_bytes("max\n") == 0);
+  CHECK(cgroup_memory_bytes("9223372036854771712\n") == 0);  // v1's none, rounded to a page
+  CHECK(cgroup_memory_bytes("") == 0);
+  CHECK(cgroup_memory_bytes("12k") == 0);
+  CHECK(cgroup_memory_bytes("1 2") == 0);
+  // This process's, whatever the machine sets: none, or a limit below 2^62 bytes.
+  const double limit = vflow::cgroup_memory_limit();
+  CHECK(limit >= 0);
+  CHECK(limit < 4.7e18);
+}
+
 TEST_CASE("a cgroup's CPU quota reads as cores, and no limit as none", "[unit]") {
   using vflow::cgroup_quota_cores;
   CHECK(cgroup_quota_cores("50000 100000\n") == 0.5);  // cgroup v2 cpu.max

@@ -57,6 +57,15 @@ int64_t usable_cores();
 /// 0 where there is no limit ("max", a quota of -1) or the text is not a quota.
 double cgroup_quota_cores(const std::string& text);
 
+/// A memory limit in bytes from the text of a cgroup v2 `memory.max` or v1
+/// `memory.limit_in_bytes` file; 0 where there is none ("max", v1's largest value) or the
+/// text is not a limit.
+double cgroup_memory_bytes(const std::string& text);
+
+/// The smallest memory limit in bytes of this process's cgroup and every cgroup above it
+/// (a container's, a job's), which the processes it starts share; 0 = none.
+double cgroup_memory_limit();
+
 /// Where cgroup `path` (as /proc/self/cgroup names it) lies below the mount of a hierarchy
 /// whose root is cgroup `root` (/proc/self/mountinfo's fourth field): a container without
 /// a cgroup namespace sees the host's path, its hierarchy mounted from a cgroup further
