@@ -363,13 +363,19 @@ class HostMemoryCommunicator final : public Communicator {
     }
   }
 
+  /// Fails the barrier where a peer that has not arrived at it exited. One that arrived
+  /// and then exited fails it on no rank: a rank that arrives after finds every rank
+  /// arrived and passes, so every survivor must pass (else the survivors of a step's last
+  /// barrier would be a step apart); the dead peer fails the next barrier on all.
   void check_peers_alive() {
     if (watched_.empty()) return;
     std::vector<pollfd> fds;
     for (const auto& w : watched_) fds.push_back({w.fd, POLLIN, 0});
     if (poll(fds.data(), fds.size(), 0) <= 0) return;
     for (size_t i = 0; i < fds.size(); ++i) {
-      if (fds[i].revents != 0) {
+      // Its arrival, stored before it exited, is seen once its exit is.
+      if (fds[i].revents != 0 &&
+          __atomic_load_n(phase_of(watched_[i].rank), __ATOMIC_ACQUIRE) < phase_) {
         set_aborted();
         throw PeerFailure(fmt::format("{}: rank {} (pid {}) exited", failed(), watched_[i].rank,
                                       pids_[watched_[i].rank]));

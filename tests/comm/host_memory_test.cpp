@@ -3,6 +3,7 @@
 #include "comm/host_memory.h"
 
 #include <fmt/format.h>
+#include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <torch/torch.h>
@@ -13,6 +14,7 @@
 #include <climits>
 #include <condition_variable>
 #include <cstdlib>
+#include <filesystem>
 #include <mutex>
 #include <thread>
 
@@ -39,6 +41,55 @@ torch::Tensor values(int rank, int64_t n, torch::ScalarType dtype) {
   if (dtype == torch::kLong)
     return torch::randint(-(int64_t{1} << 60), int64_t{1} << 60, {n}, g, torch::kLong);
   return torch::randn({n}, g, torch::TensorOptions(dtype)) * (rank + 1);
+}
+
+/// Starts this test program running only the test case `name` (a child process's part),
+/// with the coordinator's port in VFLOW_TEST_SHM_PORT and `extra` (NAME=VALUE) in its
+/// environment; returns its pid.
+pid_t spawn_child(const std::string& name, const StoreHost& coordinator,
+                  const std::string& extra = "") {
+  char self[PATH_MAX] = {};
+  REQUIRE(readlink("/proc/self/exe", self, sizeof self - 1) > 0);
+  std::string port = fmt::format("VFLOW_TEST_SHM_PORT={}", coordinator.port());
+  std::string more = extra;
+  std::vector<char*> env;
+  for (char** e = environ; *e != nullptr; ++e) env.push_back(*e);
+  env.push_back(port.data());
+  if (!more.empty()) env.push_back(more.data());
+  env.push_back(nullptr);
+  std::string case_name = name;
+  char* argv[] = {self, case_name.data(), nullptr};
+  pid_t child = 0;
+  REQUIRE(posix_spawn(&child, self, nullptr, nullptr, argv, env.data()) == 0);
+  return child;
+}
+
+/// The child process's communicator: rank 1 of `ranks` in `generation`, over the store at
+/// `port` (VFLOW_TEST_SHM_PORT).
+std::unique_ptr<Communicator> child_rank_one(const char* port, int ranks,
+                                             const std::string& generation) {
+  vflow::comm::Rendezvous r;
+  r.store_port = std::atoi(port);
+  r.store =
+      vflow::job::connect_embedded_store(r.store_host, r.store_port, std::chrono::seconds(20));
+  r.rank = 1;
+  r.world_size = ranks;
+  r.generation = generation;
+  r.timeout = std::chrono::seconds(20);
+  return vflow::comm::make_gloo_communicator(r);
+}
+
+/// Three ranks' shares of 3000 elements, a third each, every rank wanting the others'.
+vflow::comm::Shares thirds_wanted_by_all() {
+  vflow::comm::Shares shares{{0, 1000, 2000, 3000}, {}};
+  for (int k = 0; k < 3; ++k) {
+    vflow::comm::Shares::Ranges others;
+    for (int j = 0; j < 3; ++j) {
+      if (j != k) others.emplace_back(1000 * j, 1000 * (j + 1));
+    }
+    shares.wanted.push_back(others);
+  }
+  return shares;
 }
 
 /// The sum over `ranks` ranks, element by element, rank 0 first.
@@ -135,15 +186,7 @@ TEST_CASE("a silent peer fails a shared-memory sum within the timeout, naming it
 TEST_CASE("shared-memory peer that exits (child process)", "[.][child]") {
   const char* port = std::getenv("VFLOW_TEST_SHM_PORT");
   if (port == nullptr) return;
-  vflow::comm::Rendezvous r;
-  r.store_port = std::atoi(port);
-  r.store =
-      vflow::job::connect_embedded_store(r.store_host, r.store_port, std::chrono::seconds(20));
-  r.rank = 1;
-  r.world_size = 2;
-  r.generation = "exit";
-  r.timeout = std::chrono::seconds(20);
-  auto comm = vflow::comm::make_gloo_communicator(r);
+  auto comm = child_rank_one(port, 2, "exit");
   auto t = torch::ones({100000});
   comm->allreduce_sum(t);
   _exit(vflow::comm::sums_through_host_memory(*comm) ? 0 : 3);
@@ -152,17 +195,7 @@ TEST_CASE("shared-memory peer that exits (child process)", "[.][child]") {
 TEST_CASE("a peer process that exits fails the shared-memory sum at once, not at the timeout",
           "[multiproc]") {
   StoreHost coordinator("127.0.0.1", 0, std::chrono::seconds(20));
-  char self[PATH_MAX] = {};
-  REQUIRE(readlink("/proc/self/exe", self, sizeof self - 1) > 0);
-  const std::string port = fmt::format("VFLOW_TEST_SHM_PORT={}", coordinator.port());
-  std::vector<char*> env;
-  for (char** e = environ; *e != nullptr; ++e) env.push_back(*e);
-  env.push_back(const_cast<char*>(port.c_str()));
-  env.push_back(nullptr);
-  char name[] = "shared-memory peer that exits (child process)";
-  char* argv[] = {self, name, nullptr};
-  pid_t child = 0;
-  REQUIRE(posix_spawn(&child, self, nullptr, nullptr, argv, env.data()) == 0);
+  const pid_t child = spawn_child("shared-memory peer that exits (child process)", coordinator);
 
   auto comm = vflow::comm::make_gloo_communicator(
       vflow::testing::rendezvous_at(coordinator, 0, 2, "exit", 20000));
@@ -178,6 +211,95 @@ TEST_CASE("a peer process that exits fails the shared-memory sum at once, not at
   REQUIRE(waitpid(child, &status, 0) == child);
   CHECK(WIFEXITED(status));
   CHECK(WEXITSTATUS(status) == 0);
+}
+
+// The peer process of the next test: rank 1 of 3, which arrives in a gather and waits there
+// for rank 2 until it is killed.
+TEST_CASE("shared-memory peer killed in a gather (child process)", "[.][child]") {
+  const char* port = std::getenv("VFLOW_TEST_SHM_PORT");
+  const char* arrived = std::getenv("VFLOW_TEST_SHM_ARRIVED");
+  if (port == nullptr || arrived == nullptr) return;
+  auto comm = child_rank_one(port, 3, "killed");
+  vflow::testing::write_file(arrived, "");
+  auto t = torch::full({3000}, 1.0f);
+  comm->gather_shares(t, thirds_wanted_by_all());
+  std::this_thread::sleep_for(std::chrono::seconds(60));
+  _exit(0);
+}
+
+TEST_CASE(
+    "a peer killed after it arrived in a shared-memory gather's last barrier fails it on no "
+    "rank: every survivor ends the collective alike",
+    "[multiproc]") {
+  // Rank 1 (a process of its own) arrives and is killed while rank 0 waits for rank 2,
+  // which arrives after rank 0 has seen rank 1's exit. Rank 2 finds every rank arrived and
+  // ends the gather; rank 0 must too, or the survivors would be a step apart (the update
+  // taken on one only), which a sharded job cannot repair.
+  StoreHost coordinator("127.0.0.1", 0, std::chrono::seconds(20));
+  vflow::testing::TempDir dir;
+  const pid_t child = spawn_child("shared-memory peer killed in a gather (child process)",
+                                  coordinator, "VFLOW_TEST_SHM_ARRIVED=" + dir.file("arrived"));
+
+  std::mutex m;
+  std::condition_variable cv;
+  bool go = false;
+  std::vector<torch::Tensor> gathered(3);
+  std::vector<std::string> errors(3), after(3);
+  const auto rank = [&](int r) {
+    try {
+      auto comm = vflow::comm::make_gloo_communicator(
+          vflow::testing::rendezvous_at(coordinator, r, 3, "killed", 20000));
+      if (!vflow::comm::sums_through_host_memory(*comm)) {
+        errors[r] = "not through shared memory";
+        return;
+      }
+      if (r == 2) {
+        std::unique_lock<std::mutex> lock(m);
+        cv.wait(lock, [&] { return go; });
+      }
+      auto t = torch::full({3000}, static_cast<float>(r));
+      try {
+        comm->gather_shares(t, thirds_wanted_by_all());
+        gathered[r] = t;
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+      // The dead peer fails the next collective on every survivor.
+      try {
+        auto next = torch::ones({10});
+        comm->allreduce_sum(next);
+      } catch (const std::exception& e) {
+        after[r] = e.what();
+      }
+    } catch (const std::exception& e) {
+      errors[r] = std::string("setup: ") + e.what();
+    }
+  };
+  std::thread rank0(rank, 0), rank2(rank, 2);
+  for (int i = 0; i < 400 && !std::filesystem::exists(dir.file("arrived")); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // it waits in the gather
+  kill(child, SIGKILL);
+  int status = 0;
+  waitpid(child, &status, 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // rank 0 sees it gone
+  {
+    std::lock_guard<std::mutex> lock(m);
+    go = true;
+  }
+  cv.notify_one();
+  rank0.join();
+  rank2.join();
+  CHECK(WIFSIGNALED(status));
+  auto expected = torch::empty({3000});
+  for (int k = 0; k < 3; ++k) expected.narrow(0, 1000 * k, 1000).fill_(static_cast<float>(k));
+  for (const int r : {0, 2}) {
+    CAPTURE(r, errors[r], after[r]);
+    CHECK(errors[r].empty());
+    CHECK((gathered[r].defined() && torch::equal(gathered[r], expected)));
+    CHECK_FALSE(after[r].empty());
+  }
 }
 
 TEST_CASE("ranks on one host combine their tensors element by element and agree on the figure",
