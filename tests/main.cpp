@@ -1,2 +1,4 @@
-#define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
+// The test program's entry point.
+#include "catch_session.h"
+
+int main(int argc, char** argv) { return vflow::testing::run_catch(argc, argv); }

@@ -1,11 +1,10 @@
 // The [cuda] tests' entry point. ctest runs every test case in its own process; where a
 // test cannot run (no CUDA device, no NCCL backend, a CPU-only LibTorch) it prints why
 // and exits with 77, which ctest reports as "Skipped" (SKIP_RETURN_CODE), never passed.
-#define CATCH_CONFIG_RUNNER
-#include <catch2/catch.hpp>
 #include <cstring>
 #include <iostream>
 
+#include "catch_session.h"
 #include "cuda/skip.h"
 
 int main(int argc, char** argv) {
@@ -18,5 +17,5 @@ int main(int argc, char** argv) {
       return vflow::testing::kSkipped;
     }
   }
-  return Catch::Session().run(argc, argv);
+  return vflow::testing::run_catch(argc, argv);
 }
