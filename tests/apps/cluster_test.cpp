@@ -51,7 +51,7 @@ std::string agent_logs(const TempDir& dir, const std::vector<std::string>& names
 TEST_CASE(
     "a job on node agents survives its submitter SIGKILLed mid-step, a worker SIGKILLed and an "
     "agent stopped, with both cores loaded",
-    "[multiproc][elastic][etcd][agents]") {
+    "[multiproc][elastic][etcd][agents][slow]") {
   const std::string job = cluster_job(7500);
   const auto reference = undisturbed_fingerprint(job);
   EtcdCluster etcd;
