@@ -279,7 +279,9 @@ TEST_CASE(
   for (int i = 0; i < 400 && !std::filesystem::exists(dir.file("arrived")); ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // it waits in the gather
+  // It arrives in the gather a memcpy after the file: 2 s leaves a loaded machine's
+  // scheduler room (killed before it arrived, it would rightly fail the gather on all).
+  std::this_thread::sleep_for(std::chrono::seconds(2));
   kill(child, SIGKILL);
   int status = 0;
   waitpid(child, &status, 0);
