@@ -324,6 +324,8 @@ class FusedOptimizer : public torch::optim::Optimizer, public FixedPointStep, pu
     for (const auto& t : state_) bytes += t.numel() * t.element_size();
     return bytes;
   }
+  double lr() const override { return options().get_lr(); }
+  void set_lr(double lr) override { param_groups().front().options().set_lr(lr); }
   torch::Tensor flat_parameters() override {
     flat_.bind();
     return flat_.flat();
@@ -355,6 +357,7 @@ class FusedOptimizer : public torch::optim::Optimizer, public FixedPointStep, pu
   }
   void set_owned(std::vector<int64_t> owned) override { owned_ = std::move(owned); }
   void set_exchange(Exchange exchange) override { exchange_ = std::move(exchange); }
+  bool exchanges() const override { return false; }
 
  protected:
   /// A range [lo, hi) of the flat parameters that a step updates, with its state: each
@@ -665,6 +668,8 @@ class FusedLayerwise : public FusedOptimizer<torch::optim::SGD, torch::optim::SG
     std::sort(pieces_.begin(), pieces_.end(),
               [](const Piece& a, const Piece& b) { return a.at.begin < b.at.begin; });
   }
+
+  bool exchanges() const override { return true; }
 
   void shard_by(const vnode::ShardLayout& layout) override {
     VFLOW_ASSERT(layout.numel() == canonical_.numel() && layout.shards() == canonical_.shards(),

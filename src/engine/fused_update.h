@@ -81,6 +81,9 @@ class ShardedState {
   virtual void set_steps(int64_t steps) = 0;
   /// Bytes of state held now.
   virtual int64_t held_bytes() const = 0;
+  /// The learning rate the next step takes.
+  virtual double lr() const = 0;
+  virtual void set_lr(double lr) = 0;
   /// The flat parameters (the parameters are views into it), for gathering.
   virtual torch::Tensor flat_parameters() = 0;
 
@@ -101,6 +104,9 @@ class ShardedState {
   /// the sum is that figure exactly.
   using Exchange = std::function<void(torch::Tensor&)>;
   virtual void set_exchange(Exchange exchange) = 0;
+  /// Whether a sharded step calls the exchange (LAMB, LARS): its last collective before
+  /// the update.
+  virtual bool exchanges() const = 0;
 
  protected:
   ~ShardedState() = default;

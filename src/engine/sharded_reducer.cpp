@@ -5,10 +5,12 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <chrono>
 #include <csignal>
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <thread>
 #include <vector>
 
 #include "engine/fused_update.h"
@@ -22,29 +24,40 @@ namespace vflow::engine {
 namespace {
 
 /// What each rank tells the others before shards move: [its optimizer's step count, its
-/// parameters are incomplete (1/0), then 1/0 per shard it holds].
-constexpr int64_t kHeader = 2;
+/// parameters are incomplete (1/0), it kept a step whose commit failed (1/0), then 1/0 per
+/// shard it holds or kept that step's reduced gradients of].
+constexpr int64_t kHeader = 3;
 
 class ShardedReducer : public Reducer {
  public:
   ShardedReducer(std::unique_ptr<Reducer> inner, ShardedState& state, int64_t replicas,
                  bool scatter)
       : inner_(std::move(inner)), state_(state), replicas_(replicas), scatter_(scatter) {
-    if (const auto fault = injected_fault(); fault && fault->dies_in_gather) dies_at_ = fault->step;
+    if (const auto fault = injected_fault()) {
+      if (fault->dies_in_gather) dies_at_ = fault->step;
+      if (fault->late_to_commit) late_at_ = fault->step;
+    }
     // LAMB's and LARS's per-shard norms, summed inside the update over the step's group
-    // (set by begin_step): through shared memory where the workers share a host.
+    // (set by begin_step): through shared memory where the workers share a host. The
+    // step's commit follows, the update after it. A step taken late (catch_up) uses the
+    // sums its commit had.
     state_.set_exchange([this](torch::Tensor& figures) {
+      if (pending_ && pending_->taking) {
+        figures.copy_(pending_->figures);
+        return;
+      }
       if (comm_->size() == 1) return;
       auto on_device = figures.to(comm_device());
       comm_->allreduce_sum(on_device);
       if (!on_device.is_same(figures)) figures.copy_(on_device);
+      commit(figures);
     });
   }
 
   void begin_step(comm::Communicator& comm, int64_t step, bool overlap) override {
     comm_ = &comm;
     step_ = step;
-    if (params_incomplete_ || moved_) {
+    if (params_incomplete_ || moved_ || pending_) {
       // Before the step's sums: the shards go where the group's layout wants them.
       redistribute(comm);
       moved_ = false;
@@ -77,6 +90,7 @@ class ShardedReducer : public Reducer {
     VFLOW_ASSERT(!scatter_ || std::includes(state_.kept().begin(), state_.kept().end(),
                                             held.begin(), held.end()),
                  "a sharded update of shards this worker does not keep");
+    if (!state_.exchanges()) commit(torch::Tensor());
     const auto norm = inner_->update();
     if (step_ == dies_at_) raise(SIGKILL);  // VFLOW_INJECT_FAULT=STEP:MEMBER:gather
     try {
@@ -91,7 +105,11 @@ class ShardedReducer : public Reducer {
     return norm;
   }
 
-  void abandon() override { inner_->abandon(); }
+  void abandon() override {
+    // A step whose commit failed keeps its sums until the next group shows whether it
+    // was taken (catch_up).
+    if (!pending_) inner_->abandon();
+  }
 
   void set_layout(const std::vector<vnode::VnodeRange>& layout, int rank) override {
     layout_ = layout;
@@ -167,7 +185,8 @@ class ShardedReducer : public Reducer {
   bool parameters_complete() const override { return !params_incomplete_; }
   bool transfers_optimizer() const override { return false; }
   void state_transferred(bool moved) override {
-    if (moved) state_.drop_all();  // of the step before the donor's
+    // Of the step before the donor's, unless this worker can take that step (catch_up).
+    if (moved && !pending_) state_.drop_all();
     moved_ = true;
   }
 
@@ -317,7 +336,11 @@ class ShardedReducer : public Reducer {
     auto* m = mine.data_ptr<int64_t>();
     m[0] = state_.steps();
     m[1] = params_incomplete_ ? 1 : 0;
+    m[2] = pending_ ? 1 : 0;
     for (const int64_t s : state_.held()) m[kHeader + s] = 1;
+    if (pending_) {
+      for (const int64_t s : pending_->shards) m[kHeader + s] = 1;
+    }
     Holdings out;
     for (const auto& t : comm.all_gather(mine.to(comm_device()))) {
       const auto host = t.to(torch::kCPU).contiguous();
@@ -325,7 +348,113 @@ class ShardedReducer : public Reducer {
       out.steps = std::max(out.steps, out.ranks.back()[0]);
       out.incomplete = out.incomplete || out.ranks.back()[1] != 0;
     }
+    catch_up(out, comm.rank());
     return out;
+  }
+
+  /// The step's commit, after its sums (and LAMB's exchange) and before the update: every
+  /// rank gives one word and takes every other's, which it has only once every rank has
+  /// reached the commit (one barrier through shared memory, a message from each rank over
+  /// Gloo). So where a rank passes it and takes the step, every other rank has its step's
+  /// reduced gradients even if its commit fails: it keeps them (pending_, with the
+  /// learning rate and LAMB's sums, `figures`) and takes the step in the next group
+  /// (catch_up) instead of losing the shards that only it kept.
+  void commit(const torch::Tensor& figures) {
+    if (comm_->size() == 1) return;
+    if (step_ == late_at_) {  // VFLOW_INJECT_FAULT=STEP:MEMBER:late, once
+      late_at_ = -1;
+      std::this_thread::sleep_for(comm_->timeout() + std::chrono::seconds(2));
+    }
+    comm::Shares words;
+    for (int r = 0; r <= comm_->size(); ++r) words.bounds.push_back(r);
+    words.wanted.assign(static_cast<size_t>(comm_->size()), {{0, comm_->size()}});
+    auto word =
+        torch::zeros({comm_->size()}, torch::TensorOptions(torch::kInt64).device(comm_device()));
+    try {
+      comm_->gather_shares(word, words);
+    } catch (const comm::PeerFailure& e) {
+      pending_ =
+          Pending{state_.lr(), state_.kept(), figures.defined() ? figures.clone() : figures, false};
+      spdlog::warn(
+          "[shards] step {}'s commit failed; its reduced gradients of shards {} are kept "
+          "for the next group, should another worker have taken the step: {}",
+          step_, vnode::shard_list(pending_->shards), e.what());
+      throw;
+    }
+  }
+
+  /// After a failed commit (pending_), from what every rank told (`every`, this worker rank
+  /// `me`): where a rank took the step (its optimizer is a step ahead), each rank that kept
+  /// that step's reduced gradients takes it on those of its shards that no rank ahead
+  /// holds, bitwise as their other home took it, and drops the rest; ranks behind
+  /// without them hold nothing. Where no rank took it, the step is redone: the kept sums
+  /// go. `every` then says what each rank holds, at the step of the ranks ahead.
+  void catch_up(Holdings& every, int me) {
+    const int64_t ahead = every.steps;
+    const int64_t n = state_.layout().shards();
+    std::vector<char> ahead_holds(static_cast<size_t>(n), 0);
+    for (const auto& row : every.ranks) {
+      for (int64_t s = 0; s < n && row[0] == ahead; ++s) {
+        if (row[kHeader + s] != 0) ahead_holds[static_cast<size_t>(s)] = 1;
+      }
+    }
+    for (size_t r = 0; r < every.ranks.size(); ++r) {
+      auto& row = every.ranks[r];
+      if (row[0] == ahead) continue;
+      const bool takes = row[2] != 0 && row[0] == ahead - 1;
+      for (int64_t s = 0; s < n; ++s) {
+        if (!takes || ahead_holds[static_cast<size_t>(s)] != 0) row[kHeader + s] = 0;
+      }
+      if (takes) {
+        row[0] = ahead;
+        every.incomplete = true;  // the ranks ahead lack the parameters it updates
+      }
+      if (static_cast<int>(r) != me) continue;
+      if (takes) {
+        take_pending_step(ahead_holds, ahead);
+      } else {
+        state_.drop_all();
+      }
+    }
+    if (pending_) {  // nobody took the step: it is redone
+      inner_->abandon();
+      pending_.reset();
+    }
+  }
+
+  /// The step whose commit failed, on the shards this worker kept then that no rank ahead
+  /// holds (ahead_holds), from the sums the inner reducer kept; the others go.
+  void take_pending_step(const std::vector<char>& ahead_holds, int64_t ahead) {
+    auto& pending = *pending_;
+    const auto kept = state_.kept();
+    if (state_.steps() == 0) {  // its first step: the state is made now, where it was kept
+      state_.set_kept(pending.shards);
+      state_.start_fresh();
+    }
+    std::vector<int64_t> taking;
+    for (const int64_t s : pending.shards) {
+      if (ahead_holds[static_cast<size_t>(s)] == 0) taking.push_back(s);
+    }
+    state_.set_kept(taking);
+    state_.trim();
+    if (!taking.empty()) {
+      const double lr = state_.lr();
+      state_.set_lr(pending.lr);
+      state_.set_owned({});  // LAMB's and LARS's sums are the commit's
+      pending.taking = true;
+      inner_->update();
+      state_.set_lr(lr);
+      state_.set_owned(owned_shards());
+      spdlog::info(
+          "[shards] step {} was taken by another worker: this worker takes it on shards {} "
+          "from the reduced gradients it kept",
+          ahead - 1, vnode::shard_list(taking));
+    }
+    state_.set_kept(kept);
+    state_.set_steps(ahead);
+    inner_->abandon();
+    pending_.reset();
+    params_incomplete_ = true;
   }
 
   /// Shard s's state on every rank, broadcast from rank `source`, which holds it.
@@ -349,6 +478,17 @@ class ShardedReducer : public Reducer {
   comm::Shares parameters_;  // the parameters' gather: by owner, wanted where not held
   int64_t step_ = -1;        // the step begun last
   int64_t dies_at_ = -1;     // the step whose gather this worker dies in (a test switch)
+  int64_t late_at_ = -1;     // the step whose commit this worker is late to (a test switch)
+  /// A step whose commit failed here after its sums completed (commit): its reduced
+  /// gradients stay in the inner reducer (not abandoned) until the next group's first
+  /// collective shows whether another worker took it (catch_up).
+  struct Pending {
+    double lr = 0;                // its learning rate
+    std::vector<int64_t> shards;  // the shards kept then: those its sums reached
+    torch::Tensor figures;        // LAMB's and LARS's exchanged sums, or undefined
+    bool taking = false;          // being taken now: the exchange gives `figures`
+  };
+  std::optional<Pending> pending_;
   std::vector<vnode::VnodeRange> layout_;
   int rank_ = 0;
   bool moved_ = false;              // the layout or the state changed: shards move first

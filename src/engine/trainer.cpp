@@ -171,7 +171,7 @@ struct Trainer::Impl {
   /// the injected fault where this worker has one for step `s`.
   void backward_vnode(int64_t s, const torch::Tensor& loss, int64_t examples, int64_t batch_size) {
     (loss * (static_cast<double>(examples) / static_cast<double>(batch_size))).backward();
-    if (fault && fault->step == s && !fault->dies_in_gather) flip_largest_gradient(fault->bit);
+    if (fault && fault->step == s && fault->flips_bit()) flip_largest_gradient(fault->bit);
   }
 
   /// VFLOW_INJECT_FAULT: flips bit `bit` of the largest gradient in the packet, as a

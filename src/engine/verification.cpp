@@ -198,9 +198,10 @@ std::optional<InjectedFault> injected_fault() {
   const std::string value = text;
   const auto bad = [&value](const std::string& why) {
     return SpecError(
-        fmt::format("VFLOW_INJECT_FAULT='{}': {} (expected STEP:MEMBER[:BIT] or "
-                    "STEP:MEMBER:gather, a test switch that corrupts one worker's gradients or "
-                    "kills it in a sharded job's gather)",
+        fmt::format("VFLOW_INJECT_FAULT='{}': {} (expected STEP:MEMBER[:BIT], "
+                    "STEP:MEMBER:gather or STEP:MEMBER:late, a test switch that corrupts one "
+                    "worker's gradients, kills it in a sharded job's gather or makes it late "
+                    "to a sharded step's commit)",
                     value, why));
   };
   const auto first = value.find(':');
@@ -215,6 +216,8 @@ std::optional<InjectedFault> injected_fault() {
     if (used != first || fault.step < 0) throw bad("the step is not a number of 0 or more");
     if (second != std::string::npos && value.substr(second + 1) == "gather") {
       fault.dies_in_gather = true;
+    } else if (second != std::string::npos && value.substr(second + 1) == "late") {
+      fault.late_to_commit = true;
     } else if (second != std::string::npos) {
       const std::string bit = value.substr(second + 1);
       fault.bit = std::stoi(bit, &used);
@@ -230,6 +233,9 @@ std::optional<InjectedFault> injected_fault() {
         "VFLOW_INJECT_FAULT: this worker (member {}) dies in the parameters' gather "
         "of step {}",
         member, fault.step);
+  } else if (fault.late_to_commit) {
+    spdlog::warn("VFLOW_INJECT_FAULT: this worker (member {}) comes late to the commit of step {}",
+                 member, fault.step);
   } else {
     spdlog::warn(
         "[verify] VFLOW_INJECT_FAULT: this worker (member {}) corrupts its gradients in "

@@ -73,11 +73,16 @@ class CrossChecks {
 /// worker whose VFLOW_MEMBER is MEMBER flips bit BIT (default 22, the highest of the
 /// mantissa) of the largest gradient of every vnode it computes; with `gather` in place of
 /// BIT it kills itself (SIGKILL) instead, after its update and as the parameters' gather of
-/// a sharded job starts. Read in this one place.
+/// a sharded job starts; with `late` it comes to a sharded step's commit (the exchange
+/// after the sums, before the update) resources.timeout_s and 2 s late, so that its
+/// peers give up there while it passes. Read in this one place.
 struct InjectedFault {
   int64_t step = -1;
   int bit = 22;
   bool dies_in_gather = false;
+  bool late_to_commit = false;
+  /// A fault of the gradients (a flipped bit), not of a sharded step's collectives.
+  bool flips_bit() const { return !dies_in_gather && !late_to_commit; }
 };
 std::optional<InjectedFault> injected_fault();
 

@@ -304,6 +304,39 @@ TEST_CASE(
   CHECK(the_fingerprint(last) == reference);
 }
 
+TEST_CASE(
+    "a worker late to a step's commit takes the step while the others give up: they take it "
+    "in the next group from the sums they kept, and lose no shard",
+    "[multiproc][shard][elastic]") {
+  // Member 1 of 3 comes to step 49's commit after the others timed out there. Through shared
+  // memory it finds every rank arrived and takes the step, so the others are a step behind:
+  // before the commit kept their sums, the shards 8..11 that only members 0 and 2 keep were
+  // lost and the job stopped. Over Gloo's messages its commit fails too, and every worker
+  // redoes the step. AdamW, and LAMB, whose sums of squares were exchanged before the commit.
+  const std::string steps = " --set semantic.steps=100 --set resources.timeout_s=5";
+  const std::string lamb =
+      kJob + kDeterministic + " --set semantic.optimizer='{name: lamb, lr: 0.01}'";
+  for (const auto& job : {kAdamW + steps, lamb + steps}) {
+    const auto reference = the_fingerprint(run_command(kTrain + job));
+    for (const bool shared_memory : {true, false}) {
+      CAPTURE(job, shared_memory);
+      TempDir dir;
+      const auto r =
+          run_command("VFLOW_INJECT_FAULT=49:1:late " + kTrain + job + kSharded +
+                      " --workers 3 --set output.logging.examples=" + dir.file("examples.log") +
+                      " --set resources.shared_memory=" + (shared_memory ? "true" : "false"));
+      INFO(r.output);
+      CHECK(r.exit_code == 0);
+      CHECK(read_example_log(dir.file("examples.log")).size() == 100 * 12);  // each once
+      CHECK(count_matches(r.output, "step 49's commit failed") == (shared_memory ? 2 : 3));
+      CHECK(count_matches(r.output,
+                          "step 49 was taken by another worker: this worker takes it "
+                          "on shards 8\\.\\.11") == (shared_memory ? 2 : 0));
+      CHECK(the_fingerprint(r) == reference);
+    }
+  }
+}
+
 TEST_CASE("vflow-train --print-shards shows the canonical shards and what each worker would keep",
           "[integration][shard]") {
   // The default job's ConvNet (8 vnodes) on 3 workers: vnodes 3, 3, 2; each keeps its own
