@@ -125,6 +125,11 @@ class ExactReducer : public Reducer {
 
   std::optional<double> update() override {
     const auto norm = clip_gradients(packet_, clip_);
+    step_clipped();
+    return norm;
+  }
+
+  void step_clipped() override {
     if (reduced_) {
       fused_->step_fixed_point(*reduced_);
       reduced_.reset();
@@ -134,7 +139,6 @@ class ExactReducer : public Reducer {
     } else {
       optimizer_.step();
     }
-    return norm;
   }
 
   void scatter_sums(const comm::Shares* gradients) override {

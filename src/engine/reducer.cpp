@@ -58,9 +58,10 @@ class AllreduceReducer : public Reducer {
 
   std::optional<double> update() override {
     const auto norm = clip_gradients(packet_, clip_);
-    optimizer_.step();
+    step_clipped();
     return norm;
   }
+  void step_clipped() override { optimizer_.step(); }
 
   void abandon() override {
     packet_.clear();

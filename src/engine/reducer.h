@@ -81,6 +81,10 @@ class Reducer {
   /// The optimizer step from the reduced gradient. Returns the gradient's L2 norm before
   /// clipping where semantic.clip is on.
   virtual std::optional<double> update() = 0;
+  /// update()'s optimizer step alone, for a reduced gradient that semantic.clip scaled
+  /// already (a sharded step taken late whose commit failed inside LAMB's or LARS's update,
+  /// after the clip).
+  virtual void step_clipped() = 0;
   /// The step failed (a collective, a data error, memory): a sum in flight is abandoned and
   /// nothing of the step is kept, so it can be redone. Safe to call more than once.
   virtual void abandon() = 0;

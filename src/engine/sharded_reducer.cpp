@@ -1,6 +1,7 @@
 #include "engine/sharded_reducer.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 #include <torch/torch.h>
 
@@ -24,9 +25,11 @@ namespace vflow::engine {
 namespace {
 
 /// What each rank tells the others before shards move: [its optimizer's step count, its
-/// parameters are incomplete (1/0), it kept a step whose commit failed (1/0), then 1/0 per
-/// shard it holds or kept that step's reduced gradients of].
-constexpr int64_t kHeader = 3;
+/// parameters are incomplete (1/0), it kept a step whose commit failed (1; 2 where it has
+/// taken a transferred state of a step ahead since, 0 where it kept none), the training
+/// step it begins (-1 outside begin_step), then 1/0 per shard it holds or kept that step's
+/// reduced gradients of].
+constexpr int64_t kHeader = 4;
 
 class ShardedReducer : public Reducer {
  public:
@@ -59,7 +62,9 @@ class ShardedReducer : public Reducer {
     step_ = step;
     if (params_incomplete_ || moved_ || pending_) {
       // Before the step's sums: the shards go where the group's layout wants them.
+      beginning_ = step;
       redistribute(comm);
+      beginning_ = -1;
       moved_ = false;
       set_shares(comm);
     }
@@ -187,8 +192,10 @@ class ShardedReducer : public Reducer {
   void state_transferred(bool moved) override {
     // Of the step before the donor's, unless this worker can take that step (catch_up).
     if (moved && !pending_) state_.drop_all();
+    if (moved && pending_) pending_->moved = true;
     moved_ = true;
   }
+  void step_clipped() override { inner_->step_clipped(); }
 
  private:
   /// Bytes of the optimizer state of the shards this worker keeps.
@@ -336,7 +343,8 @@ class ShardedReducer : public Reducer {
     auto* m = mine.data_ptr<int64_t>();
     m[0] = state_.steps();
     m[1] = params_incomplete_ ? 1 : 0;
-    m[2] = pending_ ? 1 : 0;
+    m[2] = !pending_ ? 0 : pending_->moved ? 2 : 1;
+    m[3] = beginning_;
     for (const int64_t s : state_.held()) m[kHeader + s] = 1;
     if (pending_) {
       for (const int64_t s : pending_->shards) m[kHeader + s] = 1;
@@ -373,8 +381,8 @@ class ShardedReducer : public Reducer {
     try {
       comm_->gather_shares(word, words);
     } catch (const comm::PeerFailure& e) {
-      pending_ =
-          Pending{state_.lr(), state_.kept(), figures.defined() ? figures.clone() : figures, false};
+      pending_ = Pending{state_.lr(), state_.kept(), figures.defined() ? figures.clone() : figures,
+                         /*clipped=*/figures.defined()};
       spdlog::warn(
           "[shards] step {}'s commit failed; its reduced gradients of shards {} are kept "
           "for the next group, should another worker have taken the step: {}",
@@ -392,6 +400,7 @@ class ShardedReducer : public Reducer {
   void catch_up(Holdings& every, int me) {
     const int64_t ahead = every.steps;
     const int64_t n = state_.layout().shards();
+    check_in_step(every, ahead);
     std::vector<char> ahead_holds(static_cast<size_t>(n), 0);
     for (const auto& row : every.ranks) {
       for (int64_t s = 0; s < n && row[0] == ahead; ++s) {
@@ -442,9 +451,22 @@ class ShardedReducer : public Reducer {
       state_.set_lr(pending.lr);
       state_.set_owned({});  // LAMB's and LARS's sums are the commit's
       pending.taking = true;
-      inner_->update();
-      state_.set_lr(lr);
-      state_.set_owned(owned_shards());
+      const auto restore = [&] {
+        state_.set_lr(lr);
+        state_.set_owned(owned_shards());
+      };
+      try {
+        // Inside LAMB's and LARS's update the commit came after the clip.
+        if (pending.clipped) {
+          inner_->step_clipped();
+        } else {
+          inner_->update();
+        }
+      } catch (...) {
+        restore();
+        throw;
+      }
+      restore();
       spdlog::info(
           "[shards] step {} was taken by another worker: this worker takes it on shards {} "
           "from the reduced gradients it kept",
@@ -455,6 +477,29 @@ class ShardedReducer : public Reducer {
     inner_->abandon();
     pending_.reset();
     params_incomplete_ = true;
+  }
+
+  /// Stops the job (on every rank alike: `every` is the same on all) where the group is not
+  /// at one training step, or where a rank that kept a step's sums has taken the state of
+  /// a step ahead from a rank no longer here: that rank's update reached parameters that
+  /// the kept sums cannot bring their state to, so the step can be neither taken nor redone.
+  void check_in_step(const Holdings& every, int64_t ahead) const {
+    std::vector<int64_t> steps;
+    for (const auto& row : every.ranks) {
+      if (row[3] >= 0) steps.push_back(row[3]);
+      if (row[2] == 2 && row[0] == ahead) {
+        throw Error(
+            "the optimizer state of the shards kept by the worker that took the last step is "
+            "lost: it left after sending its state and before its shards went out, and the "
+            "others' state is a step behind its parameters; resume from the last checkpoint");
+      }
+    }
+    if (std::adjacent_find(steps.begin(), steps.end(), std::not_equal_to<>()) != steps.end()) {
+      throw Error(fmt::format(
+          "the workers of this group begin different training steps ({}), which a sharded "
+          "optimizer state cannot follow; resume from the last checkpoint",
+          fmt::join(steps, ", ")));
+    }
   }
 
   /// Shard s's state on every rank, broadcast from rank `source`, which holds it.
@@ -479,6 +524,7 @@ class ShardedReducer : public Reducer {
   int64_t step_ = -1;        // the step begun last
   int64_t dies_at_ = -1;     // the step whose gather this worker dies in (a test switch)
   int64_t late_at_ = -1;     // the step whose commit this worker is late to (a test switch)
+  int64_t beginning_ = -1;   // the training step whose begin_step moves shards now
   /// A step whose commit failed here after its sums completed (commit): its reduced
   /// gradients stay in the inner reducer (not abandoned) until the next group's first
   /// collective shows whether another worker took it (catch_up).
@@ -486,6 +532,8 @@ class ShardedReducer : public Reducer {
     double lr = 0;                // its learning rate
     std::vector<int64_t> shards;  // the shards kept then: those its sums reached
     torch::Tensor figures;        // LAMB's and LARS's exchanged sums, or undefined
+    bool clipped = false;         // semantic.clip scaled the sums already (LAMB, LARS)
+    bool moved = false;           // a transferred state of a step ahead came since
     bool taking = false;          // being taken now: the exchange gives `figures`
   };
   std::optional<Pending> pending_;

@@ -312,10 +312,12 @@ TEST_CASE(
   // memory it finds every rank arrived and takes the step, so the others are a step behind:
   // before the commit kept their sums, the shards 8..11 that only members 0 and 2 keep were
   // lost and the job stopped. Over Gloo's messages its commit fails too, and every worker
-  // redoes the step. AdamW, and LAMB, whose sums of squares were exchanged before the commit.
+  // redoes the step. AdamW, and LAMB with clipping, whose sums of squares were exchanged
+  // (after the clip) before the commit.
   const std::string steps = " --set semantic.steps=100 --set resources.timeout_s=5";
-  const std::string lamb =
-      kJob + kDeterministic + " --set semantic.optimizer='{name: lamb, lr: 0.01}'";
+  const std::string lamb = kJob + kDeterministic +
+                           " --set semantic.optimizer='{name: lamb, lr: 0.01}'"
+                           " --set semantic.clip.max_norm=0.5";
   for (const auto& job : {kAdamW + steps, lamb + steps}) {
     const auto reference = the_fingerprint(run_command(kTrain + job));
     for (const bool shared_memory : {true, false}) {
