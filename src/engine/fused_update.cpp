@@ -303,6 +303,7 @@ class FusedOptimizer : public torch::optim::Optimizer, public FixedPointStep, pu
   void drop_all() override {
     shards_.clear();
     pending_ = nullptr;
+    steps_ = 0;
   }
   void read_pending() override {
     if (!pending_) return;

@@ -71,7 +71,8 @@ class ShardedState {
   /// Drops every held shard that is not kept.
   virtual void trim() = 0;
   /// Drops every held shard, and a checkpoint's shards left to read (its state is of
-  /// another step than the parameters').
+  /// another step than the parameters'); the step count is 0 again: this worker holds the
+  /// state of no step.
   virtual void drop_all() = 0;
   /// Holds the kept shards as a fresh optimizer's (zero) state.
   virtual void start_fresh() = 0;

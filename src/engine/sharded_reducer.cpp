@@ -123,6 +123,7 @@ class ShardedReducer : public Reducer {
     state_.set_owned(owned_shards());
     moved_ = true;
     logged_ = false;
+    beginning_ = -1;  // where a failure left it set
   }
 
   void hand_off(comm::Communicator& comm, const std::vector<int>& next_rank,
@@ -195,7 +196,9 @@ class ShardedReducer : public Reducer {
     if (moved && pending_) pending_->moved = true;
     moved_ = true;
   }
-  void step_clipped() override { inner_->step_clipped(); }
+  void step_clipped() override {
+    VFLOW_ASSERT(false, "a sharded reducer takes a step late itself (catch_up)");
+  }
 
  private:
   /// Bytes of the optimizer state of the shards this worker keeps.
@@ -454,6 +457,8 @@ class ShardedReducer : public Reducer {
       const auto restore = [&] {
         state_.set_lr(lr);
         state_.set_owned(owned_shards());
+        state_.set_kept(kept);
+        pending.taking = false;
       };
       try {
         // Inside LAMB's and LARS's update the commit came after the clip.
