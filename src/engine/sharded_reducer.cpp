@@ -384,8 +384,7 @@ class ShardedReducer : public Reducer {
     try {
       comm_->gather_shares(word, words);
     } catch (const comm::PeerFailure& e) {
-      pending_ = Pending{state_.lr(), state_.kept(), figures.defined() ? figures.clone() : figures,
-                         /*clipped=*/figures.defined()};
+      pending_ = Pending{state_.lr(), state_.kept(), figures.defined() ? figures.clone() : figures};
       spdlog::warn(
           "[shards] step {}'s commit failed; its reduced gradients of shards {} are kept "
           "for the next group, should another worker have taken the step: {}",
@@ -405,9 +404,9 @@ class ShardedReducer : public Reducer {
     const int64_t n = state_.layout().shards();
     check_in_step(every, ahead);
     std::vector<char> ahead_holds(static_cast<size_t>(n), 0);
-    for (const auto& row : every.ranks) {
-      for (int64_t s = 0; s < n && row[0] == ahead; ++s) {
-        if (row[kHeader + s] != 0) ahead_holds[static_cast<size_t>(s)] = 1;
+    for (int r = 0; r < static_cast<int>(every.ranks.size()); ++r) {
+      for (int64_t s = 0; s < n && every.ranks[static_cast<size_t>(r)][0] == ahead; ++s) {
+        if (every.holds(r, s)) ahead_holds[static_cast<size_t>(s)] = 1;
       }
     }
     for (size_t r = 0; r < every.ranks.size(); ++r) {
@@ -461,8 +460,9 @@ class ShardedReducer : public Reducer {
         pending.taking = false;
       };
       try {
-        // Inside LAMB's and LARS's update the commit came after the clip.
-        if (pending.clipped) {
+        // LAMB's and LARS's commit (the one with exchanged sums, `figures`) came inside
+        // their update, after the clip: what is left is the optimizer step.
+        if (pending.figures.defined()) {
           inner_->step_clipped();
         } else {
           inner_->update();
@@ -536,8 +536,7 @@ class ShardedReducer : public Reducer {
   struct Pending {
     double lr = 0;                // its learning rate
     std::vector<int64_t> shards;  // the shards kept then: those its sums reached
-    torch::Tensor figures;        // LAMB's and LARS's exchanged sums, or undefined
-    bool clipped = false;         // semantic.clip scaled the sums already (LAMB, LARS)
+    torch::Tensor figures;        // LAMB's and LARS's exchanged sums (after the clip), or undefined
     bool moved = false;           // a transferred state of a step ahead came since
     bool taking = false;          // being taken now: the exchange gives `figures`
   };
