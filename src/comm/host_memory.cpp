@@ -210,10 +210,17 @@ class HostMemoryCommunicator final : public Communicator {
   // Every rank must take the same path whatever its tensor's device and layout (a job
   // may mix CPU and CUDA workers): only the element type decides.
   void allreduce_sum(torch::Tensor& tensor) override {
-    reduce_scatter_sum(tensor, whole(tensor.numel()));
+    collective_ = "allreduce";
+    sum_shares(tensor, whole(tensor.numel()));
   }
 
   void reduce_scatter_sum(torch::Tensor& tensor, const Shares& shares) override {
+    collective_ = "reduce-scatter";
+    sum_shares(tensor, shares);
+  }
+
+  /// allreduce_sum and reduce_scatter_sum: the sum of the ranks' tensors where `shares` say.
+  void sum_shares(torch::Tensor& tensor, const Shares& shares) {
     const auto type = tensor.scalar_type();
     if (type != torch::kFloat && type != torch::kDouble && type != torch::kInt &&
         type != torch::kLong) {
@@ -231,11 +238,18 @@ class HostMemoryCommunicator final : public Communicator {
   bool can_combine() const override { return true; }
 
   double allreduce_combine(torch::Tensor& tensor, const Combine& combine) override {
-    return reduce_scatter_combine(tensor, combine, whole(tensor.numel()));
+    collective_ = "allreduce";
+    return combine_shares(tensor, combine, whole(tensor.numel()));
   }
 
   double reduce_scatter_combine(torch::Tensor& tensor, const Combine& combine,
                                 const Shares& shares) override {
+    collective_ = "reduce-scatter";
+    return combine_shares(tensor, combine, shares);
+  }
+
+  /// allreduce_combine and reduce_scatter_combine.
+  double combine_shares(torch::Tensor& tensor, const Combine& combine, const Shares& shares) {
     VFLOW_ASSERT(tensor.scalar_type() == torch::kFloat, "only float tensors are combined");
     return on_host(tensor, [&](torch::Tensor& host) {
       return exchange(host.data_ptr<float>(), shares, true,
@@ -246,6 +260,7 @@ class HostMemoryCommunicator final : public Communicator {
   }
 
   void gather_shares(torch::Tensor& tensor, const Shares& shares) override {
+    collective_ = "gather";
     const auto bytes = static_cast<int64_t>(tensor.element_size());
     if (bytes != 4 && bytes != 8) return Communicator::gather_shares(tensor, shares);
     on_host(tensor, [&](torch::Tensor& host) {
@@ -324,7 +339,7 @@ class HostMemoryCommunicator final : public Communicator {
   }
 
   std::string failed() const {
-    return fmt::format("[comm] allreduce failed on rank {} of {}", rank_, size_);
+    return fmt::format("[comm] {} failed on rank {} of {}", collective_, rank_, size_);
   }
 
   /// Announces this rank's next phase and waits until every rank has reached it.
@@ -487,7 +502,8 @@ class HostMemoryCommunicator final : public Communicator {
   size_t header_;
   uint64_t phase_ = 0;
   uint64_t pieces_ = 0;
-  int64_t received_ = 0;  // bytes copied out of the peers' slots
+  int64_t received_ = 0;                  // bytes copied out of the peers' slots
+  const char* collective_ = "allreduce";  // the one in progress, named when it fails
 };
 
 }  // namespace
