@@ -370,7 +370,9 @@ ElasticOutcome ElasticWorker::run() {
       communicator = regroup(*g, r, caps, made);
     } catch (const comm::PeerFailure& e) {
       spdlog::warn("[elastic] worker {}: {}", me_, e.what());
-      control_.report_survivor(g->id, me_, trainer_->step());
+      // A worker that never joined a generation holds only what it started with, not the
+      // job's state (-1): were it the donor, the job would start again from its beginning.
+      control_.report_survivor(g->id, me_, was_member_ ? trainer_->step() : -1);
       continue;
     }
     trainer_->set_communicator(communicator, g->vnodes);

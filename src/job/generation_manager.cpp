@@ -1,6 +1,7 @@
 #include "vflow/job/generation_manager.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -341,7 +342,9 @@ void GenerationManager::handle_failure() {
   const auto now = Clock::now();
   if (!failure_since_) failure_since_ = now;
   // Wait until every member that is not known dead has reported, or the timeout passed.
-  std::vector<std::string> alive;
+  // A member that failed before it had joined holds none of the job's state (it reports
+  // step -1): it is not a donor, and takes the donor's state like a joiner.
+  std::vector<std::string> alive, fresh;
   std::string donor;
   int64_t donor_step = -1;
   std::set<int64_t> steps;
@@ -350,6 +353,10 @@ void GenerationManager::handle_failure() {
     if (dead_.count(m) == 0) ++expected;
     const auto step = control_.survivor_step(current_.id, m);
     if (!step) continue;
+    if (*step < 0) {
+      fresh.push_back(m);
+      continue;
+    }
     alive.push_back(m);
     steps.insert(*step);
     if (*step > donor_step) {  // the member furthest ahead (first on ties)
@@ -357,10 +364,34 @@ void GenerationManager::handle_failure() {
       donor = m;
     }
   }
+  const size_t reported = alive.size() + fresh.size();
   // Nobody reported yet: wait for reports (a collective that failed on the others ends
   // within the timeout) before anyone is given up.
-  if ((alive.size() < expected || alive.empty()) && now - *failure_since_ < options_.timeout) {
+  if ((reported < expected || reported == 0) && now - *failure_since_ < options_.timeout) {
     return;
+  }
+  // Only members without state reported: the ones holding it may fail later in their
+  // regroup (each of its phases waits up to the timeout), and are awaited longer; the
+  // survivors wait for the next generation longer still (ElasticWorker's patience).
+  if (alive.empty() && !fresh.empty() && reported < expected &&
+      now - *failure_since_ < 3 * options_.timeout) {
+    return;
+  }
+  if (alive.empty() && !fresh.empty()) {
+    if (current_.id > 1) {
+      // Taking the state of a member that had just joined would start the job afresh.
+      spdlog::error(
+          "[elastic] no worker holding the job's state survived generation {}: worker(s) {} "
+          "had not joined it yet and hold none; the job fails (resume it from a checkpoint)",
+          current_.id, fmt::join(fresh, ", "));
+      control_.mark_done(JobState::kFailed);
+      current_.stop = true;
+      return;
+    }
+    donor = fresh.front();  // the first generation: every member holds the job's start
+    steps.insert(0);
+    alive = std::move(fresh);
+    fresh.clear();
   }
   if (alive.empty() && !control_.failure_reported(current_.id)) {
     // Members were lost by their leases while no collective failed: the others are
@@ -379,10 +410,12 @@ void GenerationManager::handle_failure() {
                    current_.id, alive.size());
     }
   }
+  // Survivors at one step hold the same state; otherwise the ones behind take the donor's,
+  // and so do members without state.
+  bool transfer = steps.size() > 1 || !fresh.empty();
+  alive.insert(alive.end(), fresh.begin(), fresh.end());
   if (!options_.replace_failed) target_ = std::max<int64_t>(1, static_cast<int64_t>(alive.size()));
   spawn_joiners(std::max<int64_t>(0, target_ - static_cast<int64_t>(alive.size())));
-  // Survivors at one step hold the same state; otherwise the ones behind take the donor's.
-  bool transfer = steps.size() > 1;
   // Joiners that are ready now come in; the rest join in a later generation.
   for (const auto& j : ready_joiners()) {
     if (static_cast<int64_t>(alive.size()) < target_) {

@@ -6,6 +6,7 @@
 
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <thread>
 
 #include "job/control_records.h"
 #include "vflow/job/launcher.h"
@@ -136,4 +137,86 @@ TEST_CASE("a member's speed record carries its update time and reads one without
   raw->set("speed/bad", "fast");
   CHECK_FALSE(job.control.speed("bad"));
   CHECK_FALSE(job.control.speed("none"));
+}
+
+namespace {
+
+/// A job whose members 0 and 1 form the first generation (both ready), with a manager that
+/// waits 200 ms for reports.
+struct FirstGeneration {
+  Job job;
+  vflow::job::ControlPlane& control = job.control;
+  vflow::job::GenerationManager manager{control, quick(job.options), nullptr};
+  FirstGeneration() {
+    manager.start({"0", "1"});
+    for (const auto* m : {"0", "1"}) control.mark_ready(m, 1);
+    manager.tick();
+    REQUIRE(manager.current().id == 1);
+  }
+  static const vflow::job::ElasticOptions& quick(vflow::job::ElasticOptions& options) {
+    options.timeout = 200ms;
+    return options;
+  }
+};
+
+}  // namespace
+
+TEST_CASE(
+    "after a failure a member that had not joined yet gives no state: the members holding it "
+    "are awaited, and without them the job fails instead of starting again",
+    "[unit]") {
+  // Generation 2 of members 0, 1 and 2, where 2 had just been added (it holds no state of
+  // the job). Member 1 dies while they regroup, and 2 reports first, without state (-1).
+  enum class Then { kHolderReports, kHolderNeverReports };
+  for (const auto then : {Then::kHolderReports, Then::kHolderNeverReports}) {
+    CAPTURE(then == Then::kHolderReports);
+    FirstGeneration job;
+    auto& control = job.control;
+    auto& manager = job.manager;
+    for (const auto* m : {"0", "1"}) control.mark_joined(1, m);
+    control.volunteer("2");
+    control.mark_ready("2", 1);
+    manager.tick();
+    REQUIRE(manager.current().id == 2);
+    REQUIRE(manager.current().members == std::vector<std::string>{"0", "1", "2"});
+
+    manager.on_exit("1", 137);
+    control.report_survivor(2, "2", -1);
+    manager.tick();
+    std::this_thread::sleep_for(300ms);  // past the timeout, not past three
+    manager.tick();
+    // Before, member 2 became the donor here: the job went on from its start.
+    CHECK(control.latest_generation() == 2);
+    if (then == Then::kHolderReports) {
+      control.report_survivor(2, "0", 76);
+      manager.tick();
+      REQUIRE(control.latest_generation() == 3);
+      const auto third = control.generation(3);
+      CHECK(third.members == std::vector<std::string>{"0", "2"});
+      CHECK(third.donor == "0");
+      CHECK(third.transfer_state);
+      CHECK(control.state() == vflow::job::JobState::kRunning);
+    } else {
+      std::this_thread::sleep_for(400ms);  // past three timeouts
+      manager.tick();
+      CHECK(control.latest_generation() == 2);
+      CHECK(control.state() == vflow::job::JobState::kFailed);
+    }
+  }
+}
+
+TEST_CASE("after a failure in the first generation its members without state go on from its start",
+          "[unit]") {
+  FirstGeneration job;
+  auto& control = job.control;
+  auto& manager = job.manager;
+  // Member 1 dies before either had joined: 0 holds what every worker starts with.
+  manager.on_exit("1", 137);
+  control.report_survivor(1, "0", -1);
+  manager.tick();
+  REQUIRE(control.latest_generation() == 2);
+  const auto second = control.generation(2);
+  CHECK(second.members == std::vector<std::string>{"0"});
+  CHECK(second.donor == "0");
+  CHECK_FALSE(second.transfer_state);
 }

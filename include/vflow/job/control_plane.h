@@ -236,7 +236,8 @@ class ControlPlane {
   bool ready(const std::string& member);
   void mark_joined(int64_t generation, const std::string& member);
   bool joined(int64_t generation, const std::string& member);
-  /// After a failed collective: this member is alive at `step` (steps completed).
+  /// After a failed collective: this member is alive at `step` (steps completed), or holds
+  /// none of the job's state (-1: it failed before it had joined any generation).
   void report_survivor(int64_t generation, const std::string& member, int64_t step);
   std::optional<int64_t> survivor_step(int64_t generation, const std::string& member);
   bool failure_reported(int64_t generation);
