@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <optional>
+#include <thread>
 
 #include "core/torch_compat.h"
 #include "engine/evaluation.h"
@@ -43,6 +44,57 @@ ShardRecord record_of(const vnode::ShardLayout& layout, int64_t s, int64_t step,
 }
 
 using Clock = std::chrono::steady_clock;
+
+/// A test switch, VFLOW_STEP_PACE=MS:FILE: while FILE exists, this worker starts its steps
+/// at least MS milliseconds apart. A test's disturbances then find the job still training
+/// on a machine of any speed, with a number of steps sized for the pace rather than three
+/// times what the fastest machine would run meanwhile; once the test removes FILE, the job
+/// runs out at full speed. The pause comes before a step begins and changes no result.
+class StepPace {
+ public:
+  /// From the environment; no pace where VFLOW_STEP_PACE is unset or empty.
+  static StepPace from_environment() {
+    StepPace pace;
+    const char* text = std::getenv("VFLOW_STEP_PACE");
+    if (text == nullptr || *text == 0) return pace;
+    const std::string value = text;
+    const auto colon = value.find(':');
+    size_t used = 0;
+    int64_t ms = -1;
+    try {
+      ms = std::stoll(value.substr(0, colon), &used);
+    } catch (const std::logic_error&) {
+      used = 0;
+    }
+    if (colon == std::string::npos || colon + 1 == value.size() || used != colon || ms <= 0) {
+      throw SpecError(fmt::format(
+          "VFLOW_STEP_PACE='{}': expected MS:FILE, milliseconds of 1 or more and a file (a test "
+          "switch: steps at least MS ms apart while FILE exists)",
+          value));
+    }
+    pace.interval_ = std::chrono::milliseconds(ms);
+    pace.file_ = value.substr(colon + 1);
+    return pace;
+  }
+
+  /// Before a step: waits out the rest of the interval since the last step began, while the
+  /// file exists (once it is gone, for good).
+  void wait() {
+    if (file_.empty()) return;
+    std::error_code error;
+    if (!std::filesystem::exists(file_, error)) {
+      file_.clear();
+      return;
+    }
+    std::this_thread::sleep_until(last_ + interval_);
+    last_ = Clock::now();
+  }
+
+ private:
+  std::chrono::milliseconds interval_{0};
+  std::string file_;
+  Clock::time_point last_{};
+};
 
 }  // namespace
 
@@ -86,6 +138,7 @@ struct Trainer::Impl {
   std::optional<CrossChecks> checks;
   std::vector<vnode::VnodeRange> layout;  // every rank's vnodes, in rank order
   std::optional<InjectedFault> fault;     // VFLOW_INJECT_FAULT, for tests
+  StepPace pace;                          // VFLOW_STEP_PACE, for tests
   std::string mismatch;                   // why the job stopped after a cross-check
   bool updating = false;                  // in the optimizer's update (out_of_memory)
   // resources.shard_optimizer: the checkpoint whose optimizer shards were written last
@@ -354,6 +407,7 @@ struct Trainer::Impl {
   /// then the update.
   StepInfo train_step() {
     VFLOW_ASSERT(step < total_steps, "train_step() after the last step");
+    pace.wait();
     updating = false;
     const auto t0 = Clock::now();
     const int64_t s = step;
@@ -616,6 +670,7 @@ Trainer::Trainer(JobSpec spec, std::shared_ptr<models::Model> model, data::DataS
       std::make_unique<vnode::StepPacket>(m.parameters(), impl_->kernels->table_numel(), verify);
   if (verify) impl_->checks.emplace(res.verify_every_steps);
   impl_->fault = injected_fault();
+  impl_->pace = StepPace::from_environment();
   impl_->kernels->bind_table(impl_->packet->table());
   impl_->optimizer =
       make_optimizer(impl_->spec.semantic.optimizer, m.parameters(), impl_->plan.virtual_nodes());

@@ -16,14 +16,14 @@ using namespace vflow::testing;
 namespace {
 
 const std::string kAgent = VFLOW_AGENT_BINARY;
-/// The cluster job: deterministic, logging every step, `steps` long. A test's steps are about three
-/// times what its disturbances took on 2 cores, so that the job is still training when the last
-/// one comes, also on a slower or busier machine; were it done first, the test's script would say
-/// TIMEOUT (twice was once too little). Measured in two to four runs each: the loaded agents' test
-/// was done with them at step 2081-2731 (1272-1484 before ranks on one host summed through shared
-/// memory, which made its steps faster: the likely cause of a TIMEOUT at 4500 steps); on three
-/// namespaced hosts, the elastic scenario at 1449-1877 and the host cut (submitted on 3 workers,
-/// cut at step 20 and a poll) at 148-192; the Slurm job at 1093-1167.
+/// The cluster job: deterministic, logging every step, `steps` long. While a test disturbs it,
+/// the job is paced (Pace: at most ten steps a second on any machine), so that it is still
+/// training when the last disturbance comes; then the test lifts the pace and the job runs
+/// out at full speed. A test's steps are four times or more what its disturbances took under
+/// the pace on 2 cores: the loaded agents' test was done at step 93, on three namespaced
+/// hosts the elastic scenario at 127 and 146 and the host cut at 24 and 25. Unpaced, the
+/// steps had to cover three times what the fastest machine ran meanwhile (2081-2731,
+/// 1449-1877 and 148-192 steps), and a slower machine still ran each test that long.
 std::string cluster_job(int steps) {
   return kJob + kDeterministic +
          " --set resources.timeout_s=10 --set output.logging.every_steps=1 --set semantic.steps=" +
@@ -52,10 +52,12 @@ TEST_CASE(
     "a job on node agents survives its submitter SIGKILLed mid-step, a worker SIGKILLed and an "
     "agent stopped, with both cores loaded",
     "[multiproc][elastic][etcd][agents][slow]") {
-  const std::string job = cluster_job(7500);
+  const int steps = 500;
+  const std::string job = cluster_job(steps);
   const auto reference = undisturbed_fingerprint(job);
   EtcdCluster etcd;
   TempDir dir;
+  const Pace pace(dir);
   const std::string ctl = kCtl + " --timeout 3 --control " + etcd.url();
   const auto agent = [&](const std::string& name) {
     return kAgent + " --control " + etcd.url() + " --name " + name +
@@ -74,7 +76,7 @@ TEST_CASE(
       "echo \"$1 at ${SECONDS}s, $(status | grep '^step')\"; }"
       "\nawait_workers() { until_true \"$1 workers\" \"status | grep -qx 'workers $1'\"; }"
       "\n" +
-      agent("a1") + "a1=$!; " + agent("a2") +
+      pace.on() + agent("a1") + "a1=$!; " + agent("a2") +
       "a2=$!\n"
       // Both cores busy besides the training: leases must not lapse for it.
       "( while :; do :; done ) & h1=$!; ( while :; do :; done ) & h2=$!\n"
@@ -90,10 +92,9 @@ TEST_CASE(
       "kill -KILL $(status | sed -n 's/^rank .* worker 2 pid //p'); await_workers 2\n"
       // Agent a2 now stops: its worker 1 leaves the job gracefully.
       "kill -TERM $a2; await_workers 1; status | grep '^step'\n"
-      // The rest of the job runs unloaded, on one worker: about 7300 steps, 4.6 minutes where
-      // one worker trains 26 steps a second (an AMD EPYC of this project's kind, AVX2 only,
-      // beside another test).
-      "kill $h1 $h2\n"
+      // The rest of the job runs unloaded and at full speed, on one worker.
+      "kill $h1 $h2\n" +
+      pace.off() +
       "until_true 'the end' \"$CTL status loaded > /dev/null 2>&1; [ \\$? = 7 ]\" 480\n"
       "wait $a2; echo \"a2 exit=$?\"; kill -TERM $a1; wait $a1; echo \"a1 "
       "exit=$?\"\n";
@@ -118,7 +119,7 @@ TEST_CASE(
   CHECK(count_matches(logs, "died \\(status 137\\)") == 1);
   CHECK(count_matches(logs, "left the job") >= 1);
   CHECK(fingerprints_in(logs) == std::set<std::string>{reference});
-  CHECK(read_example_log(dir.file("examples.log")).size() == 7500 * 12);
+  CHECK(read_example_log(dir.file("examples.log")).size() == std::size_t(steps) * 12);
   CHECK_THAT(logs, Catch::Matchers::Contains("job 'loaded' ended (completed): removed its"));
   CHECK(nothing_left(dir));
 }
@@ -157,7 +158,7 @@ TEST_CASE(
     "a job across three namespaced hosts is resized 2 -> 5 -> 3 and survives a killed worker, "
     "its coordinator SIGKILLed mid-step and a stopped etcd member",
     "[multiproc][elastic][etcd][agents][netns]") {
-  const int steps = 6000;
+  const int steps = 600;
   const auto reference = undisturbed_fingerprint(cluster_job(steps));
   TempDir dir;
   const auto r = namespaced_cluster(dir, "elastic", steps);
@@ -174,7 +175,7 @@ TEST_CASE(
 
 TEST_CASE("a job across three namespaced hosts goes on when one host's link is cut",
           "[multiproc][elastic][etcd][agents][netns]") {
-  const int steps = 1500;
+  const int steps = 300;
   const auto reference = undisturbed_fingerprint(cluster_job(steps));
   TempDir dir;
   const auto r = namespaced_cluster(dir, "hostcut", steps);
@@ -430,18 +431,22 @@ TEST_CASE(
     "cancelled",
     "[multiproc][etcd][agents][slurm]") {
   TempDir dir;
-  // The job as a file: what an sbatch script is given. Its steps are about three times what
-  // the growth, the cancellation and the takeover took (done at step 1131-1167 in two runs
-  // on 2 cores).
+  const Pace pace(dir);
+  // The job as a file: what an sbatch script is given. Its steps are about eight times what
+  // the growth, the cancellation and the takeover took under the pace (done at step 49 and
+  // 52 in two runs on 2 cores).
+  const int steps = 400;
   write_file(dir.file("job.yaml"),
              "semantic:\n"
              "  data: {name: synthetic, options: {train_size: 600, test_size: 64, shape: [1, 12, "
              "12], classes: 4, noise: 1.5}}\n"
              "  model: {options: {channels: [4, 8], hidden: 16, dropout: 0.25}}\n"
-             "  global_batch: 48\n  virtual_nodes: 12\n  steps: 3500\n  epochs: null\n"
-             "  deterministic: true\n"
-             "resources: {threads: 1, timeout_s: 10}\n"
-             "output:\n  logging: {progress: 'off', every_steps: 1, examples: " +
+             "  global_batch: 48\n  virtual_nodes: 12\n  steps: " +
+                 std::to_string(steps) +
+                 "\n  epochs: null\n"
+                 "  deterministic: true\n"
+                 "resources: {threads: 1, timeout_s: 10}\n"
+                 "output:\n  logging: {progress: 'off', every_steps: 1, examples: " +
                  dir.file("examples.log") + "}\n");
   const auto single =
       run_command(kTrain + " " + dir.file("job.yaml") + " --set output.logging.examples=''");
@@ -456,7 +461,7 @@ TEST_CASE(
   const std::string ctl = kCtl + " --timeout 3 --control " + etcd.url();
   const std::string examples = VFLOW_SOURCE_DIR "/examples/slurm/";
   const auto r = run_command(
-      "CTL=\"" + ctl + "\"\nstatus() { $CTL status slurm-job 2>/dev/null; }\n" +
+      "CTL=\"" + ctl + "\"\nstatus() { $CTL status slurm-job 2>/dev/null; }\n" + pace.on() +
       "until_true() { local end=$((SECONDS + 60)); until eval \"$2\"; do [ $SECONDS -ge $end ] "
       "&& { echo \"TIMEOUT waiting for $1\"; status; return 1; }; sleep 0.1; done; }\n" +
       "first=$(" + env + "sbatch --parsable --nodes=1 --cpus-per-task=2 --output=" +
@@ -470,7 +475,8 @@ TEST_CASE(
       "until_true '2 workers' \"status | grep -qx 'workers 2'\"; echo 'shrunk to 2'\n"
       "until_true 'a coordinator of the second allocation' \"status | grep -q "
       "\\\"^coordinator agent slurm$second-\\\"\"; echo 'coordinated by the second allocation'\n"
-      "status | grep '^step'\n"
+      "status | grep '^step'\n" +
+      pace.off() +
       "until_true 'the end' \"$CTL status slurm-job > /dev/null 2>&1; [ \\$? = 7 ]\"\n" +
       slurm.env() + "scancel $second\n" + "until_true 'the allocations to end' \"[ -z \\\"\\$(" +
       slurm.env() + "squeue -h)\\\" ]\"; echo done\n");
@@ -488,5 +494,5 @@ TEST_CASE(
   CHECK(count_matches(first, "left the job") == 2);
   CHECK_THAT(first, Catch::Matchers::Contains("leaving job 'slurm-job' to its other"));
   CHECK(fingerprints_in(second) == reference);
-  CHECK(read_example_log(dir.file("examples.log")).size() == 3500 * 12);
+  CHECK(read_example_log(dir.file("examples.log")).size() == std::size_t(steps) * 12);
 }

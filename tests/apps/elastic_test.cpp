@@ -20,10 +20,12 @@ using namespace vflow::testing;
 
 namespace {
 
-// Long enough (a few seconds) for several generations to come and go while it trains.
-const std::string kLongJob = kJob + kDeterministic +
-                             " --set semantic.steps=1500 --set resources.timeout_s=10" +
-                             " --set output.logging.every_steps=1";
+// Long enough for several generations to come and go while it trains paced (Pace: at most
+// ten steps a second while a test's actions run; they took fewer than 200 steps).
+constexpr int kLongSteps = 600;
+const std::string kLongJob =
+    kJob + kDeterministic + " --set semantic.steps=" + std::to_string(kLongSteps) +
+    " --set resources.timeout_s=10" + " --set output.logging.every_steps=1";
 
 std::string reference_fingerprint(const std::string& extra = "") {
   const auto r = run_command(kTrain + kLongJob + extra);
@@ -34,10 +36,11 @@ std::string reference_fingerprint(const std::string& extra = "") {
   return *fps.begin();
 }
 
-/// The long job with `extra` settings, elastic (see run_elastic_job).
+/// The long job with `extra` settings, elastic (see run_elastic_job), paced unless `paced`
+/// is false.
 CommandResult elastic_job(const TempDir& dir, int workers, const std::string& extra,
-                          const std::string& actions) {
-  return run_elastic_job(dir, workers, kLongJob + extra, actions);
+                          const std::string& actions, bool paced = true) {
+  return run_elastic_job(dir, workers, kLongJob + extra, actions, "", "", paced);
 }
 
 /// Shell: sends `signal` to the worker that has rank `rank` now.
@@ -59,7 +62,7 @@ std::vector<int64_t> second_generation_split(const std::string& output) {
 }
 
 /// Every example was used once in each whole epoch of an examples log of the long job
-/// (1500 steps of 12 vnodes over 600 examples, B = 48: 12 full batches and a tail of 24, so
+/// (600 steps of 12 vnodes over 600 examples, B = 48: 12 full batches and a tail of 24, so
 /// 13 steps an epoch; the last epoch is cut short by the steps).
 void check_each_example_once_an_epoch(
     const std::map<std::pair<int64_t, int64_t>, std::vector<int64_t>>& log) {
@@ -70,7 +73,7 @@ void check_each_example_once_an_epoch(
     u.insert(u.end(), indices.begin(), indices.end());
   }
   for (auto& [epoch, indices] : uses) {
-    if (epoch == 1500 / kStepsPerEpoch) continue;
+    if (epoch == kLongSteps / kStepsPerEpoch) continue;
     CAPTURE(epoch);
     std::sort(indices.begin(), indices.end());
     std::vector<int64_t> all(600);
@@ -120,7 +123,8 @@ TEST_CASE(
   CHECK_THAT(r.output, Catch::Matchers::Contains("died (status 137)"));
   CHECK_THAT(r.output, Catch::Matchers::Contains("fmnist-1 state running step"));  // ctl list
   CHECK(fingerprints_in(r.output) == std::set<std::string>{reference});
-  CHECK(read_example_log(dir.file("examples.log")).size() == 1500 * 12);  // each (step, vnode) once
+  CHECK(read_example_log(dir.file("examples.log")).size() ==
+        kLongSteps * 12);  // each (step, vnode) once
   CHECK(nothing_left(dir));
   // No store was hosted: the job's generations and rendezvous went through etcd, and a
   // finished job's keys are gone.
@@ -151,7 +155,7 @@ TEST_CASE("workers started outside the launcher join a job on etcd, one dies, on
       volunteer("dies.log", "v") + volunteer("stays.log", "w") + "await_workers 4; " + kTrain +
           settings + " --set semantic.seed=99 --control " + etcd.url() +
           " --job joined 2>&1 | grep -o 'spec differs' ; kill -KILL $v; await_workers 3; "
-          "wait $w; echo \"stayer exit=$?\"",
+          "pace_off; wait $w; echo \"stayer exit=$?\"",
       etcd.url(), "joined");
   INFO(r.output);
   INFO(read_file(dir.file("stays.log")));
@@ -166,7 +170,8 @@ TEST_CASE("workers started outside the launcher join a job on etcd, one dies, on
   CHECK(count_matches(r.output, "died \\(status") == 1);
   CHECK(fingerprints_in(r.output) == std::set<std::string>{reference});
   CHECK(fingerprints_in(read_file(dir.file("stays.log"))) == std::set<std::string>{reference});
-  CHECK(read_example_log(dir.file("examples.log")).size() == 1500 * 12);  // each (step, vnode) once
+  CHECK(read_example_log(dir.file("examples.log")).size() ==
+        kLongSteps * 12);  // each (step, vnode) once
   CHECK(nothing_left(dir));
   // One for a job that is not there is told so.
   const auto none =
@@ -221,7 +226,7 @@ TEST_CASE("a SIGKILLed worker is survived: the step is redone, nothing is lost",
 
   // Exactly once: every (step, vnode) ran once, and each epoch used every example once.
   const auto log = read_example_log(dir.file("examples.log"));
-  CHECK(log.size() == 1500 * 12);
+  CHECK(log.size() == kLongSteps * 12);
   check_each_example_once_an_epoch(log);
 }
 
@@ -249,7 +254,7 @@ TEST_CASE(
     CHECK(fingerprints_in(r.output) == std::set<std::string>{reference_fingerprint()});
   CHECK(nothing_left(dir));
   // Every (step, vnode) ran exactly once (the log refuses a duplicate).
-  CHECK(read_example_log(dir.file("examples.log")).size() == 1500 * 12);
+  CHECK(read_example_log(dir.file("examples.log")).size() == kLongSteps * 12);
 }
 
 /// The long job reading a streaming data set (`data`: its settings) grows from 2 workers
@@ -268,7 +273,7 @@ void resize_and_kill_streaming(const TempDir& dir, const std::string& data) {
   CHECK_THAT(r.output, Catch::Matchers::Contains("died (status 137)"));
   CHECK(fingerprints_in(r.output) == std::set<std::string>{reference});
   const auto log = read_example_log(dir.file("examples.log"));
-  CHECK(log.size() == 1500 * 12);  // each (step, vnode) once
+  CHECK(log.size() == kLongSteps * 12);  // each (step, vnode) once
   check_each_example_once_an_epoch(log);
   CHECK(nothing_left(dir));
 }
@@ -333,11 +338,14 @@ TEST_CASE("SIGTERM to a worker is a graceful leave, not a failure", "[multiproc]
 }
 
 TEST_CASE("a resize storm finishes without a hang or a leaked process", "[multiproc][elastic]") {
+  // Not paced: the storm asks at every step, and a paced step would give each generation
+  // the time to form. Long enough for its requests at full speed.
+  const std::string storm = " --set semantic.steps=1500";
   TempDir dir;
   const int port = free_port();
   CommandResult job;
   std::thread launcher([&] {
-    job = run_command(kTrain + kLongJob + " --workers 2 --port " + std::to_string(port) +
+    job = run_command(kTrain + kLongJob + storm + " --workers 2 --port " + std::to_string(port) +
                       " --set output.logging.metrics=" + dir.file("m.jsonl"));
   });
   // Through the library API: a request at every step the job takes, for 50 steps,
@@ -347,7 +355,7 @@ TEST_CASE("a resize storm finishes without a hang or a leaked process", "[multip
   INFO(job.output);
   CHECK(requests == 50);
   CHECK(job.exit_code == 0);
-  CHECK(fingerprints_in(job.output) == std::set<std::string>{reference_fingerprint()});
+  CHECK(fingerprints_in(job.output) == std::set<std::string>{reference_fingerprint(storm)});
   CHECK(nothing_left(dir));
 }
 
@@ -399,12 +407,12 @@ TEST_CASE("a checkpoint written on 3 workers resumes on 2 with the same trajecto
   const auto reference = reference_fingerprint();
   TempDir dir;
   const std::string ck = " --set output.checkpoint.dir=" + dir.path() +
-                         " --set output.checkpoint.every_steps=500 --set output.checkpoint.keep=5";
+                         " --set output.checkpoint.every_steps=200 --set output.checkpoint.keep=5";
   const auto first = run_command(kTrain + kLongJob + ck + " --workers 3");
   INFO(first.output);
   REQUIRE(first.exit_code == 0);
   const auto resumed =
-      run_command(kTrain + kLongJob + ck + " --workers 2 --resume " + dir.file("step-00000500.pt"));
+      run_command(kTrain + kLongJob + ck + " --workers 2 --resume " + dir.file("step-00000200.pt"));
   INFO(resumed.output);
   CHECK(resumed.exit_code == 0);
   CHECK_THAT(resumed.output, Catch::Matchers::Contains("resumed from"));
@@ -511,7 +519,8 @@ TEST_CASE("a joiner not yet measured counts at its device type's profiled time o
   // profiled here (cpu-1t). As fast as the fastest member measured, the old rule, it would
   // get a third of the vnodes; by its profile it gets the most. A quarter of a core was
   // not enough: a step's 6 ms of compute meets the quota's 10 ms period in a different
-  // phase each step, and a quota worker then measured as little as 1.2x the profile.
+  // phase each step, and a quota worker then measured as little as 1.2x the profile. Not
+  // paced: a quota worker waiting for its next step would start it with its quota unspent.
   const std::string larger = " --set semantic.global_batch=480 --set semantic.steps=300";
   const auto reference = reference_fingerprint(larger);
   TempDir dir;
@@ -524,7 +533,7 @@ TEST_CASE("a joiner not yet measured counts at its device type's profiled time o
       dir, 2,
       larger + " --set resources.profiles=" + dir.file("cpu.yaml") +
           " --set 'resources.layout=[{vnodes: 6, cpu_quota: 0.1}, {vnodes: 6, cpu_quota: 0.1}]'",
-      "await_step 30; $CTL resize $A 3; await_workers 3");
+      "await_step 30; $CTL resize $A 3; await_workers 3", /*paced=*/false);
   INFO(r.output);
   CHECK_THAT(r.output, Catch::Matchers::Contains("exit=0"));
   CHECK_THAT(r.output, Catch::Matchers::Contains("(profile of cpu-1t)"));
@@ -564,10 +573,10 @@ TEST_CASE("a job that started with a planned split re-plans it by measured speed
   const auto reference = reference_fingerprint(larger);
   TempDir dir;
   // Worker 1 runs at a tenth of a core (clearly slower per vnode even when other work
-  // loads the machine); the joiner at full speed.
+  // loads the machine); the joiner at full speed. Not paced (see the test above).
   const auto r = elastic_job(
       dir, 2, larger + " --set 'resources.layout=[{vnodes: 6}, {vnodes: 6, cpu_quota: 0.1}]'",
-      "await_step 30; $CTL resize $A 3; await_workers 3");
+      "await_step 30; $CTL resize $A 3; await_workers 3", /*paced=*/false);
   INFO(r.output);
   CHECK_THAT(r.output, Catch::Matchers::Contains("exit=0"));
   const auto split = second_generation_split(r.output);

@@ -77,15 +77,31 @@ inline long count_matches(const std::string& text, const std::string& pattern) {
   return std::distance(std::sregex_iterator(text.begin(), text.end(), re), std::sregex_iterator());
 }
 
+/// The pace of a disturbed job: its workers start their steps at least 100 ms apart while
+/// the file `pace` in the test's folder exists (VFLOW_STEP_PACE, a test switch). A job then
+/// trains at most ten steps a second while a test disturbs it, on any machine, so that its
+/// steps need cover only that, not what the fastest machine would run meanwhile; once the
+/// disturbances are over, the test removes the file and the job runs out at full speed. In
+/// a script, on() makes the file and exports the switch to the processes started after it
+/// (the launcher's and the agents' workers inherit it); off() removes the file.
+struct Pace {
+  explicit Pace(const TempDir& dir) : file(dir.file("pace")) {}
+  std::string on() const { return "touch " + file + "; export VFLOW_STEP_PACE=100:" + file + "\n"; }
+  std::string off() const { return "rm -f " + file + "\n"; }
+  std::string file;
+};
+
 /// Starts vflow-train with the settings `job` and `workers` workers on a known port, waits
 /// for its 20th step, runs the shell `actions` (with $CTL, $A = the job's address, and the
-/// helper `await_workers K`), waits for the launcher and prints "exit=<code>". With
-/// `control` (etcd://...) the job runs on that cluster control store as `job_name`, its
-/// workers started by the launcher (--local).
+/// helpers `await_workers K`, `await_step S` and `pace_off`), waits for the launcher and
+/// prints "exit=<code>". With `control` (etcd://...) the job runs on that cluster control
+/// store as `job_name`, its workers started by the launcher (--local). Unless `paced` is
+/// false the job is paced (Pace) until the actions are done or call pace_off.
 inline CommandResult run_elastic_job(const TempDir& dir, int workers, const std::string& job,
                                      const std::string& actions, const std::string& control = "",
-                                     const std::string& job_name = "") {
+                                     const std::string& job_name = "", bool paced = true) {
   const int port = free_port();
+  const Pace pace(dir);
   // With a cluster control store, vflow-ctl reaches the job by name there; otherwise at
   // the coordinator's port.
   const std::string ctl =
@@ -103,10 +119,12 @@ inline CommandResult run_elastic_job(const TempDir& dir, int workers, const std:
       "done; echo \"TIMEOUT waiting for $1 workers\"; }"
       "\nawait_step() { for i in $(seq 600); do kill -0 $pid 2>/dev/null || { echo \"GONE waiting "
       "for step $1\"; return 1; }; s=$(status | sed -n 's/^step //p'); [ -n \"$s\" ] "
-      "&& [ \"$s\" -ge $1 ] && return 0; sleep 0.05; done; }\n" +
+      "&& [ \"$s\" -ge $1 ] && return 0; sleep 0.05; done; }"
+      "\npace_off() { " +
+      pace.off() + "echo \"pace off at $(status | grep '^step')\"; }\n" + (paced ? pace.on() : "") +
       kTrain + job + " --set output.logging.metrics=" + dir.file("m.jsonl") + " --workers " +
       std::to_string(workers) + where + " & pid=$!\nawait_step 20\n" + actions +
-      "\nwait $pid; echo \"exit=$?\"\n";
+      "\npace_off\nwait $pid; echo \"exit=$?\"\n";
   write_file(dir.file("job.sh"), script);
   return run_command("bash " + dir.file("job.sh"));
 }

@@ -114,10 +114,12 @@ TEST_CASE(
 
 namespace {
 
-// Long enough (a few seconds) for several generations to come and go while it trains.
-const std::string kLong = kAdamW + kSharded +
-                          " --set semantic.steps=1500 --set resources.timeout_s=10" +
-                          " --set output.logging.every_steps=1";
+// Long enough for several generations to come and go while it trains paced (Pace: at most
+// ten steps a second while a test's actions run; they took fewer than 200 steps).
+constexpr int kLongSteps = 600;
+const std::string kLongStepsSetting = " --set semantic.steps=" + std::to_string(kLongSteps);
+const std::string kLong = kAdamW + kSharded + kLongStepsSetting +
+                          " --set resources.timeout_s=10 --set output.logging.every_steps=1";
 
 /// Shell: sends `signal` to the worker that has rank `rank` now.
 std::string kill_rank(int rank, const std::string& signal) {
@@ -125,10 +127,10 @@ std::string kill_rank(int rank, const std::string& signal) {
          " worker .* pid //p')";
 }
 
-/// The long job's fingerprint unsharded on one worker.
-std::string long_reference() {
-  return the_fingerprint(run_command(
-      kTrain + kAdamW + " --set semantic.steps=1500 --set output.logging.every_steps=1"));
+/// The long job's fingerprint unsharded on one worker, with `extra` settings.
+std::string long_reference(const std::string& extra = "") {
+  return the_fingerprint(run_command(kTrain + kAdamW + kLongStepsSetting +
+                                     " --set output.logging.every_steps=1" + extra));
 }
 
 }  // namespace
@@ -151,15 +153,15 @@ TEST_CASE(
   CHECK(count_matches(r.output, "died \\(status 137\\)") == 2);
   CHECK_THAT(r.output, Catch::Matchers::Contains("shard(s) of optimizer state moved"));
   CHECK(fingerprints_in(r.output) == std::set<std::string>{reference});
-  CHECK(read_example_log(dir.file("examples.log")).size() == 1500 * 12);  // each once
+  CHECK(read_example_log(dir.file("examples.log")).size() == kLongSteps * 12);  // each once
   CHECK(nothing_left(dir));
 }
 
 TEST_CASE("sharded LAMB's shards move through resizes 2 -> 4 -> 3 and a SIGKILL, with nothing lost",
           "[multiproc][shard][elastic]") {
   const std::string lamb = kJob + kDeterministic +
-                           " --set semantic.optimizer='{name: lamb, lr: 0.01}'"
-                           " --set semantic.steps=1500 --set output.logging.every_steps=1";
+                           " --set semantic.optimizer='{name: lamb, lr: 0.01}'" +
+                           kLongStepsSetting + " --set output.logging.every_steps=1";
   const auto reference = the_fingerprint(run_command(kTrain + lamb));
   TempDir dir;
   const auto r = run_elastic_job(dir, 2, lamb + kSharded + " --set resources.timeout_s=10",
@@ -179,13 +181,13 @@ TEST_CASE("a checkpoint of sharded state written on 4 workers resumes on 3 and u
   const auto reference = long_reference();
   TempDir dir;
   const std::string ck = " --set output.checkpoint.dir=" + dir.path() +
-                         " --set output.checkpoint.every_steps=500 --set output.checkpoint.keep=5";
+                         " --set output.checkpoint.every_steps=200 --set output.checkpoint.keep=5";
   const auto first = run_command(kTrain + kLong + ck + " --workers 4");
   INFO(first.output);
   REQUIRE(first.exit_code == 0);
   CHECK(the_fingerprint(first) == reference);
   const auto resumed =
-      run_command(kTrain + kLong + ck + " --workers 3 --resume " + dir.file("step-00000500.pt"));
+      run_command(kTrain + kLong + ck + " --workers 3 --resume " + dir.file("step-00000200.pt"));
   INFO(resumed.output);
   CHECK(resumed.exit_code == 0);
   CHECK_THAT(resumed.output, Catch::Matchers::Contains("resumed from"));
@@ -193,38 +195,38 @@ TEST_CASE("a checkpoint of sharded state written on 4 workers resumes on 3 and u
   // The optimizer state is in one file per canonical shard beside each checkpoint, written
   // by rank 0 as each arrives from a holder.
   for (int s = 0; s < 12; ++s) {
-    CHECK(std::filesystem::is_regular_file(dir.file("step-00000500.shards/shard-" +
+    CHECK(std::filesystem::is_regular_file(dir.file("step-00000200.shards/shard-" +
                                                     std::string(s < 10 ? "0000" : "000") +
                                                     std::to_string(s) + ".pt")));
   }
-  CHECK_FALSE(std::filesystem::exists(dir.file("step-00000500.shards/shard-00012.pt")));
+  CHECK_FALSE(std::filesystem::exists(dir.file("step-00000200.shards/shard-00012.pt")));
   // An unsharded job resumes from it too, reading every shard.
-  const auto plain = run_command(kTrain + kAdamW + " --set semantic.steps=1500" + " --resume " +
-                                 dir.file("step-00001000.pt"));
+  const auto plain = run_command(kTrain + kAdamW + kLongStepsSetting + " --resume " +
+                                 dir.file("step-00000400.pt"));
   INFO(plain.output);
   CHECK(the_fingerprint(plain) == reference);
   // A damaged or missing shard is refused, naming its file.
-  const auto shard = dir.file("step-00001000.shards/shard-00004.pt");
+  const auto shard = dir.file("step-00000400.shards/shard-00004.pt");
   std::filesystem::resize_file(shard, std::filesystem::file_size(shard) / 2);
   const auto damaged =
-      run_command(kTrain + kLong + " --workers 2 --resume " + dir.file("step-00001000.pt"));
+      run_command(kTrain + kLong + " --workers 2 --resume " + dir.file("step-00000400.pt"));
   CHECK(damaged.exit_code != 0);
-  CHECK_THAT(damaged.output, Catch::Matchers::Contains("step-00001000.shards/shard-00004.pt: "
+  CHECK_THAT(damaged.output, Catch::Matchers::Contains("step-00000400.shards/shard-00004.pt: "
                                                        "not a usable checkpoint"));
   std::filesystem::remove(shard);
-  const auto missing = run_command(kTrain + kAdamW + " --set semantic.steps=1500 --resume " +
-                                   dir.file("step-00001000.pt"));
+  const auto missing = run_command(kTrain + kAdamW + kLongStepsSetting + " --resume " +
+                                   dir.file("step-00000400.pt"));
   CHECK(missing.exit_code != 0);
-  CHECK_THAT(missing.output, Catch::Matchers::Contains("step-00001000.shards/shard-00004.pt"));
+  CHECK_THAT(missing.output, Catch::Matchers::Contains("step-00000400.shards/shard-00004.pt"));
   // And a sharded job resumes from an unsharded job's checkpoint (the format before).
   TempDir whole;
-  const auto unsharded = run_command(
-      kTrain + kAdamW + " --set semantic.steps=1500 --set output.checkpoint.dir=" + whole.path() +
-      " --set output.checkpoint.every_steps=500");
+  const auto unsharded = run_command(kTrain + kAdamW + kLongStepsSetting +
+                                     " --set output.checkpoint.dir=" + whole.path() +
+                                     " --set output.checkpoint.every_steps=200");
   REQUIRE(unsharded.exit_code == 0);
-  CHECK_FALSE(std::filesystem::exists(whole.file("step-00001000.shards")));
+  CHECK_FALSE(std::filesystem::exists(whole.file("step-00000400.shards")));
   const auto from_whole =
-      run_command(kTrain + kLong + " --workers 3 --resume " + whole.file("step-00001000.pt"));
+      run_command(kTrain + kLong + " --workers 3 --resume " + whole.file("step-00000400.pt"));
   INFO(from_whole.output);
   CHECK(the_fingerprint(from_whole) == reference);
 }
@@ -244,12 +246,16 @@ TEST_CASE("with one home a shard's state dies with its worker, and the job says 
 
 TEST_CASE("a resize storm over sharded state ends with the unsharded fingerprint",
           "[multiproc][shard][elastic]") {
-  const auto reference = long_reference();
+  // Not paced: the storm asks at every step, and a paced step would give each generation
+  // the time to form. Long enough for its requests at full speed.
+  const int steps = 1500;
+  const std::string storm = " --set semantic.steps=" + std::to_string(steps);
+  const auto reference = long_reference(storm);
   TempDir dir;
   const int port = free_port();
   CommandResult job;
   std::thread launcher([&] {
-    job = run_command(kTrain + kLong + " --workers 2 --port " + std::to_string(port) +
+    job = run_command(kTrain + kLong + storm + " --workers 2 --port " + std::to_string(port) +
                       " --set output.logging.examples=" + dir.file("examples.log"));
   });
   // A request at every step the job takes, for 40 steps, cycling through 1..4 workers:
@@ -260,7 +266,7 @@ TEST_CASE("a resize storm over sharded state ends with the unsharded fingerprint
   CHECK(requests == 40);
   CHECK(job.exit_code == 0);
   CHECK(fingerprints_in(job.output) == std::set<std::string>{reference});
-  CHECK(read_example_log(dir.file("examples.log")).size() == 1500 * 12);
+  CHECK(read_example_log(dir.file("examples.log")).size() == std::size_t(steps) * 12);
   CHECK(nothing_left(dir));
 }
 

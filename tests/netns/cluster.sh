@@ -13,6 +13,9 @@
 #            CLUSTER_PREFIX (the namespaces are $CLUSTER_PREFIX-h0 .. -h2), CLUSTER_URLS
 #            (each host's --control URL, its own member first) and CLUSTER_ETCD (the etcd
 #            folder of scripts/etcd-local.sh) set; bench/cluster_pause.py runs so
+# In elastic and hostcut the workers start their steps at least 100 ms apart while the
+# disturbances run (VFLOW_STEP_PACE, a test switch) and at full speed after them, so that
+# the job's steps need only cover ten a second of the disturbances' time on any machine.
 # Prints what it did and each measured time ("measured: ..."); the job's output is in
 # OUT_DIR (agent-H.log, submit.log, examples.log). Exit 3 when namespaces cannot be made.
 set -u
@@ -65,6 +68,10 @@ url_for() {
   echo "etcd://$list"
 }
 echo "etcd: $(cat "$ETCD/endpoints")"
+if [[ $SCENARIO != run ]]; then
+  touch "$OUT/pace"
+  export VFLOW_STEP_PACE="100:$OUT/pace"  # the agents' workers inherit it
+fi
 AGENTS=()
 for i in 0 1 2; do
   # Not through `on`: $! must be the agent itself (ip netns exec executes it in place).
@@ -145,6 +152,7 @@ case $SCENARIO in
     ;;
   *) echo "unknown scenario $SCENARIO"; exit 2 ;;
 esac
+rm -f "$OUT/pace"; echo "disturbances done at $(status | grep '^step'); the pace is off"
 await_end
 echo "job ended"
 # A cut host's agent cannot reach the others to leave cleanly: it goes with its host.
