@@ -215,8 +215,10 @@ TEST_CASE("a SIGKILLed worker is survived: the step is redone, nothing is lost",
           "[multiproc][elastic]") {
   const auto reference = reference_fingerprint();
   TempDir dir;
+  // Not paced: the kill comes at once, and should land inside a step, not in the pause
+  // before one.
   const auto r = elastic_job(dir, 3, " --set output.logging.examples=" + dir.file("examples.log"),
-                             kill_rank(1, "KILL") + "; await_workers 2");
+                             kill_rank(1, "KILL") + "; await_workers 2", /*paced=*/false);
   INFO(r.output);
   CHECK_THAT(r.output, Catch::Matchers::Contains("exit=0"));
   CHECK_THAT(r.output, Catch::Matchers::Contains("died (status 137)"));
@@ -234,7 +236,8 @@ TEST_CASE(
     "with the reduction in buckets during the backward pass, a SIGKILLed worker is survived "
     "in default and in deterministic mode",
     "[multiproc][elastic]") {
-  // About one bucket a parameter: a worker dies with several buckets in flight.
+  // About one bucket a parameter: a worker dies with several buckets in flight (not paced,
+  // as above).
   const bool deterministic = GENERATE(false, true);
   CAPTURE(deterministic);
   const std::string buckets = std::string(" --set semantic.deterministic=") +
@@ -243,7 +246,7 @@ TEST_CASE(
   TempDir dir;
   const auto r =
       elastic_job(dir, 3, buckets + " --set output.logging.examples=" + dir.file("examples.log"),
-                  kill_rank(1, "KILL") + "; await_workers 2");
+                  kill_rank(1, "KILL") + "; await_workers 2", /*paced=*/false);
   INFO(r.output);
   CHECK_THAT(r.output, Catch::Matchers::Contains("exit=0"));
   CHECK_THAT(r.output, Catch::Matchers::Contains("died (status 137)"));
