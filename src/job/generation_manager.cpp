@@ -389,9 +389,7 @@ void GenerationManager::handle_failure() {
       return;
     }
     donor = fresh.front();  // the first generation: every member holds the job's start
-    steps.insert(0);
-    alive = std::move(fresh);
-    fresh.clear();
+    alive.swap(fresh);      // all at that start: nothing to transfer
   }
   if (alive.empty() && !control_.failure_reported(current_.id)) {
     // Members were lost by their leases while no collective failed: the others are
