@@ -124,7 +124,7 @@ class ExactReducer : public Reducer {
   }
 
   std::optional<double> update() override {
-    const auto norm = clip_gradients(packet_, clip_);
+    const auto norm = clip_gradients(packet_.gradients(), clip_, virtual_nodes_);
     step_clipped();
     return norm;
   }

@@ -20,10 +20,6 @@ std::unique_ptr<Reducer> make_exact_reducer(vnode::StepPacket& packet,
                                             torch::optim::Optimizer& optimizer,
                                             FixedPointStep* fused, const ReducerOptions& options);
 
-/// semantic.clip on the packet's reduced gradient; returns its norm before clipping, or
-/// nothing where clipping is off.
-std::optional<double> clip_gradients(vnode::StepPacket& packet, const ClipSpec& clip);
-
 /// Reducer::scatter_sums's `gradients` as shares of the whole packet (its gradients, then
 /// the rest, which every rank wants), or nothing where `gradients` is null.
 std::optional<comm::Shares> packet_shares(const vnode::StepPacket& packet,

@@ -59,6 +59,26 @@ struct ReducerOptions {
   bool second_thread = false;
 };
 
+/// A worker that holds only some canonical shards of the reduced gradient (a sharded
+/// update): those it holds, those whose sums it gives the others (each shard one rank's),
+/// and how a vector of per-shard values is summed over the group (a collective: throws
+/// comm::PeerFailure).
+struct ClipShards {
+  std::vector<int64_t> held;
+  std::vector<int64_t> given;
+  std::function<void(at::Tensor&)> sum_over_group;
+};
+
+/// semantic.clip on the reduced gradient `gradients`, cut into `shards` canonical shards
+/// (vnode::ShardLayout): each element clamped to ±clip.value, then the whole scaled down to
+/// the norm clip.max_norm. The norm is the shards' sums of squares (float64, each summed in
+/// a fixed order of its own) added in shard order, so it is the same bits on any number of
+/// workers, sharded or not. `sharded`: only the shards it holds are clipped, and their sums
+/// come from their owners. Returns the norm before clipping, or nothing where clipping is
+/// off.
+std::optional<double> clip_gradients(const at::Tensor& gradients, const ClipSpec& clip,
+                                     int64_t shards, const ClipShards* sharded = nullptr);
+
 class Reducer {
  public:
   virtual ~Reducer() = default;
@@ -82,8 +102,7 @@ class Reducer {
   /// clipping where semantic.clip is on.
   virtual std::optional<double> update() = 0;
   /// update()'s optimizer step alone, for a reduced gradient that semantic.clip scaled
-  /// already (a sharded step taken late whose commit failed inside LAMB's or LARS's update,
-  /// after the clip).
+  /// already (a sharded reducer clips the shards it holds before its commit).
   virtual void step_clipped() = 0;
   /// The step failed (a collective, a data error, memory): a sum in flight is abandoned and
   /// nothing of the step is kept, so it can be redone. Safe to call more than once.

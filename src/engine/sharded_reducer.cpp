@@ -19,6 +19,7 @@
 #include "vflow/comm/communicator.h"
 #include "vflow/core/error.h"
 #include "vflow/vnode/shards.h"
+#include "vflow/vnode/step_packet.h"
 
 namespace vflow::engine {
 
@@ -34,8 +35,8 @@ constexpr int64_t kHeader = 4;
 class ShardedReducer : public Reducer {
  public:
   ShardedReducer(std::unique_ptr<Reducer> inner, ShardedState& state, int64_t replicas,
-                 bool scatter)
-      : inner_(std::move(inner)), state_(state), replicas_(replicas), scatter_(scatter) {
+                 vnode::StepPacket& packet, const ClipSpec& clip)
+      : inner_(std::move(inner)), state_(state), replicas_(replicas), packet_(packet), clip_(clip) {
     if (const auto fault = injected_fault()) {
       if (fault->dies_in_gather) dies_at_ = fault->step;
       if (fault->late_to_commit) late_at_ = fault->step;
@@ -50,9 +51,7 @@ class ShardedReducer : public Reducer {
         return;
       }
       if (comm_->size() == 1) return;
-      auto on_device = figures.to(comm_device());
-      comm_->allreduce_sum(on_device);
-      if (!on_device.is_same(figures)) figures.copy_(on_device);
+      sum_over_group(figures);
       commit(figures);
     });
   }
@@ -92,11 +91,20 @@ class ShardedReducer : public Reducer {
     // The sum reached this worker only in the shards it keeps (set_shares): it holds no
     // other (shards moved to it are trimmed before the step).
     const auto held = state_.held();
-    VFLOW_ASSERT(!scatter_ || std::includes(state_.kept().begin(), state_.kept().end(),
-                                            held.begin(), held.end()),
-                 "a sharded update of shards this worker does not keep");
+    VFLOW_ASSERT(
+        std::includes(state_.kept().begin(), state_.kept().end(), held.begin(), held.end()),
+        "a sharded update of shards this worker does not keep");
+    // semantic.clip on the shards kept (those the update steps), from every shard's sums
+    // (each owner's), before the commit: a step kept after a failed commit is clipped
+    // already.
+    std::optional<double> norm;
+    if (clip_.enabled()) {
+      const ClipShards mine{state_.kept(), owned_shards(),
+                            [this](torch::Tensor& sums) { sum_over_group(sums); }};
+      norm = clip_gradients(packet_.gradients(), clip_, state_.layout().shards(), &mine);
+    }
     if (!state_.exchanges()) commit(torch::Tensor());
-    const auto norm = inner_->update();
+    inner_->step_clipped();
     if (step_ == dies_at_) raise(SIGKILL);  // VFLOW_INJECT_FAULT=STEP:MEMBER:gather
     try {
       gather_parameters(*comm_);
@@ -242,8 +250,7 @@ class ShardedReducer : public Reducer {
         }
       }
     }
-    const bool scatter = scatter_ && comm.size() > 1;
-    inner_->scatter_sums(scatter ? &gradients : nullptr);
+    inner_->scatter_sums(comm.size() > 1 ? &gradients : nullptr);
   }
 
   /// Every rank's parameters become the owners' values of each rank's owned shards,
@@ -460,13 +467,9 @@ class ShardedReducer : public Reducer {
         pending.taking = false;
       };
       try {
-        // LAMB's and LARS's commit (the one with exchanged sums, `figures`) came inside
-        // their update, after the clip: what is left is the optimizer step.
-        if (pending.figures.defined()) {
-          inner_->step_clipped();
-        } else {
-          inner_->update();
-        }
+        // The commit came after the clip (and inside LAMB's and LARS's update, after
+        // their exchanged sums, `figures`): what is left is the optimizer step.
+        inner_->step_clipped();
       } catch (...) {
         restore();
         throw;
@@ -517,13 +520,23 @@ class ShardedReducer : public Reducer {
     return packed;
   }
 
+  /// `values` summed over the step's group (per-shard figures: each rank gives those of the
+  /// shards it owns, zeros elsewhere, so the sum is exactly the owner's).
+  void sum_over_group(torch::Tensor& values) {
+    if (comm_->size() == 1) return;
+    auto on_device = values.to(comm_device());
+    comm_->allreduce_sum(on_device);
+    if (!on_device.is_same(values)) values.copy_(on_device);
+  }
+
   /// Where the group's collectives take their tensors: the worker's device.
   c10::Device comm_device() { return state_.flat_parameters().device(); }
 
   std::unique_ptr<Reducer> inner_;
   ShardedState& state_;
   const int64_t replicas_;
-  const bool scatter_;  // the inner reducer's sums may leave out the shards not kept
+  vnode::StepPacket& packet_;  // its gradients, reduced in the shards this worker keeps
+  const ClipSpec clip_;
   comm::Communicator* comm_ = nullptr;
   comm::Shares parameters_;  // the parameters' gather: by owner, wanted where not held
   int64_t step_ = -1;        // the step begun last
@@ -551,8 +564,9 @@ class ShardedReducer : public Reducer {
 }  // namespace
 
 std::unique_ptr<Reducer> make_sharded_reducer(std::unique_ptr<Reducer> inner, ShardedState& state,
-                                              int64_t replicas, bool scatter) {
-  return std::make_unique<ShardedReducer>(std::move(inner), state, replicas, scatter);
+                                              int64_t replicas, vnode::StepPacket& packet,
+                                              const ClipSpec& clip) {
+  return std::make_unique<ShardedReducer>(std::move(inner), state, replicas, packet, clip);
 }
 
 }  // namespace vflow::engine

@@ -8,15 +8,20 @@
 
 #include "engine/reducer.h"
 
+namespace vflow::vnode {
+class StepPacket;
+}
+
 namespace vflow::engine {
 
 class ShardedState;
 
-/// `inner`'s reduction with the optimizer state kept by canonical shard in `state` (the
-/// optimizer `inner` steps, which must outlive it), each shard by `replicas` workers.
-/// `scatter`: a worker needs the reduced gradients of the shards it keeps only (false
-/// where clipping takes the norm of the whole gradient).
+/// `inner`'s reduction of `packet` with the optimizer state kept by canonical shard in
+/// `state` (the optimizer `inner` steps, which must outlive it), each shard by `replicas`
+/// workers; a worker needs the reduced gradients of the shards it keeps only, which
+/// `clip` (semantic.clip) clips by canonical shard.
 std::unique_ptr<Reducer> make_sharded_reducer(std::unique_ptr<Reducer> inner, ShardedState& state,
-                                              int64_t replicas, bool scatter);
+                                              int64_t replicas, vnode::StepPacket& packet,
+                                              const ClipSpec& clip);
 
 }  // namespace vflow::engine

@@ -696,7 +696,7 @@ Trainer::Trainer(JobSpec spec, std::shared_ptr<models::Model> model, data::DataS
     sharded->shard_by(
         vnode::ShardLayout(impl_->packet->gradients().numel(), impl_->plan.virtual_nodes()));
     impl_->reducer = make_sharded_reducer(std::move(impl_->reducer), *sharded, res.shard_replicas,
-                                          /*scatter=*/!impl_->spec.semantic.clip.enabled());
+                                          *impl_->packet, impl_->spec.semantic.clip);
     impl_->reducer->set_layout(impl_->layout, impl_->comm->rank());
   }
   if (impl_->spec.semantic.ema.enabled()) {

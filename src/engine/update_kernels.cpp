@@ -156,6 +156,13 @@ VFLOW_KERNEL void square_sums(const float* __restrict p, const float* __restrict
       n, [&](int64_t i) { return p[i]; }, [&](int64_t i) { return g[i]; }, out);
 }
 
+VFLOW_KERNEL double square_sum(const float* __restrict g, int64_t n) {
+  double out[2];
+  lane_sums(
+      n, [&](int64_t i) { return g[i]; }, [](int64_t) { return 0.0F; }, out);
+  return out[0];
+}
+
 VFLOW_KERNEL void lars_kernel(float* __restrict p, const float* __restrict g, float* __restrict buf,
                               int64_t n, const LarsScalars& s) {
   for (int64_t i = 0; i < n; ++i) {

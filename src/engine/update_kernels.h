@@ -75,6 +75,8 @@ void lamb_kernel(float* __restrict p, const float* __restrict g, float* __restri
 
 /// out[0] = Σp², out[1] = Σg² over n elements, summed as lamb_norms sums.
 void square_sums(const float* __restrict p, const float* __restrict g, int64_t n, double out[2]);
+/// Σg² over n elements, summed as square_sums sums (semantic.clip's norm by canonical shard).
+double square_sum(const float* __restrict g, int64_t n);
 
 struct LarsScalars {
   float rate, weight_decay, momentum;

@@ -58,17 +58,22 @@ inline std::vector<uint16_t> fortune_byte_tokens(size_t count, size_t from = 0) 
   return tokens;
 }
 
-/// The training loss of every step record in a metrics file, in order.
-inline std::vector<double> step_losses(const std::string& metrics_path) {
+/// The number `key` of every step record in a metrics file that has it, in order.
+inline std::vector<double> step_values(const std::string& metrics_path, const std::string& key) {
   std::vector<double> out;
   std::ifstream in(metrics_path);
   std::string line;
-  const std::regex loss(R"("event":"step".*"loss":([-0-9.e+]+))");
+  const std::regex value("\"event\":\"step\".*\"" + key + "\":([-0-9.e+]+)");
   while (std::getline(in, line)) {
     std::smatch m;
-    if (std::regex_search(line, m, loss)) out.push_back(std::stod(m[1]));
+    if (std::regex_search(line, m, value)) out.push_back(std::stod(m[1]));
   }
   return out;
+}
+
+/// The training loss of every step record in a metrics file, in order.
+inline std::vector<double> step_losses(const std::string& metrics_path) {
+  return step_values(metrics_path, "loss");
 }
 
 /// How many times `pattern` matches in `text`.

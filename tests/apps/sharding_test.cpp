@@ -2,6 +2,7 @@
 // "Optimizer state sharded by vnode"), with real worker processes on loopback: the
 // fingerprint is the unsharded job's on every worker count, through resizes, a SIGKILLed
 // worker and a checkpoint resumed on another count.
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <regex>
@@ -83,7 +84,7 @@ TEST_CASE(
     "canonical shard and exchanged",
     "[multiproc][shard]") {
   // LAMB with decay, LARS with every parameter's ratio spanning shards, and LAMB with
-  // clipping (the whole sum kept, the norms still exchanged).
+  // clipping (the clip's sums of squares exchanged, then LAMB's).
   const std::vector<std::string> optimizers{
       " --set semantic.optimizer='{name: lamb, lr: 0.01, weight_decay: 0.02}'",
       " --set semantic.optimizer='{name: lars, lr: 1.0, trust_coefficient: 0.01, "
@@ -108,6 +109,38 @@ TEST_CASE(
   }
   // Default mode: the same sums on the same workers give the unsharded run's bits too.
   const std::string fast = kJob + " --set semantic.optimizer='{name: lamb, lr: 0.01}'";
+  CHECK(the_fingerprint(run_command(kTrain + fast + kSharded + " --workers 3")) ==
+        the_fingerprint(run_command(kTrain + fast + " --workers 3")));
+}
+
+TEST_CASE(
+    "sharded clipping sums the gradient's norm by canonical shard: the sum is still "
+    "reduce-scattered, and the norms and fingerprint are the unsharded job's",
+    "[multiproc][shard]") {
+  TempDir dir;
+  const std::string clip = " --set semantic.clip='{value: 0.05, max_norm: 0.3}'";
+  const auto metrics = [&](const std::string& name) {
+    return " --set output.logging.every_steps=1 --set output.logging.metrics=" + dir.file(name);
+  };
+  const auto reference = run_command(kTrain + kAdamW + clip + metrics("whole.jsonl"));
+  const auto norms = step_values(dir.file("whole.jsonl"), "grad_norm");
+  REQUIRE(norms.size() == 16);
+  // The clip acts: its norm is above max_norm in some steps.
+  CHECK(std::count_if(norms.begin(), norms.end(), [](double n) { return n > 0.3; }) > 0);
+  const auto sharded =
+      run_command(kTrain + kAdamW + clip + kSharded + " --workers 3" + metrics("sharded.jsonl"));
+  CHECK(the_fingerprint(sharded) == the_fingerprint(reference));
+  CHECK(step_values(dir.file("sharded.jsonl"), "grad_norm") == norms);
+  // Each worker reads what it read unclipped: its shards' sums and the others' parameters.
+  run_command(kTrain + kAdamW + kSharded + " --workers 3" + metrics("unclipped.jsonl"));
+  const auto received = step_values(dir.file("sharded.jsonl"), "received_mb");
+  REQUIRE(received.size() == 16);
+  CHECK(received == step_values(dir.file("unclipped.jsonl"), "received_mb"));
+  // Gloo's sockets on 5 workers, and default mode.
+  CHECK(the_fingerprint(run_command(kTrain + kAdamW + clip + kSharded +
+                                    " --workers 5 --set resources.shared_memory=false")) ==
+        the_fingerprint(reference));
+  const std::string fast = kJob + " --set semantic.optimizer='{name: adamw, lr: 0.002}'" + clip;
   CHECK(the_fingerprint(run_command(kTrain + fast + kSharded + " --workers 3")) ==
         the_fingerprint(run_command(kTrain + fast + " --workers 3")));
 }

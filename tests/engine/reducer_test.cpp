@@ -11,9 +11,13 @@
 #include <torch/torch.h>
 
 #include <catch2/catch.hpp>
+#include <cmath>
+#include <condition_variable>
 #include <cstdlib>
 #include <map>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <tuple>
 
 #include "engine/small_net.h"
@@ -23,6 +27,7 @@
 #include "vflow/engine/optimizer.h"
 #include "vflow/job/control_plane.h"
 #include "vflow/vnode/plan.h"
+#include "vflow/vnode/shards.h"
 #include "vflow/vnode/step_packet.h"
 
 namespace {
@@ -211,5 +216,75 @@ TEST_CASE("the fault-injection switch is read for this worker only and checked",
   for (const char* bad : {"12", "x:3", "12:3:40", "-1:3", "12:3:z"}) {
     CAPTURE(bad);
     CHECK_THROWS_WITH(with(bad, "3"), Catch::Matchers::Contains("VFLOW_INJECT_FAULT"));
+  }
+}
+
+TEST_CASE("clipping takes the norm by canonical shard, the same bits whole or sharded",
+          "[unit][shard]") {
+  using vflow::engine::clip_gradients;
+  using vflow::engine::ClipShards;
+  using vflow::engine::ClipSpec;
+  constexpr int64_t kShards = 5;
+  torch::manual_seed(7);
+  const auto original = torch::randn({100003}) * 0.01;
+  const vflow::vnode::ShardLayout layout(original.numel(), kShards);
+  ClipSpec clip;
+  clip.value = 0.02;
+  clip.max_norm = 1.0;
+
+  // Whole: the norm before clipping is the shards' sums of squares, added in shard order.
+  auto whole = original.clone();
+  const auto norm = clip_gradients(whole, clip, kShards);
+  REQUIRE(norm.has_value());
+  double total = 0;
+  for (int64_t s = 0; s < kShards; ++s) {
+    const auto r = layout.shard(s);
+    total +=
+        original.narrow(0, r.begin, r.numel()).to(torch::kFloat64).square().sum().item<double>();
+  }
+  CHECK(*norm == Approx(std::sqrt(total)).epsilon(1e-12));
+  // The clamp, then the scale from the clamped gradient's norm (as PyTorch's
+  // clip_grad_value_ then clip_grad_norm_).
+  const auto clamped = original.clamp(-clip.value, clip.value);
+  const double scale = clip.max_norm / (clamped.to(torch::kFloat64).norm().item<double>() + 1e-6);
+  REQUIRE(scale < 1);
+  CHECK(torch::allclose(whole, clamped * scale, 1e-6, 1e-9));
+  CHECK(clip_gradients(whole, ClipSpec{}, kShards) == std::nullopt);
+
+  // Two workers, each holding some shards and giving the sums of those it owns; their sums
+  // meet in the group's sum (here, between two threads).
+  std::mutex mutex;
+  std::condition_variable met;
+  torch::Tensor group;
+  int arrived = 0;
+  const auto sum_over_group = [&](torch::Tensor& values) {
+    std::unique_lock<std::mutex> lock(mutex);
+    group = group.defined() ? group + values : values.clone();
+    if (++arrived == 2) met.notify_all();
+    met.wait(lock, [&] { return arrived == 2; });
+    values.copy_(group);
+  };
+  const std::vector<ClipShards> workers{{{0, 1, 4}, {0, 1}, sum_over_group},
+                                        {{1, 2, 3, 4}, {2, 3, 4}, sum_over_group}};
+  std::vector<torch::Tensor> gradients{original.clone(), original.clone()};
+  std::vector<std::optional<double>> norms(2);
+  std::vector<std::thread> threads;
+  for (size_t w = 0; w < 2; ++w) {
+    threads.emplace_back(
+        [&, w] { norms[w] = clip_gradients(gradients[w], clip, kShards, &workers[w]); });
+  }
+  for (auto& t : threads) t.join();
+  for (size_t w = 0; w < 2; ++w) {
+    CAPTURE(w);
+    CHECK(norms[w] == norm);  // bitwise
+    for (int64_t s = 0; s < kShards; ++s) {
+      CAPTURE(s);
+      const auto r = layout.shard(s);
+      const auto& held = workers[w].held;
+      const bool holds = std::find(held.begin(), held.end(), s) != held.end();
+      // A held shard clipped as the whole gradient was; the others untouched.
+      CHECK(torch::equal(gradients[w].narrow(0, r.begin, r.numel()),
+                         (holds ? whole : original).narrow(0, r.begin, r.numel())));
+    }
   }
 }
