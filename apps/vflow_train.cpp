@@ -9,6 +9,7 @@
 
 #include "command_line.h"
 #include "vflow/comm/nccl.h"
+#include "vflow/core/zygote.h"
 #include "vflow/engine/job_spec.h"
 #include "vflow/engine/run_job.h"
 #include "vflow/job/control_store.h"
@@ -43,8 +44,8 @@ int report(const vflow::engine::TrainResult& result) {
 }
 }  // namespace
 
-int main(int argc, char** argv) {
-  vflow::comm::prepare_nccl_environment();  // before any thread exists
+/// The program from its arguments on: main's, and each worker's that the zygote starts.
+int train_main(int argc, char** argv) {
   // A stop that comes while the job is still being set up (a scheduler preempting a job
   // it just started) is honoured at the first step boundary, not fatal: the handlers are
   // in place from the start, and an elastic worker's SIGTERM becomes a leave below.
@@ -189,4 +190,12 @@ int main(int argc, char** argv) {
     const auto outcome = vflow::job::run_role(role, spec, roles);
     return outcome.result ? report(*outcome.result) : outcome.exit_code;
   });
+}
+
+int main(int argc, char** argv) {
+  vflow::comm::prepare_nccl_environment();  // before any thread exists
+  // Before anything else of the program: the workers this process starts are forks of
+  // this point, which skip loading and initialising LibTorch again (vflow/core/zygote.h).
+  vflow::start_zygote(train_main);
+  return train_main(argc, argv);
 }

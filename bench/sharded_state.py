@@ -53,15 +53,15 @@ MODELS = {
 
 
 def children(pid):
-    """The pids whose parent is `pid`."""
+    """The pids whose parent is `pid`: its workers, not the zygote they are forked from."""
     out = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            if int(fields[1]) == pid:
+                name, rest = f.read().split("(", 1)[1].rsplit(")", 1)
+            if int(rest.split()[1]) == pid and name != "vflow-zygote":
                 out.append(int(entry))
         except (OSError, IndexError, ValueError):
             pass

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "vflow/core/error.h"
+#include "vflow/core/zygote.h"
 
 extern char** environ;
 
@@ -36,6 +37,12 @@ pid_t spawn_process(const SpawnOptions& options) {
     env[entry.substr(0, entry.find('='))] = entry;
   }
   for (const auto& entry : options.environment) env[entry.substr(0, entry.find('='))] = entry;
+  std::vector<std::string> entries;
+  for (const auto& [name, entry] : env) entries.push_back(entry);
+  if (const auto pid = spawn_from_zygote(options, entries)) {
+    if (options.own_process_group) setpgid(*pid, *pid);  // as below
+    return *pid;
+  }
   std::vector<char*> envp;
   for (auto& [name, entry] : env) envp.push_back(entry.data());
   envp.push_back(nullptr);

@@ -15,6 +15,7 @@
 #include "job/periodic.h"
 #include "job/step_watch.h"
 #include "vflow/core/clock.h"
+#include "vflow/core/zygote.h"
 #include "vflow/engine/run_job.h"
 #include "vflow/engine/runtime.h"
 #include "vflow/job/build_identity.h"
@@ -346,7 +347,8 @@ ElasticOutcome ElasticWorker::run() {
     control_.volunteer(me_);
     spdlog::info("[elastic] worker {} offers to join job '{}'", me_, options_.job);
   }
-  spdlog::info("[elastic] worker {} ready", me_);
+  spdlog::info("[elastic] worker {} ready{}", me_,
+               started_by_zygote() ? " (forked from its launcher's zygote)" : "");
 
   // Survivors wait for the coordinator to collect every report (up to its timeout).
   const auto patience = 3 * options_.timeout + std::chrono::seconds(5);

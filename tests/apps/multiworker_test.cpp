@@ -56,6 +56,25 @@ TEST_CASE("deterministic jobs give the same fingerprint on 1, 2, 3 and 4 workers
   }
 }
 
+TEST_CASE("a launcher's workers are forks of its zygote and train as executed ones do",
+          "[multiproc]") {
+  const std::string job = kTrain + kJob + kDeterministic + " --workers 3";
+  const auto forked = run_command("VFLOW_ZYGOTE=1 " + job);
+  INFO(forked.output);
+  REQUIRE(forked.exit_code == 0);
+  CHECK(count_matches(forked.output, "worker \\d+ ready \\(forked from its launcher's zygote\\)") ==
+        3);
+  // Each has its own streams (the launcher prefixes each line with the worker's name).
+  CHECK(count_matches(forked.output, "\\[worker [012]\\] fingerprint") == 3);
+  const auto executed = run_command(job);
+  INFO(executed.output);
+  REQUIRE(executed.exit_code == 0);
+  CHECK(count_matches(executed.output, "worker \\d+ ready\\n") == 3);
+  CHECK(count_matches(executed.output, "forked") == 0);
+  CHECK(fingerprints_in(forked.output) == fingerprints_in(executed.output));
+  CHECK(fingerprints_in(forked.output).size() == 1);
+}
+
 TEST_CASE("a language model on token shards gives one fingerprint on 1 and 3 workers",
           "[multiproc]") {
   // Real text as tokens: a fortune file's bytes (id 3 + b), in two training shards of

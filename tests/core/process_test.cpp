@@ -9,8 +9,10 @@
 
 #include <catch2/catch.hpp>
 #include <string>
+#include <vector>
 
 #include "support.h"
+#include "vflow/core/zygote.h"
 
 namespace {
 /// Runs `options` with standard output into a pipe; returns (exit code, output).
@@ -115,4 +117,23 @@ TEST_CASE("the usable cores follow the CPU affinity", "[unit]") {
   cpu_set_t after;  // and the affinity is the whole mask again
   REQUIRE(sched_getaffinity(0, sizeof after, &after) == 0);
   CHECK(CPU_EQUAL(&after, &all));
+}
+
+TEST_CASE("a child is forked from the zygote only where the environment leaves it as executed",
+          "[unit]") {
+  const std::vector<std::string> start{"PATH=/usr/bin", "OMP_NUM_THREADS=2", "VFLOW_STORE=a:1"};
+  // The engine's own variables are read once main runs: they may differ.
+  CHECK(vflow::fork_runs_as_executed(
+      {"PATH=/usr/bin", "OMP_NUM_THREADS=2", "VFLOW_STORE=b:2", "VFLOW_MEMBER=3"}, start));
+  // Others may be read as the libraries load, which a fork does not repeat.
+  CHECK_FALSE(vflow::fork_runs_as_executed(
+      {"PATH=/usr/bin", "OMP_NUM_THREADS=1", "VFLOW_STORE=a:1"}, start));
+  CHECK_FALSE(vflow::fork_runs_as_executed(
+      {"PATH=/usr/bin", "OMP_NUM_THREADS=2", "OPENBLAS_CORETYPE=Haswell"}, start));
+  CHECK_FALSE(vflow::fork_runs_as_executed({"PATH=/usr/bin", "VFLOW_STORE=a:1"}, start));
+  // This test program started no zygote: its children are executed.
+  CHECK_FALSE(vflow::started_by_zygote());
+  vflow::SpawnOptions options;
+  options.command = {vflow::this_executable(""), "--help"};
+  CHECK_FALSE(vflow::spawn_from_zygote(options, start).has_value());
 }

@@ -29,7 +29,9 @@ struct SpawnOptions {
   int64_t run_as_user = -1;
 };
 
-/// Forks and executes `options.command` (a path: no PATH search). The child keeps only its
+/// Forks and executes `options.command` (a path: no PATH search), or where this program's
+/// zygote can start it (this program itself: vflow/core/zygote.h), forks it from there
+/// without executing anything. The child keeps only its
 /// standard streams: every other inherited descriptor (sockets of the job's store, other
 /// children's pipes) is closed before the program runs, which starts with default signal
 /// handling and no blocked signals. A program that cannot be executed ends
