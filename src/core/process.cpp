@@ -20,12 +20,35 @@
 #include <sstream>
 #include <vector>
 
+#include "core/child_start.h"
 #include "vflow/core/error.h"
 #include "vflow/core/zygote.h"
 
 extern char** environ;
 
 namespace vflow {
+
+void start_child(int death_signal, pid_t parent, int out, int err, const std::string& directory,
+                 const std::string& cannot_enter) {
+  if (death_signal != 0) {
+    prctl(PR_SET_PDEATHSIG, death_signal);
+    if (getppid() != parent) _exit(128 + death_signal);  // died meanwhile
+  }
+  // The program starts with default signal handling (this process may ignore SIGPIPE).
+  signal(SIGPIPE, SIG_DFL);
+  sigset_t none;
+  sigemptyset(&none);
+  sigprocmask(SIG_SETMASK, &none, nullptr);
+  if (out >= 0) dup2(out, STDOUT_FILENO);
+  if (err >= 0) dup2(err, STDERR_FILENO);
+  if (!directory.empty() && chdir(directory.c_str()) != 0) {
+    (void)!write(STDERR_FILENO, cannot_enter.data(), cannot_enter.size());
+    _exit(127);
+  }
+  if (syscall(SYS_close_range, 3U, ~0U, 0U) != 0) {
+    for (int i = 3; i < 4096; ++i) close(i);
+  }
+}
 
 pid_t spawn_process(const SpawnOptions& options) {
   VFLOW_ASSERT(!options.command.empty(), "spawn_process needs a program");
@@ -68,24 +91,8 @@ pid_t spawn_process(const SpawnOptions& options) {
         _exit(127);
       }
     }
-    if (options.parent_death_signal != 0) {
-      prctl(PR_SET_PDEATHSIG, options.parent_death_signal);
-      if (getppid() != parent) _exit(128 + options.parent_death_signal);  // died meanwhile
-    }
-    // The program starts with default signal handling (this process may ignore SIGPIPE).
-    signal(SIGPIPE, SIG_DFL);
-    sigset_t none;
-    sigemptyset(&none);
-    sigprocmask(SIG_SETMASK, &none, nullptr);
-    if (options.stdout_fd >= 0) dup2(options.stdout_fd, STDOUT_FILENO);
-    if (options.stderr_fd >= 0) dup2(options.stderr_fd, STDERR_FILENO);
-    if (!options.working_directory.empty() && chdir(options.working_directory.c_str()) != 0) {
-      (void)!write(STDERR_FILENO, cannot_enter.data(), cannot_enter.size());
-      _exit(127);
-    }
-    if (syscall(SYS_close_range, 3U, ~0U, 0U) != 0) {
-      for (int i = 3; i < 4096; ++i) close(i);
-    }
+    start_child(options.parent_death_signal, parent, options.stdout_fd, options.stderr_fd,
+                options.working_directory, cannot_enter);
     execve(argv[0], argv.data(), envp.data());
     // Only async-signal-safe calls here: the message was made before fork.
     char digits[12];

@@ -5,7 +5,6 @@
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
-#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -20,6 +19,7 @@
 #include <mutex>
 #include <thread>
 
+#include "core/child_start.h"
 #include "vflow/core/process.h"
 
 extern char** environ;
@@ -44,7 +44,7 @@ bool g_started_by_zygote = false;
 /// The signals the zygote ignores (a Ctrl-C or a SIGTERM to the launcher's process group
 /// must not end it: it ends with the launcher), and what they were at its start.
 constexpr int kIgnored[] = {SIGHUP, SIGINT, SIGQUIT, SIGTERM};
-struct sigaction g_at_start[sizeof kIgnored / sizeof kIgnored[0]];
+struct sigaction g_at_start[std::size(kIgnored)];
 
 Zygote& zygote() {
   static Zygote* z = new Zygote;  // never destroyed: children may be spawned at exit
@@ -173,10 +173,6 @@ bool receive_request(int socket, std::vector<char>& buffer, Request& r) {
   return in.ok && (msg.msg_flags & MSG_TRUNC) == 0 && !r.args.empty();
 }
 
-void say(const std::string& message) {
-  (void)!write(STDERR_FILENO, message.data(), message.size());
-}
-
 /// In the child the zygote forked (through a process that exited at once): the request's
 /// settings as spawn_process's child makes them, then the program's entry.
 [[noreturn]] void become(const Request& r, pid_t launcher, ProgramEntry entry) {
@@ -191,28 +187,13 @@ void say(const std::string& message) {
   const std::string name = r.args.front().substr(r.args.front().rfind('/') + 1);
   prctl(PR_SET_NAME, name.substr(0, 15).c_str());
   if (r.own_process_group) setpgid(0, 0);
-  if (r.parent_death_signal != 0) {
-    prctl(PR_SET_PDEATHSIG, r.parent_death_signal);
-    if (getppid() != launcher) _exit(128 + r.parent_death_signal);  // died meanwhile
-  }
   // As after an execution: the signals the launcher handles (SIGINT, SIGTERM) start
   // with their default action; the others as the launcher found them.
   for (size_t i = 0; i < std::size(kIgnored); ++i) sigaction(kIgnored[i], &g_at_start[i], nullptr);
   signal(SIGINT, SIG_DFL);
   signal(SIGTERM, SIG_DFL);
-  signal(SIGPIPE, SIG_DFL);
-  sigset_t none;
-  sigemptyset(&none);
-  sigprocmask(SIG_SETMASK, &none, nullptr);
-  dup2(r.out, STDOUT_FILENO);
-  dup2(r.err, STDERR_FILENO);
-  if (!r.directory.empty() && chdir(r.directory.c_str()) != 0) {
-    say("cannot run " + r.args.front() + ": cannot enter " + r.directory + "\n");
-    _exit(127);
-  }
-  if (syscall(SYS_close_range, 3U, ~0U, 0U) != 0) {
-    for (int i = 3; i < 4096; ++i) close(i);
-  }
+  start_child(r.parent_death_signal, launcher, r.out, r.err, r.directory,
+              "cannot run " + r.args.front() + ": cannot enter " + r.directory + "\n");
   g_started_by_zygote = true;
   clearenv();
   for (const auto& e : r.environment) putenv(strdup(e.c_str()));  // kept for the process
